@@ -1,0 +1,534 @@
+/* fastload core: the engine (see engine.h for the contract).
+ *
+ * State lives in one struct guarded by one mutex, `lock`.  Jobs sit in a ring
+ * of max_in_flight records indexed by seq % capacity: a record is FREE, QUEUED
+ * on one worker's FIFO, RUNNING, or DONE and waiting for delivery.  Because at
+ * most max_in_flight jobs are undelivered, a new seq never lands on a record
+ * still in use.
+ *
+ * Condition variables: each worker sleeps on its own `wake` (so a submit wakes
+ * exactly the worker it queued for); the owner sleeps on `done` in
+ * fl_engine_next.  Run hooks are called with `lock` released; the lock is
+ * never held across anything that can block on another lock (the GIL
+ * included).
+ */
+#define _GNU_SOURCE /* pthread_setname_np */
+#include "engine.h"
+
+#include "forksafe.h"
+#include "status.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum job_state { JOB_FREE, JOB_QUEUED, JOB_RUNNING, JOB_DONE };
+
+typedef struct job {
+    void *payload;   /* owned by the engine's owner; the engine only carries it */
+    uint64_t seq;
+    int worker;
+    int outcome;     /* an fl_job_outcome, valid once DONE */
+    int state;       /* enum job_state */
+    int next;        /* next record in a worker FIFO or in the done list; -1 ends */
+} job;
+
+typedef struct worker {
+    fl_engine *engine;
+    int id;
+    pthread_t thread;
+    int started;     /* thread created (so it must be joined or detached) */
+    pthread_cond_t wake;
+    int head, tail;  /* FIFO of queued records; guarded by lock */
+    int assigned;    /* queued, running or done-undelivered jobs; guarded by lock */
+    int retired;     /* input exhausted: no new jobs; guarded by lock */
+} worker;
+
+struct fl_engine {
+    pthread_mutex_t lock;
+    pthread_cond_t done;       /* signalled when a job becomes deliverable */
+    fl__fork_entry fork_entry; /* keeps `lock` usable in a forked child */
+
+    fl_engine_hooks hooks;
+    int num_workers;
+    int capacity;              /* == max_in_flight: ring size */
+    int in_order;
+    char name[16];
+
+    /* Everything below is guarded by lock. */
+    job *jobs;                 /* ring of `capacity` records */
+    worker *workers;
+    uint64_t next_seq;         /* seq of the next submission */
+    uint64_t deliver_seq;      /* in_order: seq of the next delivery */
+    int done_head, done_tail;  /* !in_order: completed records, oldest first */
+    int in_flight;             /* submitted, not yet delivered */
+    int rr_cursor;             /* next worker the round-robin considers */
+    int stopping;              /* workers must exit */
+    int stopped;               /* workers joined (or gone with a fork) */
+    int forked;                /* this is a child's copy: no threads */
+};
+
+static _Thread_local const fl_engine *current_engine; /* set on worker threads */
+
+/* ---------------------------------------------------------------- helpers */
+
+static void abs_deadline(double timeout_s, struct timespec *ts)
+{
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    time_t whole = (time_t)timeout_s;
+    long nanos = (long)((timeout_s - (double)whole) * 1e9);
+    ts->tv_sec += whole;
+    ts->tv_nsec += nanos;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec += 1;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+static int init_cond_monotonic(pthread_cond_t *cond)
+{
+    pthread_condattr_t attr;
+    if (pthread_condattr_init(&attr) != 0)
+        return -1;
+    int rc = pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    if (rc == 0)
+        rc = pthread_cond_init(cond, &attr);
+    pthread_condattr_destroy(&attr);
+    return rc == 0 ? 0 : -1;
+}
+
+static void fifo_push(fl_engine *e, int *head, int *tail, int rec)
+{
+    e->jobs[rec].next = -1;
+    if (*tail < 0)
+        *head = rec;
+    else
+        e->jobs[*tail].next = rec;
+    *tail = rec;
+}
+
+static int fifo_pop(fl_engine *e, int *head, int *tail)
+{
+    int rec = *head;
+    if (rec >= 0) {
+        *head = e->jobs[rec].next;
+        if (*head < 0)
+            *tail = -1;
+    }
+    return rec;
+}
+
+/* Marks a record deliverable and wakes the owner.  Called with lock held. */
+static void complete_locked(fl_engine *e, int rec, int outcome)
+{
+    job *j = &e->jobs[rec];
+    j->outcome = outcome;
+    j->state = JOB_DONE;
+    if (!e->in_order)
+        fifo_push(e, &e->done_head, &e->done_tail, rec);
+    pthread_cond_signal(&e->done);
+}
+
+/* ---------------------------------------------------------------- workers */
+
+static void *worker_main(void *arg)
+{
+    worker *w = arg;
+    fl_engine *e = w->engine;
+    char name[32];
+
+    /* Linux keeps 15 characters of a thread name; the label is best effort. */
+    snprintf(name, sizeof name, "%s%d", e->name, w->id);
+    name[15] = '\0';
+    pthread_setname_np(pthread_self(), name);
+    current_engine = e;
+
+    if (e->hooks.worker_start)
+        e->hooks.worker_start(e->hooks.ctx, w->id);
+
+    pthread_mutex_lock(&e->lock);
+    for (;;) {
+        while (!e->stopping && w->head < 0)
+            pthread_cond_wait(&w->wake, &e->lock);
+        if (e->stopping)
+            break;
+        int rec = fifo_pop(e, &w->head, &w->tail);
+        job *j = &e->jobs[rec];
+        j->state = JOB_RUNNING;
+        void *payload = j->payload;
+        pthread_mutex_unlock(&e->lock);
+
+        int outcome = e->hooks.run(e->hooks.ctx, w->id, payload);
+
+        pthread_mutex_lock(&e->lock);
+        if (outcome == FL_JOB_RETIRE)
+            w->retired = 1;
+        complete_locked(e, rec, outcome);
+    }
+    pthread_mutex_unlock(&e->lock);
+
+    if (e->hooks.worker_stop)
+        e->hooks.worker_stop(e->hooks.ctx, w->id);
+    current_engine = NULL;
+    return NULL;
+}
+
+static void after_fork_child(void *arg)
+{
+    fl_engine *e = arg;
+    /* The workers do not exist in the child.  Condition variables may record
+     * waiters from the parent, so they are made anew. */
+    e->forked = 1;
+    e->stopping = 1;
+    e->stopped = 1;
+    pthread_cond_init(&e->done, NULL);
+    for (int i = 0; i < e->num_workers; i++) {
+        pthread_cond_init(&e->workers[i].wake, NULL);
+        e->workers[i].started = 0;
+    }
+}
+
+/* ------------------------------------------------------------- lifecycle */
+
+static void free_memory(fl_engine *e)
+{
+    if (e->workers) {
+        for (int i = 0; i < e->num_workers; i++)
+            pthread_cond_destroy(&e->workers[i].wake);
+    }
+    free(e->workers);
+    free(e->jobs);
+    pthread_cond_destroy(&e->done);
+    pthread_mutex_destroy(&e->lock);
+    free(e);
+}
+
+int fl_engine_create(const fl_engine_config *config, const fl_engine_hooks *hooks,
+                     fl_engine **out)
+{
+    if (!config || !hooks || !hooks->run || !out || config->num_workers < 1 ||
+        config->max_in_flight < 1)
+        return FL_ERR_INVALID;
+
+    fl_engine *e = calloc(1, sizeof *e);
+    if (!e)
+        return FL_ERR_NOMEM;
+    e->hooks = *hooks;
+    e->num_workers = config->num_workers;
+    e->capacity = config->max_in_flight;
+    e->in_order = config->in_order != 0;
+    snprintf(e->name, sizeof e->name, "%s", config->name ? config->name : "fastload-w");
+    e->done_head = e->done_tail = -1;
+
+    /* Each init below is undone by free_memory, which tolerates a partly
+     * built engine only in the order used here: so build in that order. */
+    if (pthread_mutex_init(&e->lock, NULL) != 0) {
+        free(e);
+        return FL_ERR_NOMEM;
+    }
+    if (init_cond_monotonic(&e->done) != 0) {
+        pthread_mutex_destroy(&e->lock);
+        free(e);
+        return FL_ERR_NOMEM;
+    }
+    e->jobs = calloc((size_t)e->capacity, sizeof *e->jobs);
+    e->workers = calloc((size_t)e->num_workers, sizeof *e->workers);
+    if (!e->jobs || !e->workers) {
+        free(e->jobs);
+        free(e->workers);
+        e->jobs = NULL;
+        e->workers = NULL;
+        free_memory(e);
+        return FL_ERR_NOMEM;
+    }
+    for (int i = 0; i < e->num_workers; i++) {
+        worker *w = &e->workers[i];
+        w->engine = e;
+        w->id = i;
+        w->head = w->tail = -1;
+        if (init_cond_monotonic(&w->wake) != 0) {
+            for (int k = 0; k < i; k++)
+                pthread_cond_destroy(&e->workers[k].wake);
+            free(e->workers);
+            e->workers = NULL;
+            free_memory(e);
+            return FL_ERR_NOMEM;
+        }
+    }
+
+    e->fork_entry.mutex = &e->lock;
+    e->fork_entry.after_fork_child = after_fork_child;
+    e->fork_entry.arg = e;
+    if (fl__fork_register(&e->fork_entry) != 0) {
+        free_memory(e);
+        return FL_ERR_THREAD;
+    }
+
+    /* Workers must never take a signal meant for the main thread (Ctrl-C is
+     * handled there), so they start with every signal blocked. */
+    sigset_t all, saved;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &saved);
+    int failed = 0;
+    for (int i = 0; i < e->num_workers && !failed; i++) {
+        worker *w = &e->workers[i];
+        failed = pthread_create(&w->thread, NULL, worker_main, w) != 0;
+        w->started = !failed;
+    }
+    pthread_sigmask(SIG_SETMASK, &saved, NULL);
+
+    if (failed) {
+        fl_engine_stop(e);
+        fl_engine_free(e);
+        return FL_ERR_THREAD;
+    }
+    *out = e;
+    return FL_OK;
+}
+
+void fl_engine_stop(fl_engine *e)
+{
+    pthread_mutex_lock(&e->lock);
+    if (e->stopped) {
+        pthread_mutex_unlock(&e->lock);
+        return;
+    }
+    e->stopping = 1;
+    for (int i = 0; i < e->num_workers; i++)
+        pthread_cond_signal(&e->workers[i].wake);
+    pthread_cond_broadcast(&e->done); /* an owner thread waiting in next() */
+    pthread_mutex_unlock(&e->lock);
+
+    for (int i = 0; i < e->num_workers; i++) {
+        if (e->workers[i].started) {
+            pthread_join(e->workers[i].thread, NULL);
+            e->workers[i].started = 0;
+        }
+    }
+
+    pthread_mutex_lock(&e->lock);
+    e->stopped = 1;
+    pthread_mutex_unlock(&e->lock);
+}
+
+void fl_engine_abandon(fl_engine *e)
+{
+    pthread_mutex_lock(&e->lock);
+    e->stopping = 1;
+    for (int i = 0; i < e->num_workers; i++) {
+        pthread_cond_signal(&e->workers[i].wake);
+        if (e->workers[i].started)
+            pthread_detach(e->workers[i].thread);
+        e->workers[i].started = 0;
+    }
+    pthread_mutex_unlock(&e->lock);
+    fl__fork_unregister(&e->fork_entry);
+}
+
+int fl_engine_take_leftover(fl_engine *e, void **payload)
+{
+    pthread_mutex_lock(&e->lock);
+    for (int i = 0; i < e->capacity; i++) {
+        job *j = &e->jobs[i];
+        if (j->state != JOB_FREE) {
+            *payload = j->payload;
+            j->payload = NULL;
+            j->state = JOB_FREE;
+            e->in_flight--;
+            pthread_mutex_unlock(&e->lock);
+            return FL_OK;
+        }
+    }
+    pthread_mutex_unlock(&e->lock);
+    return FL_ERR_EMPTY;
+}
+
+void fl_engine_free(fl_engine *e)
+{
+    if (!e)
+        return;
+    fl__fork_unregister(&e->fork_entry);
+    free_memory(e);
+}
+
+/* ------------------------------------------------------------------ owner */
+
+/* Picks the worker for the next job: the next live one in round-robin order;
+ * out of order, also one with room (torch's rule: fewer than
+ * max_in_flight / live_workers jobs).  Returns -1 when none qualifies.
+ * Called with lock held. */
+static int pick_worker_locked(fl_engine *e)
+{
+    int live = 0;
+    for (int i = 0; i < e->num_workers; i++)
+        live += !e->workers[i].retired;
+    if (live == 0)
+        return -1;
+    for (int tries = 0; tries < e->num_workers; tries++) {
+        int w = e->rr_cursor;
+        e->rr_cursor = (e->rr_cursor + 1) % e->num_workers;
+        if (e->workers[w].retired)
+            continue;
+        if (e->in_order || e->workers[w].assigned < e->capacity / live)
+            return w;
+    }
+    return -1;
+}
+
+int fl_engine_submit(fl_engine *e, void *payload, uint64_t *seq, int *worker_out)
+{
+    pthread_mutex_lock(&e->lock);
+    int rc = FL_OK;
+    if (e->stopping || e->forked) {
+        rc = FL_ERR_CLOSED;
+        goto out;
+    }
+    if (e->in_flight >= e->capacity) {
+        rc = FL_ERR_FULL;
+        goto out;
+    }
+    int w = pick_worker_locked(e);
+    if (w < 0) {
+        rc = FL_ERR_NO_WORKER;
+        goto out;
+    }
+    uint64_t s = e->next_seq++;
+    int rec = (int)(s % (uint64_t)e->capacity);
+    job *j = &e->jobs[rec];
+    /* The in-flight bound guarantees the record is free (see the top). */
+    j->payload = payload;
+    j->seq = s;
+    j->worker = w;
+    j->outcome = FL_JOB_DONE;
+    j->state = JOB_QUEUED;
+    e->in_flight++;
+    e->workers[w].assigned++;
+    fifo_push(e, &e->workers[w].head, &e->workers[w].tail, rec);
+    pthread_cond_signal(&e->workers[w].wake);
+    if (seq)
+        *seq = s;
+    if (worker_out)
+        *worker_out = w;
+out:
+    pthread_mutex_unlock(&e->lock);
+    return rc;
+}
+
+/* The record to deliver next, or -1 when it is not ready.  Lock held. */
+static int deliverable_locked(fl_engine *e)
+{
+    if (e->in_order) {
+        int rec = (int)(e->deliver_seq % (uint64_t)e->capacity);
+        return e->jobs[rec].state == JOB_DONE && e->jobs[rec].seq == e->deliver_seq
+                   ? rec
+                   : -1;
+    }
+    return e->done_head;
+}
+
+int fl_engine_next(fl_engine *e, double timeout_s, fl_delivery *out)
+{
+    struct timespec deadline;
+    if (timeout_s >= 0)
+        abs_deadline(timeout_s, &deadline);
+
+    pthread_mutex_lock(&e->lock);
+    int rc = FL_OK;
+    int rec;
+    for (;;) {
+        if (e->forked) {
+            rc = FL_ERR_CLOSED;
+            goto out;
+        }
+        if (e->in_flight == 0) {
+            rc = FL_ERR_EMPTY;
+            goto out;
+        }
+        rec = deliverable_locked(e);
+        if (rec >= 0)
+            break;
+        if (e->stopping) { /* nothing more will complete */
+            rc = FL_ERR_CLOSED;
+            goto out;
+        }
+        int wrc = timeout_s >= 0 ? pthread_cond_timedwait(&e->done, &e->lock, &deadline)
+                                 : pthread_cond_wait(&e->done, &e->lock);
+        if (wrc == ETIMEDOUT && deliverable_locked(e) < 0) {
+            rc = FL_ERR_TIMEOUT;
+            goto out;
+        }
+    }
+
+    job *j = &e->jobs[rec];
+    if (e->in_order)
+        e->deliver_seq++;
+    else
+        fifo_pop(e, &e->done_head, &e->done_tail);
+    out->payload = j->payload;
+    out->seq = j->seq;
+    out->worker = j->worker;
+    out->outcome = j->outcome;
+    j->payload = NULL;
+    j->state = JOB_FREE;
+    e->in_flight--;
+    e->workers[j->worker].assigned--;
+out:
+    pthread_mutex_unlock(&e->lock);
+    return rc;
+}
+
+int fl_engine_cancel_pending(fl_engine *e)
+{
+    pthread_mutex_lock(&e->lock);
+    int cancelled = 0;
+    if (e->forked) {
+        pthread_mutex_unlock(&e->lock);
+        return FL_ERR_CLOSED;
+    }
+    for (int i = 0; i < e->num_workers; i++) {
+        worker *w = &e->workers[i];
+        int rec;
+        while ((rec = fifo_pop(e, &w->head, &w->tail)) >= 0) {
+            complete_locked(e, rec, FL_JOB_CANCELLED);
+            cancelled++;
+        }
+    }
+    pthread_mutex_unlock(&e->lock);
+    return cancelled;
+}
+
+int fl_engine_reset(fl_engine *e)
+{
+    pthread_mutex_lock(&e->lock);
+    int rc = FL_OK;
+    if (e->forked || e->stopping)
+        rc = FL_ERR_CLOSED;
+    else if (e->in_flight != 0)
+        rc = FL_ERR_INVALID;
+    else {
+        e->next_seq = e->deliver_seq = 0;
+        e->done_head = e->done_tail = -1;
+        e->rr_cursor = 0;
+        for (int i = 0; i < e->num_workers; i++)
+            e->workers[i].retired = 0;
+    }
+    pthread_mutex_unlock(&e->lock);
+    return rc;
+}
+
+int fl_engine_in_flight(fl_engine *e)
+{
+    pthread_mutex_lock(&e->lock);
+    int n = e->in_flight;
+    pthread_mutex_unlock(&e->lock);
+    return n;
+}
+
+int fl_engine_is_own_thread(const fl_engine *e)
+{
+    return current_engine == e;
+}

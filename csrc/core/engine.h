@@ -1,0 +1,118 @@
+/* fastload core: the engine — a pool of named worker threads that run batch
+ * jobs and hand them back in order.
+ *
+ * The engine knows nothing about what a job does.  The owner submits opaque
+ * payloads; each is assigned round-robin to one worker's FIFO (the same rule
+ * torch's DataLoader uses for its worker processes, so per-worker state such as
+ * an iterable dataset's shard sees the same jobs), run by fl_engine_hooks.run
+ * on that worker's thread, and delivered back by fl_engine_next either by
+ * submission order (in_order) or by completion order.
+ *
+ * Bounds: at most max_in_flight jobs are submitted and not yet delivered.
+ * With in_order == 0 a worker also holds at most max_in_flight / live_workers
+ * of them, so one slow worker cannot collect every job.
+ *
+ * Threads: fl_engine_submit, _next, _cancel_pending, _reset, _stop and _free
+ * belong to the owner (one thread at a time).  The hooks run on worker
+ * threads with no engine lock held.  No call blocks except fl_engine_next
+ * (bounded by its timeout) and fl_engine_stop (joins the workers).
+ *
+ * Fork: a child process inherits engines without their threads.  Every call
+ * on such an engine returns FL_ERR_CLOSED; fl_engine_stop and fl_engine_free
+ * still work.
+ */
+#ifndef FL_ENGINE_H
+#define FL_ENGINE_H
+
+#include <stdint.h>
+
+typedef struct fl_engine fl_engine;
+
+/* What a job's run hook reports; fl_engine_next hands it back as
+ * fl_delivery.outcome. */
+typedef enum fl_job_outcome {
+    FL_JOB_DONE = 0,      /* ran; the payload holds its result (data or error) */
+    FL_JOB_SKIPPED = 1,   /* ran; produced nothing (its worker already retired) */
+    FL_JOB_RETIRE = 2,    /* ran; produced nothing, and its worker's input is
+                             exhausted: no further job is assigned to it */
+    FL_JOB_CANCELLED = 3, /* never ran: cancelled while still queued */
+} fl_job_outcome;
+
+typedef struct fl_engine_hooks {
+    void *ctx; /* passed to every hook; owned by the engine's owner */
+    /* On the worker's own thread, once, before its first job.  May be NULL. */
+    void (*worker_start)(void *ctx, int worker);
+    /* On the worker's thread, once per job, without any engine lock held.
+     * Returns an fl_job_outcome.  Required. */
+    int (*run)(void *ctx, int worker, void *payload);
+    /* On the worker's thread, once, after its last job.  May be NULL. */
+    void (*worker_stop)(void *ctx, int worker);
+} fl_engine_hooks;
+
+typedef struct fl_engine_config {
+    int num_workers;      /* >= 1 */
+    int max_in_flight;    /* >= 1: submitted and not yet delivered */
+    int in_order;         /* 1: deliver by submission order; 0: by completion */
+    const char *name;     /* thread name prefix ("fastload-w" gives "fastload-w0", ...) */
+} fl_engine_config;
+
+typedef struct fl_delivery {
+    void *payload;        /* as submitted; ownership returns to the caller */
+    uint64_t seq;         /* submission number, from 0 after create or reset */
+    int worker;           /* the worker it was assigned to */
+    int outcome;          /* an fl_job_outcome */
+} fl_delivery;
+
+/* Starts the workers.  Returns FL_OK and sets *out, or FL_ERR_INVALID,
+ * FL_ERR_NOMEM or FL_ERR_THREAD (nothing is left running on failure). */
+int fl_engine_create(const fl_engine_config *config, const fl_engine_hooks *hooks,
+                     fl_engine **out);
+
+/* Queues `payload` on the next live worker in round-robin order.  Returns
+ * FL_OK (setting *seq and *worker when not NULL), FL_ERR_FULL when the
+ * in-flight bound is reached (nothing queued), FL_ERR_NO_WORKER when every
+ * worker has retired, or FL_ERR_CLOSED. */
+int fl_engine_submit(fl_engine *engine, void *payload, uint64_t *seq, int *worker);
+
+/* Waits up to timeout_s seconds (< 0: forever) for the next delivery.
+ * Returns FL_OK and fills *out, FL_ERR_EMPTY when nothing is in flight,
+ * FL_ERR_TIMEOUT, or FL_ERR_CLOSED. */
+int fl_engine_next(fl_engine *engine, double timeout_s, fl_delivery *out);
+
+/* Marks every job that no worker has started as FL_JOB_CANCELLED, ready for
+ * delivery.  Jobs already running finish normally.  Returns the number
+ * cancelled, or FL_ERR_CLOSED. */
+int fl_engine_cancel_pending(fl_engine *engine);
+
+/* Starts a new epoch on the same threads: sequence numbers restart at 0, the
+ * round-robin restarts at worker 0 and retired workers are live again.
+ * Requires nothing in flight (FL_ERR_INVALID otherwise). */
+int fl_engine_reset(fl_engine *engine);
+
+/* Number of jobs submitted and not yet delivered. */
+int fl_engine_in_flight(fl_engine *engine);
+
+/* Nonzero when called on one of this engine's worker threads. */
+int fl_engine_is_own_thread(const fl_engine *engine);
+
+/* Asks the workers to exit after their current job and joins them.  Queued
+ * jobs are not run.  Idempotent.  Must not be called on a worker thread of
+ * the same engine (see fl_engine_abandon). */
+void fl_engine_stop(fl_engine *engine);
+
+/* After fl_engine_stop: hands back, one per call, every payload that was
+ * submitted and not delivered.  Returns FL_OK or FL_ERR_EMPTY when none is
+ * left. */
+int fl_engine_take_leftover(fl_engine *engine, void **payload);
+
+/* Frees a stopped engine (one that fl_engine_stop joined, or one inherited
+ * by a forked child).  Leftover payloads not taken are the caller's loss. */
+void fl_engine_free(fl_engine *engine);
+
+/* For the one case where the owner lets go of an engine on one of the
+ * engine's own worker threads (and so cannot join it): asks the workers to
+ * exit and detaches them.  The engine's memory is deliberately not freed,
+ * because exiting workers still read it; payloads are left with the caller. */
+void fl_engine_abandon(fl_engine *engine);
+
+#endif /* FL_ENGINE_H */

@@ -1,0 +1,477 @@
+/* fastload._C: the Engine type — core engine threads that run Python.
+ *
+ * Each worker thread owns a Python thread state for its whole life (made by
+ * PyGILState_Ensure when it starts), so thread-local data such as
+ * get_worker_info() survives between jobs.  It holds the GIL only inside a
+ * hook: worker.start() once, worker.fetch(request) per job, worker.stop()
+ * once.  Engine locks are never held while a hook runs (the core guarantees
+ * it), and the owner always waits for workers with the GIL released, so a
+ * worker waiting for the GIL can always get it.
+ *
+ * Ownership: a worker's Python objects (worker_ctx.worker, .fetch) belong to
+ * its thread while it runs — it drops them itself, with the GIL, as it exits.
+ * Once the threads are joined, anything left (a forked child never ran them)
+ * belongs to the Engine object again.  Job payloads belong to the core from
+ * submit until delivery, then to whoever takes them.
+ */
+#include "fastload.h"
+
+#include <structmember.h>
+
+#include "core/engine.h"
+#include "core/status.h"
+
+/* The GIL-free wait in next() wakes this often to let signal handlers run
+ * (Ctrl-C must interrupt a wait for a slow batch). */
+#define SIGNAL_CHECK_SECONDS 0.1
+
+typedef struct worker_ctx {
+    PyObject *worker;         /* see the ownership note above */
+    PyObject *fetch;          /* bound worker.fetch */
+    PyThreadState *tstate;    /* this thread's state while it lacks the GIL */
+    PyGILState_STATE gilstate;
+} worker_ctx;
+
+typedef struct engine_shared {
+    int num_workers;
+    worker_ctx workers[];
+} engine_shared;
+
+typedef struct job {
+    PyObject *request;        /* owned */
+    PyObject *result;         /* owned; what fetch returned */
+    PyObject *error;          /* owned; the exception fetch raised, if any */
+} job;
+
+/* Moves the current exception (with its traceback) out of the thread state. */
+static PyObject *take_exception(void)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    return PyErr_GetRaisedException();
+#else
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb && value)
+        PyException_SetTraceback(value, tb);
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+    return value;
+#endif
+}
+
+/* Raises `error` (stealing the reference) in the calling thread. */
+static void raise_exception(PyObject *error)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(error);
+#else
+    PyObject *type = (PyObject *)Py_TYPE(error);
+    Py_INCREF(type);
+    PyErr_Restore(type, error, PyException_GetTraceback(error));
+#endif
+}
+
+typedef struct EngineObject {
+    PyObject_HEAD
+    fl_engine *engine;        /* NULL once freed */
+    engine_shared *shared;    /* the hooks' context; freed with the engine */
+    int num_workers;
+    int closed;
+    PyObject *weakreflist;
+} EngineObject;
+
+/* ------------------------------------------------------ worker-thread hooks */
+
+static void call_hook(PyObject *worker, const char *name)
+{
+    PyObject *r = PyObject_CallMethod(worker, name, NULL);
+    if (!r)
+        PyErr_WriteUnraisable(worker); /* the Python side catches its own errors */
+    Py_XDECREF(r);
+}
+
+static void hook_worker_start(void *ctx, int w)
+{
+    worker_ctx *wc = &((engine_shared *)ctx)->workers[w];
+    wc->gilstate = PyGILState_Ensure();
+    call_hook(wc->worker, "start");
+    wc->tstate = PyEval_SaveThread();
+}
+
+static int hook_run(void *ctx, int w, void *payload)
+{
+    worker_ctx *wc = &((engine_shared *)ctx)->workers[w];
+    job *j = payload;
+    int outcome = FL_JOB_DONE;
+
+    PyEval_RestoreThread(wc->tstate);
+    PyObject *res = PyObject_CallOneArg(wc->fetch, j->request);
+    if (!res) {
+        j->error = take_exception();
+    } else if (PyTuple_Check(res) && PyTuple_GET_SIZE(res) == 2) {
+        long code = PyLong_AsLong(PyTuple_GET_ITEM(res, 0));
+        if (code == FL_JOB_SKIPPED || code == FL_JOB_RETIRE)
+            outcome = (int)code;
+        else if (code == -1 && PyErr_Occurred())
+            j->error = take_exception();
+        j->result = res;
+    } else {
+        PyErr_SetString(PyExc_TypeError, "fastload: worker.fetch must return (code, value)");
+        j->error = take_exception();
+        Py_DECREF(res);
+    }
+    wc->tstate = PyEval_SaveThread();
+    return outcome;
+}
+
+static void hook_worker_stop(void *ctx, int w)
+{
+    worker_ctx *wc = &((engine_shared *)ctx)->workers[w];
+    PyEval_RestoreThread(wc->tstate);
+    call_hook(wc->worker, "stop");
+    Py_CLEAR(wc->fetch);
+    Py_CLEAR(wc->worker);
+    wc->tstate = NULL;
+    PyGILState_Release(wc->gilstate);
+}
+
+/* -------------------------------------------------------------- jobs */
+
+static void job_free(job *j)
+{
+    if (!j)
+        return;
+    Py_XDECREF(j->request);
+    Py_XDECREF(j->result);
+    Py_XDECREF(j->error);
+    PyMem_RawFree(j);
+}
+
+static int engine_usable(EngineObject *self)
+{
+    if (!self->engine || self->closed) {
+        PyErr_SetString(PyExc_RuntimeError, "fastload: this loader iterator is shut down");
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *closed_error(void)
+{
+    PyErr_SetString(PyExc_RuntimeError,
+                    "fastload: this loader iterator was shut down, or created before fork(); "
+                    "create a new iterator");
+    return NULL;
+}
+
+/* Stops and joins the workers and drops every undelivered job.  Safe to call
+ * repeatedly; the core engine itself is freed only in dealloc, because
+ * another thread may still be returning from next(). */
+static void engine_close(EngineObject *self)
+{
+    if (!self->engine || self->closed)
+        return;
+    self->closed = 1;
+    fl_engine *e = self->engine;
+    Py_BEGIN_ALLOW_THREADS
+    fl_engine_stop(e);
+    Py_END_ALLOW_THREADS
+    void *payload;
+    while (fl_engine_take_leftover(e, &payload) == FL_OK)
+        job_free(payload);
+    /* Workers clear their own objects as they exit; a forked child's
+     * inherited engine never ran them, so clear what is left. */
+    for (int i = 0; i < self->shared->num_workers; i++) {
+        Py_CLEAR(self->shared->workers[i].fetch);
+        Py_CLEAR(self->shared->workers[i].worker);
+    }
+}
+
+/* -------------------------------------------------------------- methods */
+
+static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"workers", "max_in_flight", "in_order", "name", NULL};
+    PyObject *workers;
+    int max_in_flight, in_order = 1;
+    const char *name = "fastload-w";
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Oi|ps:Engine", kwlist, &workers,
+                                     &max_in_flight, &in_order, &name))
+        return NULL;
+    PyObject *seq = PySequence_Fast(workers, "Engine: workers must be a sequence");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n < 1 || n > 1024 || max_in_flight < 1) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError,
+                        "Engine: need 1..1024 workers and max_in_flight >= 1");
+        return NULL;
+    }
+
+    EngineObject *self = (EngineObject *)type->tp_alloc(type, 0);
+    engine_shared *shared = NULL;
+    if (!self)
+        goto fail;
+    shared = PyMem_RawCalloc(1, sizeof *shared + (size_t)n * sizeof(worker_ctx));
+    if (!shared) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    shared->num_workers = (int)n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        worker_ctx *wc = &shared->workers[i];
+        wc->worker = PySequence_Fast_GET_ITEM(seq, i);
+        Py_INCREF(wc->worker);
+        wc->fetch = PyObject_GetAttrString(wc->worker, "fetch");
+        if (!wc->fetch)
+            goto fail;
+    }
+
+    fl_engine_config config = {
+        .num_workers = (int)n,
+        .max_in_flight = max_in_flight,
+        .in_order = in_order,
+        .name = name,
+    };
+    fl_engine_hooks hooks = {
+        .ctx = shared,
+        .worker_start = hook_worker_start,
+        .run = hook_run,
+        .worker_stop = hook_worker_stop,
+    };
+    /* Threads start now and block on the GIL in worker.start() until this
+     * thread releases it: creation itself does not wait for them. */
+    int rc = fl_engine_create(&config, &hooks, &self->engine);
+    if (rc != FL_OK) {
+        PyErr_Format(rc == FL_ERR_NOMEM ? PyExc_MemoryError : PyExc_RuntimeError,
+                     "fastload: cannot start %zd worker threads: %s", n, fl_status_str(rc));
+        goto fail;
+    }
+    self->shared = shared;
+    self->num_workers = (int)n;
+    Py_DECREF(seq);
+    return (PyObject *)self;
+
+fail:
+    if (shared) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_XDECREF(shared->workers[i].worker);
+            Py_XDECREF(shared->workers[i].fetch);
+        }
+        PyMem_RawFree(shared);
+    }
+    Py_XDECREF(self);
+    Py_DECREF(seq);
+    return NULL;
+}
+
+static void Engine_dealloc(EngineObject *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    if (self->weakreflist)
+        PyObject_ClearWeakRefs((PyObject *)self);
+    if (self->engine) {
+        if (fl_engine_is_own_thread(self->engine)) {
+            /* Dropped by code running on one of its own workers: that thread
+             * cannot join itself.  Let the workers exit on their own; the
+             * engine and its context stay allocated for them (a bounded,
+             * deliberate leak in a rare case). */
+            fl_engine_abandon(self->engine);
+        } else {
+            engine_close(self);
+            fl_engine_free(self->engine);
+            PyMem_RawFree(self->shared);
+        }
+        self->engine = NULL;
+        self->shared = NULL;
+    }
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+static PyObject *Engine_submit(EngineObject *self, PyObject *request)
+{
+    if (!engine_usable(self))
+        return NULL;
+    job *j = PyMem_RawCalloc(1, sizeof *j);
+    if (!j)
+        return PyErr_NoMemory();
+    Py_INCREF(request);
+    j->request = request;
+    int rc = fl_engine_submit(self->engine, j, NULL, NULL);
+    if (rc == FL_OK)
+        return PyLong_FromLong(0);
+    job_free(j);
+    if (rc == FL_ERR_NO_WORKER)
+        return PyLong_FromLong(1);
+    if (rc == FL_ERR_CLOSED)
+        return closed_error();
+    PyErr_Format(PyExc_RuntimeError, "fastload: cannot submit a batch: %s", fl_status_str(rc));
+    return NULL;
+}
+
+static PyObject *Engine_next(EngineObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    double timeout = -1.0;
+    if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError, "next(timeout=None) takes at most 1 argument");
+        return NULL;
+    }
+    if (nargs == 1 && args[0] != Py_None) {
+        timeout = PyFloat_AsDouble(args[0]);
+        if (timeout == -1.0 && PyErr_Occurred())
+            return NULL;
+    }
+    if (!engine_usable(self))
+        return NULL;
+
+    fl_engine *e = self->engine;
+    fl_delivery d;
+    double waited = 0.0;
+    int rc;
+    for (;;) {
+        double slice = SIGNAL_CHECK_SECONDS;
+        if (timeout > 0 && timeout - waited < slice)
+            slice = timeout - waited;
+        Py_BEGIN_ALLOW_THREADS
+        rc = fl_engine_next(e, slice, &d);
+        Py_END_ALLOW_THREADS
+        if (rc != FL_ERR_TIMEOUT)
+            break;
+        if (PyErr_CheckSignals() < 0)
+            return NULL; /* KeyboardInterrupt: the batch stays in flight */
+        waited += slice;
+        if (timeout > 0 && waited >= timeout) {
+            PyErr_SetString(PyExc_TimeoutError, "fastload: timed out waiting for a batch");
+            return NULL;
+        }
+    }
+    if (rc == FL_ERR_EMPTY)
+        Py_RETURN_NONE;
+    if (rc != FL_OK)
+        return closed_error();
+
+    job *j = d.payload;
+    PyObject *out = NULL;
+    if (j->error) {
+        raise_exception(j->error);
+        j->error = NULL;
+    } else {
+        PyObject *result = j->result ? j->result : Py_None;
+        out = Py_BuildValue("(iiO)", d.outcome, d.worker, result);
+    }
+    job_free(j);
+    return out;
+}
+
+static PyObject *Engine_cancel_pending(EngineObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (!engine_usable(self))
+        return NULL;
+    int n = fl_engine_cancel_pending(self->engine);
+    if (n < 0)
+        return closed_error();
+    return PyLong_FromLong(n);
+}
+
+static PyObject *Engine_reset(EngineObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (!engine_usable(self))
+        return NULL;
+    int rc = fl_engine_reset(self->engine);
+    if (rc == FL_ERR_INVALID) {
+        PyErr_SetString(PyExc_RuntimeError, "fastload: reset() with batches in flight");
+        return NULL;
+    }
+    if (rc != FL_OK)
+        return closed_error();
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_close(EngineObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (self->engine && fl_engine_is_own_thread(self->engine)) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "fastload: a loader iterator cannot be closed from its own worker");
+        return NULL;
+    }
+    engine_close(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_get_in_flight(EngineObject *self, void *closure)
+{
+    (void)closure;
+    return PyLong_FromLong(self->engine && !self->closed ? fl_engine_in_flight(self->engine) : 0);
+}
+
+static PyObject *Engine_get_closed(EngineObject *self, void *closure)
+{
+    (void)closure;
+    return PyBool_FromLong(!self->engine || self->closed);
+}
+
+static PyMethodDef Engine_methods[] = {
+    {"submit", (PyCFunction)Engine_submit, METH_O,
+     "submit(request, /)\n--\n\n"
+     "Queues worker.fetch(request) on the next live worker, round-robin.\n"
+     "Returns 0, or 1 when every worker has retired (nothing queued)."},
+    {"next", (PyCFunction)(void (*)(void))Engine_next, METH_FASTCALL,
+     "next(timeout=None, /)\n--\n\n"
+     "Waits (GIL released) for the next finished job and returns\n"
+     "(outcome, worker, result), or None when nothing is in flight.\n"
+     "Raises TimeoutError after `timeout` seconds, and whatever fetch raised."},
+    {"cancel_pending", (PyCFunction)Engine_cancel_pending, METH_NOARGS,
+     "cancel_pending()\n--\n\nDelivers every job no worker has started as cancelled."},
+    {"reset", (PyCFunction)Engine_reset, METH_NOARGS,
+     "reset()\n--\n\nStarts a new epoch on the same threads (nothing may be in flight)."},
+    {"close", (PyCFunction)Engine_close, METH_NOARGS,
+     "close()\n--\n\nStops and joins the worker threads; idempotent."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Engine_getset[] = {
+    {"in_flight", (getter)Engine_get_in_flight, NULL, "jobs submitted, not yet delivered", NULL},
+    {"closed", (getter)Engine_get_closed, NULL, "whether close() has run", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMemberDef Engine_members[] = {
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(EngineObject, weakreflist), READONLY, NULL},
+    {"num_workers", T_INT, offsetof(EngineObject, num_workers), READONLY, "worker threads"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot Engine_slots[] = {
+    {Py_tp_doc, "Engine(workers, max_in_flight, in_order=True, name='fastload-w')\n--\n\n"
+                "Worker threads, one per object in `workers`; each runs that object's\n"
+                "start(), fetch(request) per job and stop() on its own thread."},
+    {Py_tp_new, Engine_new},
+    {Py_tp_dealloc, Engine_dealloc},
+    {Py_tp_methods, Engine_methods},
+    {Py_tp_getset, Engine_getset},
+    {Py_tp_members, Engine_members},
+    {0, NULL},
+};
+
+PyType_Spec fl__Engine_spec = {
+    .name = "fastload._C.Engine",
+    .basicsize = sizeof(EngineObject),
+    .flags = Py_TPFLAGS_DEFAULT,
+    .slots = Engine_slots,
+};
+
+int fl__engine_module_exec(PyObject *module)
+{
+    if (PyModule_AddIntConstant(module, "JOB_DONE", FL_JOB_DONE) < 0 ||
+        PyModule_AddIntConstant(module, "JOB_SKIPPED", FL_JOB_SKIPPED) < 0 ||
+        PyModule_AddIntConstant(module, "JOB_RETIRE", FL_JOB_RETIRE) < 0 ||
+        PyModule_AddIntConstant(module, "JOB_CANCELLED", FL_JOB_CANCELLED) < 0)
+        return -1;
+    return 0;
+}

@@ -1,0 +1,62 @@
+/* fastload._C: the private header of the binding layer.
+ *
+ * The binding converts between Python objects and the core (csrc/core/),
+ * which never sees a PyObject.  Files: module.c (module init and state),
+ * slot_pool.c (SlotPool and SlotOwner types: batch memory and its lifetime),
+ * collate.c (GIL-free collation of NumPy-compatible samples into a slot),
+ * engine_type.c (the Engine type: worker threads that run a Python fetch).
+ */
+#ifndef FASTLOAD_H
+#define FASTLOAD_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#define PY_ARRAY_UNIQUE_SYMBOL fastload_ARRAY_API
+#ifndef FASTLOAD_MODULE_C
+#define NO_IMPORT_ARRAY
+#endif
+#include <numpy/arrayobject.h>
+
+#include "core/slots.h"
+
+/* Per-module state (multi-phase init); every field is a strong reference
+ * owned by the module and released by its clear/free. */
+typedef struct fastload_state {
+    PyTypeObject *SlotPool_type;
+    PyTypeObject *SlotOwner_type;
+    PyTypeObject *Engine_type;
+    PyObject *tensor_type; /* torch.Tensor once registered, else NULL */
+} fastload_state;
+
+fastload_state *fl__state_of_module(PyObject *module);
+fastload_state *fl__state_of_type(PyTypeObject *type);
+
+/* slot_pool.c */
+typedef struct SlotPoolObject {
+    PyObject_HEAD
+    fl_slot_pool *pool; /* owns one pool reference */
+} SlotPoolObject;
+
+typedef struct SlotOwnerObject {
+    PyObject_HEAD
+    fl_slot *slot; /* owned; released in dealloc */
+} SlotOwnerObject;
+
+extern PyType_Spec fl__SlotPool_spec;
+extern PyType_Spec fl__SlotOwner_spec;
+
+/* Wraps an acquired slot in a new SlotOwner, which releases it when the last
+ * array over it dies.  Takes ownership of `slot` (released here on failure). */
+PyObject *fl__SlotOwner_new(fastload_state *state, fl_slot *slot);
+
+/* collate.c */
+PyObject *fl__collate(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fl__set_tensor_type(PyObject *module, PyObject *type);
+
+/* engine_type.c */
+extern PyType_Spec fl__Engine_spec;
+int fl__engine_module_exec(PyObject *module);
+
+#endif /* FASTLOAD_H */

@@ -1,0 +1,113 @@
+/* fastload._C: module definition, state and exec. */
+#define FASTLOAD_MODULE_C
+#include "fastload.h"
+
+#include "core/status.h"
+
+fastload_state *fl__state_of_module(PyObject *module)
+{
+    return (fastload_state *)PyModule_GetState(module);
+}
+
+fastload_state *fl__state_of_type(PyTypeObject *type)
+{
+    return (fastload_state *)PyType_GetModuleState(type);
+}
+
+static PyObject *status_str(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    int status = (int)PyLong_AsLong(arg);
+    if (status == -1 && PyErr_Occurred())
+        return NULL;
+    return PyUnicode_FromString(fl_status_str(status));
+}
+
+static PyMethodDef module_methods[] = {
+    {"collate", (PyCFunction)(void (*)(void))fl__collate, METH_FASTCALL,
+     "collate(samples, pool, convert, /)\n--\n\n"
+     "Stacks a list of samples made of NumPy arrays, NumPy scalars, Python\n"
+     "numbers, str/bytes and torch tensors, nested in tuples, lists and dicts,\n"
+     "into one batch slot taken from `pool`, copying with the GIL released.\n"
+     "Leaves become arrays over the slot, passed through `convert` when it is\n"
+     "not None.  Returns NotImplemented when the samples are outside those\n"
+     "rules (the caller then collates in Python)."},
+    {"set_tensor_type", (PyCFunction)fl__set_tensor_type, METH_O,
+     "set_tensor_type(type, /)\n--\n\nRegisters torch.Tensor so collate() can read tensors."},
+    {"status_str", (PyCFunction)status_str, METH_O,
+     "status_str(status, /)\n--\n\nDescribes a core status code."},
+    {NULL, NULL, 0, NULL},
+};
+
+static int add_type(PyObject *module, PyType_Spec *spec, PyObject *base, PyTypeObject **slot)
+{
+    PyObject *type = PyType_FromModuleAndSpec(module, spec, base);
+    if (!type)
+        return -1;
+    *slot = (PyTypeObject *)type; /* the state owns this reference */
+    Py_INCREF(type);
+    if (PyModule_AddObject(module, strrchr(spec->name, '.') + 1, type) < 0) {
+        Py_DECREF(type);
+        return -1;
+    }
+    return 0;
+}
+
+static int module_exec(PyObject *module)
+{
+    if (_import_array() < 0)
+        return -1;
+    fastload_state *state = fl__state_of_module(module);
+    if (add_type(module, &fl__SlotPool_spec, NULL, &state->SlotPool_type) < 0 ||
+        add_type(module, &fl__SlotOwner_spec, NULL, &state->SlotOwner_type) < 0 ||
+        add_type(module, &fl__Engine_spec, NULL, &state->Engine_type) < 0)
+        return -1;
+    return fl__engine_module_exec(module);
+}
+
+static int module_traverse(PyObject *module, visitproc visit, void *arg)
+{
+    fastload_state *state = fl__state_of_module(module);
+    Py_VISIT(state->SlotPool_type);
+    Py_VISIT(state->SlotOwner_type);
+    Py_VISIT(state->Engine_type);
+    Py_VISIT(state->tensor_type);
+    return 0;
+}
+
+static int module_clear(PyObject *module)
+{
+    fastload_state *state = fl__state_of_module(module);
+    Py_CLEAR(state->SlotPool_type);
+    Py_CLEAR(state->SlotOwner_type);
+    Py_CLEAR(state->Engine_type);
+    Py_CLEAR(state->tensor_type);
+    return 0;
+}
+
+static void module_free(void *module)
+{
+    module_clear((PyObject *)module);
+}
+
+static PyModuleDef_Slot module_slots[] = {
+    {Py_mod_exec, (void *)module_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "fastload._C",
+    .m_doc = "fastload's native engine (private: use the fastload package).",
+    .m_size = sizeof(fastload_state),
+    .m_methods = module_methods,
+    .m_slots = module_slots,
+    .m_traverse = module_traverse,
+    .m_clear = module_clear,
+    .m_free = module_free,
+};
+
+PyMODINIT_FUNC PyInit__C(void)
+{
+    return PyModuleDef_Init(&module_def);
+}

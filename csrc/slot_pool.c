@@ -1,0 +1,126 @@
+/* fastload._C: SlotPool (a pool of batch buffers) and SlotOwner (the object
+ * that keeps one buffer alive while arrays over it exist).
+ *
+ * Every array collate() makes over a slot has a SlotOwner as its NumPy base
+ * (PyArray_SetBaseObject), so the slot is released exactly when the last
+ * array — or torch tensor sharing its memory — is freed.  The memory never
+ * carries NPY_ARRAY_OWNDATA: NumPy did not allocate it.
+ */
+#include "fastload.h"
+
+#include "core/status.h"
+
+/* ---------------------------------------------------------------- SlotPool */
+
+static PyObject *SlotPool_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"max_free", NULL};
+    Py_ssize_t max_free = 16;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|n:SlotPool", kwlist, &max_free))
+        return NULL;
+    if (max_free < 0) {
+        PyErr_SetString(PyExc_ValueError, "SlotPool: max_free must be >= 0");
+        return NULL;
+    }
+    SlotPoolObject *self = (SlotPoolObject *)type->tp_alloc(type, 0);
+    if (!self)
+        return NULL;
+    self->pool = fl_slot_pool_new((size_t)max_free, NULL);
+    if (!self->pool) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    return (PyObject *)self;
+}
+
+static void SlotPool_dealloc(SlotPoolObject *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    fl_slot_pool_release(self->pool); /* slots still out keep the pool alive */
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+static PyObject *SlotPool_counts(SlotPoolObject *self, PyObject *unused)
+{
+    (void)unused;
+    size_t live = 0, free_listed = 0;
+    fl_slot_pool_counts(self->pool, &live, &free_listed);
+    return Py_BuildValue("(nn)", (Py_ssize_t)live, (Py_ssize_t)free_listed);
+}
+
+static PyMethodDef SlotPool_methods[] = {
+    {"counts", (PyCFunction)SlotPool_counts, METH_NOARGS,
+     "counts()\n--\n\n(allocated slots, slots waiting on the free list)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot SlotPool_slots[] = {
+    {Py_tp_doc, "SlotPool(max_free=16)\n--\n\n"
+                "Page-aligned batch buffers, recycled; at most max_free kept idle."},
+    {Py_tp_new, SlotPool_new},
+    {Py_tp_dealloc, SlotPool_dealloc},
+    {Py_tp_methods, SlotPool_methods},
+    {0, NULL},
+};
+
+PyType_Spec fl__SlotPool_spec = {
+    .name = "fastload._C.SlotPool",
+    .basicsize = sizeof(SlotPoolObject),
+    .flags = Py_TPFLAGS_DEFAULT,
+    .slots = SlotPool_slots,
+};
+
+/* --------------------------------------------------------------- SlotOwner */
+
+PyObject *fl__SlotOwner_new(fastload_state *state, fl_slot *slot)
+{
+    PyTypeObject *type = state->SlotOwner_type;
+    SlotOwnerObject *self = (SlotOwnerObject *)type->tp_alloc(type, 0);
+    if (!self) {
+        fl_slot_release(slot);
+        return NULL;
+    }
+    self->slot = slot;
+    return (PyObject *)self;
+}
+
+static void SlotOwner_dealloc(SlotOwnerObject *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    fl_slot_release(self->slot);
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+static PyObject *SlotOwner_get_nbytes(SlotOwnerObject *self, void *closure)
+{
+    (void)closure;
+    return PyLong_FromSize_t(self->slot->capacity);
+}
+
+static PyObject *SlotOwner_get_address(SlotOwnerObject *self, void *closure)
+{
+    (void)closure;
+    return PyLong_FromVoidPtr(self->slot->data);
+}
+
+static PyGetSetDef SlotOwner_getset[] = {
+    {"nbytes", (getter)SlotOwner_get_nbytes, NULL, "capacity of the slot in bytes", NULL},
+    {"address", (getter)SlotOwner_get_address, NULL, "address of the slot's memory", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot SlotOwner_slots[] = {
+    {Py_tp_doc, "Keeps one batch slot alive; the base of the arrays over it."},
+    {Py_tp_dealloc, SlotOwner_dealloc},
+    {Py_tp_getset, SlotOwner_getset},
+    {0, NULL},
+};
+
+PyType_Spec fl__SlotOwner_spec = {
+    .name = "fastload._C.SlotOwner",
+    .basicsize = sizeof(SlotOwnerObject),
+    .flags = Py_TPFLAGS_DEFAULT,
+    .slots = SlotOwner_slots,
+};
