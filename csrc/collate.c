@@ -51,6 +51,8 @@ typedef struct node {
     size_t offset;          /* of the batch array in the slot */
     /* N_PASS: */
     PyObject *items;        /* owned list, filled per sample */
+    int as_tuple;           /* inside a tuple/list: torch hands the column back
+                               as the tuple zip() made, not as a list */
     /* containers: */
     Py_ssize_t n_children;  /* children follow in pre-order */
     PyObject *keys;         /* N_DICT: owned tuple of the first sample's keys */
@@ -199,9 +201,11 @@ static int describe(plan *p, PyObject *obj, int depth)
         n->kind = N_SEQ;
         n->n_children = PySequence_Fast_GET_SIZE(obj);
         for (Py_ssize_t i = 0; i < n->n_children; i++) {
+            int child = p->n_nodes;
             int rc = describe(p, PySequence_Fast_GET_ITEM(obj, i), depth + 1);
             if (rc != 0)
                 return rc;
+            p->nodes[child].as_tuple = 1;
         }
         return 0;
     }
@@ -393,6 +397,8 @@ static PyObject *build(plan *p, int *cursor, PyObject *owner, PyObject *convert)
         return out;
     }
     if (n->kind == N_PASS) {
+        if (n->as_tuple)
+            return PyList_AsTuple(n->items);
         Py_INCREF(n->items);
         return n->items;
     }

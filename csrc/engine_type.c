@@ -39,7 +39,7 @@ typedef struct engine_shared {
 
 typedef struct job {
     PyObject *request;        /* owned */
-    PyObject *result;         /* owned; what fetch returned */
+    PyObject *result;         /* owned; the value fetch returned */
     PyObject *error;          /* owned; the exception fetch raised, if any */
 } job;
 
@@ -115,7 +115,9 @@ static int hook_run(void *ctx, int w, void *payload)
             outcome = (int)code;
         else if (code == -1 && PyErr_Occurred())
             j->error = take_exception();
-        j->result = res;
+        j->result = PyTuple_GET_ITEM(res, 1);
+        Py_INCREF(j->result);
+        Py_DECREF(res);
     } else {
         PyErr_SetString(PyExc_TypeError, "fastload: worker.fetch must return (code, value)");
         j->error = take_exception();

@@ -1,0 +1,40 @@
+"""fastload: torch's DataLoader interface, a C engine underneath.
+
+Change ``from torch.utils.data import DataLoader`` to
+``from fastload import DataLoader``: worker threads replace worker
+processes, take the GIL only around your dataset code, and collate NumPy
+samples into reusable page-aligned buffers with the GIL released.
+"""
+
+from ._worker import WorkerInfo, get_worker_info
+from .collate import default_collate, default_convert
+from .dataloader import DataLoader
+from .datasets import Dataset, IterableDataset
+from .sampler import (
+    BatchSampler,
+    DistributedSampler,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BatchSampler",
+    "DataLoader",
+    "Dataset",
+    "DistributedSampler",
+    "IterableDataset",
+    "RandomSampler",
+    "Sampler",
+    "SequentialSampler",
+    "SubsetRandomSampler",
+    "WeightedRandomSampler",
+    "WorkerInfo",
+    "default_collate",
+    "default_convert",
+    "get_worker_info",
+]

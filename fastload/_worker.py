@@ -1,0 +1,222 @@
+"""What runs on a worker thread: fetching a batch from a Python dataset.
+
+A ``Worker`` belongs to one engine thread.  The engine calls ``start()`` on
+that thread once, ``fetch(request)`` once per batch, and ``stop()`` as the
+thread exits; each holds the GIL only while it runs.  ``fetch`` never raises:
+it returns ``(outcome, value)`` with an outcome code of the engine
+(``_C.JOB_DONE`` etc.), and an error travels as an ``ExceptionWrapper`` that
+the main thread re-raises, as torch's workers do.
+"""
+
+import sys
+import threading
+import traceback
+
+from . import _C
+
+_local = threading.local()
+
+
+class WorkerInfo:
+    """Who this worker is, as torch's ``get_worker_info()`` reports it.
+
+    ``id`` in ``range(num_workers)``, ``seed`` = the iterator's base seed +
+    ``id`` (torch's value), ``dataset`` = the loader's dataset (shared by all
+    worker threads, not a copy).
+    """
+
+    __slots__ = ("id", "num_workers", "seed", "dataset")
+
+    def __init__(self, id, num_workers, seed, dataset):
+        object.__setattr__(self, "id", id)
+        object.__setattr__(self, "num_workers", num_workers)
+        object.__setattr__(self, "seed", seed)
+        object.__setattr__(self, "dataset", dataset)
+
+    def __setattr__(self, key, value):
+        raise RuntimeError(f"Cannot assign attributes to {self.__class__.__name__} objects")
+
+    def __repr__(self):
+        return (
+            f"WorkerInfo(id={self.id}, num_workers={self.num_workers}, seed={self.seed}, "
+            f"dataset={self.dataset!r})"
+        )
+
+
+def get_worker_info():
+    """The ``WorkerInfo`` of the calling worker thread, or None elsewhere."""
+    return getattr(_local, "info", None)
+
+
+class KeyErrorMessage(str):
+    """A KeyError's message printed as is (KeyError would repr() it)."""
+
+    def __repr__(self):
+        return str(self)
+
+
+class ExceptionWrapper:
+    """An exception caught in a worker, re-raised in the main thread as the
+    same type with the worker's traceback in its message."""
+
+    def __init__(self, exc_info, where):
+        self.exc_type = exc_info[0]
+        self.exc_msg = "".join(traceback.format_exception(*exc_info))
+        self.where = where
+
+    def reraise(self):
+        msg = f"Caught {self.exc_type.__name__} {self.where}.\nOriginal {self.exc_msg}"
+        if self.exc_type is KeyError:
+            msg = KeyErrorMessage(msg)
+        elif getattr(self.exc_type, "message", None):
+            # Exceptions whose first argument is keyword-only "message".
+            raise self.exc_type(message=msg)
+        try:
+            exception = self.exc_type(msg)
+        except Exception:
+            # The type cannot be built from a message alone.
+            raise RuntimeError(msg) from None
+        raise exception
+
+
+class _MapFetcher:
+    def __init__(self, dataset, auto_collation, collate_fn, stop_flag):
+        self.dataset = dataset
+        self.auto_collation = auto_collation
+        self.collate_fn = collate_fn
+        self.stop_flag = stop_flag
+        self.position = None  # the sample index being read, for error messages
+
+    def fetch(self, index):
+        if not self.auto_collation:
+            self.position = index
+            return self.collate_fn(self.dataset[index])
+        getitems = getattr(self.dataset, "__getitems__", None)
+        if getitems:
+            self.position = index
+            data = getitems(index)
+        else:
+            data = []
+            for i in index:
+                if self.stop_flag.stopped:
+                    raise _Stopped
+                self.position = i
+                data.append(self.dataset[i])
+        self.position = None
+        return self.collate_fn(data)
+
+
+class _IterableFetcher:
+    def __init__(self, dataset, auto_collation, collate_fn, drop_last):
+        self.dataset_iter = iter(dataset)
+        self.auto_collation = auto_collation
+        self.collate_fn = collate_fn
+        self.drop_last = drop_last
+        self.ended = False
+        self.position = None
+
+    def fetch(self, index):
+        if self.ended:
+            raise StopIteration
+        if self.auto_collation:
+            data = []
+            for _ in index:
+                try:
+                    data.append(next(self.dataset_iter))
+                except StopIteration:
+                    self.ended = True
+                    break
+            if len(data) == 0 or (self.drop_last and len(data) < len(index)):
+                raise StopIteration
+        else:
+            data = next(self.dataset_iter)
+        return self.collate_fn(data)
+
+
+def make_fetcher(plan, stop_flag):
+    if plan.iterable:
+        return _IterableFetcher(plan.dataset, plan.auto_collation, plan.collate_fn, plan.drop_last)
+    return _MapFetcher(plan.dataset, plan.auto_collation, plan.collate_fn, stop_flag)
+
+
+class _Stopped(Exception):
+    """The iterator is shutting down: abandon the batch."""
+
+
+class StopFlag:
+    """Set by the main thread on shutdown; workers check it between samples
+    so a long batch does not delay the join."""
+
+    __slots__ = ("stopped",)
+
+    def __init__(self):
+        self.stopped = False
+
+
+class FetchPlan:
+    """What every worker needs to fetch batches (shared, read-only)."""
+
+    def __init__(self, dataset, iterable, auto_collation, collate_fn, drop_last, worker_init_fn,
+                 num_workers, base_seed):
+        self.dataset = dataset
+        self.iterable = iterable
+        self.auto_collation = auto_collation
+        self.collate_fn = collate_fn
+        self.drop_last = drop_last
+        self.worker_init_fn = worker_init_fn
+        self.num_workers = num_workers
+        self.base_seed = base_seed
+
+
+class Worker:
+    """The Python half of one engine worker thread."""
+
+    def __init__(self, worker_id, plan, stop_flag):
+        self.id = worker_id
+        self.plan = plan
+        self.stop_flag = stop_flag
+        self.where = f"in DataLoader worker {worker_id}"
+        self.fetcher = None
+        self.epoch = 0
+        self.init_error = None
+
+    def start(self):
+        plan = self.plan
+        _local.info = WorkerInfo(self.id, plan.num_workers, plan.base_seed + self.id, plan.dataset)
+        try:
+            if plan.worker_init_fn is not None:
+                plan.worker_init_fn(self.id)
+            self.fetcher = make_fetcher(plan, self.stop_flag)
+        except Exception:
+            self.init_error = ExceptionWrapper(sys.exc_info(), self.where)
+
+    def fetch(self, request):
+        epoch, index = request
+        if self.init_error is not None:
+            error, self.init_error = self.init_error, None
+            return _C.JOB_DONE, error
+        try:
+            if epoch != self.epoch or self.fetcher is None:
+                # A new epoch on persistent workers: a fresh pass over the data.
+                self.epoch = epoch
+                self.fetcher = make_fetcher(self.plan, self.stop_flag)
+            return _C.JOB_DONE, self.fetcher.fetch(index)
+        except _Stopped:
+            return _C.JOB_SKIPPED, None
+        except StopIteration:
+            if not self.plan.iterable:
+                return _C.JOB_DONE, ExceptionWrapper(sys.exc_info(), self.where)
+            # The first StopIteration retires this worker; later jobs queued
+            # to it produce nothing, like torch's worker after iteration end.
+            if getattr(self.fetcher, "retired", False):
+                return _C.JOB_SKIPPED, None
+            self.fetcher.retired = True
+            return _C.JOB_RETIRE, None
+        except Exception:
+            position = getattr(self.fetcher, "position", None)
+            where = self.where if position is None else f"{self.where} (sample index {position!r})"
+            return _C.JOB_DONE, ExceptionWrapper(sys.exc_info(), where)
+
+    def stop(self):
+        self.fetcher = None
+        _local.info = None

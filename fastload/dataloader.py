@@ -1,0 +1,495 @@
+"""fastload.DataLoader: torch's DataLoader interface over fastload's engine.
+
+Arguments, validation, length rules, sampling, collation and error
+reporting follow torch 2.13; what differs is the engine.  Workers are C
+threads (``_C.Engine``) that take the GIL only to call the dataset and the
+collate function, and default collation stacks NumPy-compatible samples into
+reusable page-aligned buffers with the GIL released (``_C.collate``).
+
+The main-thread scheduling mirrors torch's multi-process iterator: batches
+go to workers round-robin, at most ``num_workers * prefetch_factor`` are in
+flight, one new batch is requested per batch delivered, and a worker whose
+iterable shard ends stops receiving work.  So the same samplers and
+generators give the same batches in the same order.
+"""
+
+import atexit
+import multiprocessing
+import warnings
+import weakref
+
+from . import _C
+from ._random import draw_seed
+from ._torch import torch
+from ._worker import ExceptionWrapper, FetchPlan, StopFlag, Worker, make_fetcher
+from .collate import (
+    TORCH,
+    backend_for,
+    collate,
+    convert,
+    default_collate,
+    default_convert,
+)
+from .datasets import is_iterable_dataset
+from .sampler import BatchSampler, RandomSampler, SequentialSampler
+from . import _torch_compat
+
+__all__ = ["DataLoader"]
+
+_OUTPUTS = ("auto", "torch", "numpy")
+_FROZEN_ATTRS = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
+
+
+class _InfiniteConstantSampler:
+    """An IterableDataset's index stream: None forever (the dataset decides)."""
+
+    def __iter__(self):
+        while True:
+            yield None
+
+
+class DataLoader:
+    """Loads batches from a dataset, like ``torch.utils.data.DataLoader``.
+
+    Takes torch's arguments with torch's meaning, plus:
+
+    * ``device``: None or "cpu" (where batches are delivered).
+    * ``output``: "auto" (torch tensors when torch is installed, NumPy arrays
+      otherwise), "torch" or "numpy".
+
+    ``num_workers`` worker *threads* (not processes) load batches; the
+    dataset is shared by them, not copied.  ``multiprocessing_context`` is
+    validated as torch does and otherwise unused.
+    """
+
+    _initialized = False
+
+    def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None,
+                 num_workers=0, collate_fn=None, pin_memory=False, drop_last=False, timeout=0,
+                 worker_init_fn=None, multiprocessing_context=None, generator=None, *,
+                 prefetch_factor=None, persistent_workers=False, pin_memory_device="",
+                 in_order=True, device=None, output="auto"):
+        if num_workers < 0:
+            raise ValueError(
+                "num_workers option should be non-negative; use num_workers=0 to disable "
+                "multiprocessing."
+            )
+        if timeout < 0:
+            raise ValueError("timeout option should be non-negative")
+        if num_workers == 0 and prefetch_factor is not None:
+            raise ValueError(
+                "prefetch_factor option could only be specified in multiprocessing."
+                "let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor "
+                "to None."
+            )
+        elif num_workers > 0 and prefetch_factor is None:
+            prefetch_factor = 2
+        elif prefetch_factor is not None and prefetch_factor < 0:
+            raise ValueError("prefetch_factor option should be non-negative")
+        if persistent_workers and num_workers == 0:
+            raise ValueError("persistent_workers option needs num_workers > 0")
+        if output not in _OUTPUTS:
+            raise ValueError(f"output should be one of {_OUTPUTS}, but got output={output!r}")
+        if output == "torch" and torch is None:
+            raise ValueError("output='torch' needs torch installed; use output='numpy'")
+        if not (device is None or str(device) == "cpu"):
+            raise ValueError(
+                f"device={device!r} is not supported: batches are delivered on the CPU "
+                "(device=None or 'cpu')"
+            )
+
+        self.dataset = dataset
+        self.num_workers = num_workers
+        self.prefetch_factor = prefetch_factor
+        self.pin_memory = pin_memory
+        self.pin_memory_device = pin_memory_device
+        self.timeout = timeout
+        self.worker_init_fn = worker_init_fn
+        self.multiprocessing_context = multiprocessing_context
+        self.in_order = in_order
+        self.device = device
+        self.output = ("torch" if torch is not None else "numpy") if output == "auto" else output
+
+        if is_iterable_dataset(dataset):
+            self._dataset_kind = "iterable"
+            if shuffle not in {False, None}:
+                raise ValueError(
+                    "DataLoader with IterableDataset: expected unspecified shuffle option, "
+                    f"but got shuffle={shuffle}"
+                )
+            if sampler is not None:
+                raise ValueError(
+                    "DataLoader with IterableDataset: expected unspecified sampler option, "
+                    f"but got sampler={sampler}"
+                )
+            elif batch_sampler is not None:
+                raise ValueError(
+                    "DataLoader with IterableDataset: expected unspecified batch_sampler "
+                    f"option, but got batch_sampler={batch_sampler}"
+                )
+        else:
+            shuffle = bool(shuffle)
+            self._dataset_kind = "map"
+
+        if sampler is not None and shuffle:
+            raise ValueError("sampler option is mutually exclusive with shuffle")
+        if batch_sampler is not None:
+            if batch_size != 1 or shuffle or sampler is not None or drop_last:
+                raise ValueError(
+                    "batch_sampler option is mutually exclusive with batch_size, shuffle, "
+                    "sampler, and drop_last"
+                )
+            batch_size = None
+            drop_last = False
+        elif batch_size is None and drop_last:
+            raise ValueError(
+                "batch_size=None option disables auto-batching and is mutually exclusive "
+                "with drop_last"
+            )
+
+        if sampler is None:
+            if self._dataset_kind == "iterable":
+                sampler = _InfiniteConstantSampler()
+            elif shuffle:
+                sampler = RandomSampler(dataset, generator=generator)
+            else:
+                sampler = SequentialSampler(dataset)
+        if batch_size is not None and batch_sampler is None:
+            batch_sampler = BatchSampler(sampler, batch_size, drop_last)
+
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.sampler = sampler
+        self.batch_sampler = batch_sampler
+        self.generator = generator
+        if collate_fn is None:
+            collate_fn = default_collate if self._auto_collation else default_convert
+        self.collate_fn = collate_fn
+        self.persistent_workers = persistent_workers
+        # Batch buffers outlive iterators (epochs reuse warm pages) and even
+        # the loader (a held batch keeps its slot).
+        in_flight = max(1, num_workers * (prefetch_factor or 0))
+        self._slot_pool = _C.SlotPool(max_free=2 * in_flight + 2)
+        self._IterableDataset_len_called = None
+        self._iterator = None
+        self._initialized = True
+
+    # -- attributes ---------------------------------------------------------
+
+    @property
+    def multiprocessing_context(self):
+        return self._multiprocessing_context
+
+    @multiprocessing_context.setter
+    def multiprocessing_context(self, context):
+        if context is not None:
+            if self.num_workers > 0:
+                if isinstance(context, str):
+                    valid = multiprocessing.get_all_start_methods()
+                    if context not in valid:
+                        raise ValueError(
+                            "multiprocessing_context option should specify a valid start "
+                            f"method in {valid!r}, but got multiprocessing_context={context!r}"
+                        )
+                    context = multiprocessing.get_context(context)
+                if not isinstance(context, multiprocessing.context.BaseContext):
+                    raise TypeError(
+                        "multiprocessing_context option should be a valid context object or "
+                        "a string specifying the start method, but got "
+                        f"multiprocessing_context={context}"
+                    )
+            else:
+                raise ValueError(
+                    "multiprocessing_context can only be used with multi-process loading "
+                    f"(num_workers > 0), but got num_workers={self.num_workers}"
+                )
+        self._multiprocessing_context = context
+
+    def __setattr__(self, attr, value):
+        if self._initialized and attr in _FROZEN_ATTRS:
+            raise ValueError(
+                f"{attr} attribute should not be set after {self.__class__.__name__} is initialized"
+            )
+        super().__setattr__(attr, value)
+
+    @property
+    def _auto_collation(self):
+        return self.batch_sampler is not None
+
+    @property
+    def _index_sampler(self):
+        return self.batch_sampler if self._auto_collation else self.sampler
+
+    # -- iteration ----------------------------------------------------------
+
+    def __iter__(self):
+        if self.persistent_workers and self.num_workers > 0:
+            if self._iterator is None:
+                self._iterator = _ThreadedIter(self)
+            else:
+                self._iterator._reset(self)
+            return self._iterator
+        if self.num_workers == 0:
+            return _SingleThreadIter(self)
+        return _ThreadedIter(self)
+
+    def __len__(self):
+        if self._dataset_kind == "iterable":
+            length = self._IterableDataset_len_called = len(self.dataset)
+            if self.batch_size is not None:
+                if self.drop_last:
+                    length = length // self.batch_size
+                else:
+                    length = -(-length // self.batch_size)
+            return length
+        return len(self._index_sampler)
+
+
+# --------------------------------------------------------------- collation
+
+
+class _SlotCollate:
+    """default_collate for a loader: stacks in C into the loader's slots
+    when the samples allow it, else applies the same rules in Python."""
+
+    def __init__(self, pool, backend):
+        self.pool = pool
+        self.backend = backend
+        self.to_output = torch.from_numpy if backend is TORCH else None
+
+    def __call__(self, samples):
+        if type(samples) is list:
+            batch = _C.collate(samples, self.pool, self.to_output)
+            if batch is not NotImplemented:
+                return batch
+        return collate(samples, self.backend)
+
+
+class _Convert:
+    def __init__(self, backend):
+        self.backend = backend
+
+    def __call__(self, sample):
+        return convert(sample, self.backend)
+
+
+def _effective_collate(loader):
+    """The collate function workers call: fastload's fast paths stand in for
+    the default functions (torch's included), which they reproduce."""
+    backend = backend_for(loader.output)
+    fn = loader.collate_fn
+    if fn is default_collate or fn is _torch_compat.torch_default_collate():
+        return _SlotCollate(loader._slot_pool, backend)
+    if fn is default_convert or fn is _torch_compat.torch_default_convert():
+        return _Convert(backend)
+    return fn
+
+
+def _pin(data):
+    """Page-locks the tensors in a batch (only reached with an accelerator)."""
+    if isinstance(data, torch.Tensor):
+        return data.pin_memory()
+    if hasattr(data, "pin_memory"):
+        return data.pin_memory()
+    if isinstance(data, dict):
+        return type(data)({k: _pin(v) for k, v in data.items()})
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(_pin(v) for v in data))
+    if isinstance(data, (list, tuple)):
+        return type(data)(_pin(v) for v in data)
+    return data
+
+
+# ---------------------------------------------------------------- iterators
+
+
+class _BaseIter:
+    def __init__(self, loader):
+        self._dataset = loader.dataset
+        self._iterable = loader._dataset_kind == "iterable"
+        self._IterableDataset_len_called = loader._IterableDataset_len_called
+        self._auto_collation = loader._auto_collation
+        self._drop_last = loader.drop_last
+        self._index_sampler = loader._index_sampler
+        self._num_workers = loader.num_workers
+        self._timeout = loader.timeout
+        self._collate_fn = _effective_collate(loader)
+        self._pin_memory = loader.pin_memory and _accelerator_available()
+        if loader.pin_memory and not self._pin_memory:
+            warnings.warn(
+                "'pin_memory' argument is set as true but no accelerator is found, then device "
+                "pinned memory won't be used.",
+                stacklevel=3,
+            )
+        # torch's order: the sampler iterator, then the base seed.
+        self._sampler_iter = iter(self._index_sampler)
+        self._base_seed = draw_seed(loader.generator)
+        self._num_yielded = 0
+
+    def __iter__(self):
+        return self
+
+    def _reset(self, loader):
+        self._sampler_iter = iter(self._index_sampler)
+        self._num_yielded = 0
+        self._IterableDataset_len_called = loader._IterableDataset_len_called
+
+    def _next_index(self):
+        return next(self._sampler_iter)
+
+    def __next__(self):
+        data = self._next_data()
+        self._num_yielded += 1
+        if (
+            self._iterable
+            and self._IterableDataset_len_called is not None
+            and self._num_yielded > self._IterableDataset_len_called
+        ):
+            msg = (
+                f"Length of IterableDataset {self._dataset} was reported to be "
+                f"{self._IterableDataset_len_called}(when accessing len(dataloader)), but "
+                f"{self._num_yielded} samples have been fetched. "
+            )
+            if self._num_workers > 0:
+                msg += (
+                    "For multi-worker loading, this could be caused by not properly "
+                    "configuring the IterableDataset replica at each worker (see "
+                    "get_worker_info())."
+                )
+            warnings.warn(msg, stacklevel=2)
+        if self._pin_memory:
+            data = _pin(data)
+        return data
+
+    def __len__(self):
+        return len(self._index_sampler)
+
+    def __getstate__(self):
+        raise NotImplementedError(f"{self.__class__.__name__} cannot be pickled")
+
+
+class _SingleThreadIter(_BaseIter):
+    """num_workers=0: everything happens in the calling thread."""
+
+    def __init__(self, loader):
+        super().__init__(loader)
+        if self._timeout != 0:
+            raise AssertionError("timeout requires num_workers > 0 (as in torch)")
+        plan = _fetch_plan(self, loader, num_workers=0)
+        self._fetcher = make_fetcher(plan, StopFlag())
+
+    def _next_data(self):
+        index = self._next_index()
+        return self._fetcher.fetch(index)
+
+
+def _fetch_plan(it, loader, num_workers):
+    return FetchPlan(
+        dataset=it._dataset,
+        iterable=it._iterable,
+        auto_collation=it._auto_collation,
+        collate_fn=it._collate_fn,
+        drop_last=it._drop_last,
+        worker_init_fn=loader.worker_init_fn,
+        num_workers=num_workers,
+        base_seed=it._base_seed,
+    )
+
+
+# Engines still running at interpreter exit are joined before finalization:
+# a worker thread that wanted the GIL after that would never get it.
+_live_engines = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all_engines():
+    for engine in list(_live_engines):
+        engine.close()
+
+
+class _ThreadedIter(_BaseIter):
+    """num_workers > 0: batches are fetched by the engine's worker threads."""
+
+    def __init__(self, loader):
+        super().__init__(loader)
+        self._prefetch_factor = loader.prefetch_factor
+        self._persistent = loader.persistent_workers
+        self._max_in_flight = self._num_workers * self._prefetch_factor
+        if self._max_in_flight <= 0:
+            raise AssertionError("prefetch_factor must be greater than 0 with workers")
+        self._stop_flag = StopFlag()
+        plan = _fetch_plan(self, loader, self._num_workers)
+        workers = [Worker(i, plan, self._stop_flag) for i in range(self._num_workers)]
+        _torch_compat.route_torch_worker_info()
+        self._engine = _C.Engine(workers, self._max_in_flight, bool(loader.in_order))
+        _live_engines.add(self._engine)
+        self._epoch = 0
+        self._prime()
+
+    def _prime(self):
+        for _ in range(self._max_in_flight):
+            self._try_put_index()
+
+    def _reset(self, loader):
+        """Persistent workers: a new epoch on the same threads."""
+        super()._reset(loader)
+        self._discard_in_flight()
+        self._engine.reset()
+        self._epoch += 1
+        self._prime()
+
+    def _discard_in_flight(self):
+        # Batches still queued are cancelled; the ones running stop between
+        # samples (the stop flag) and are dropped.
+        self._stop_flag.stopped = True
+        self._engine.cancel_pending()
+        while self._engine.next() is not None:
+            pass
+        self._stop_flag.stopped = False
+
+    def _try_put_index(self):
+        try:
+            index = self._next_index()
+        except StopIteration:
+            return
+        # 1 means every worker has retired: the index is dropped, as torch does.
+        self._engine.submit((self._epoch, index))
+
+    def _next_data(self):
+        if self._engine.closed:  # exhausted and shut down: stays exhausted
+            raise StopIteration
+        timeout = self._timeout if self._timeout > 0 else None
+        while True:
+            try:
+                delivered = self._engine.next(timeout)
+            except TimeoutError:
+                raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from None
+            if delivered is None:
+                if not self._persistent:
+                    self._shutdown()
+                raise StopIteration
+            outcome, _worker, value = delivered
+            if outcome in (_C.JOB_SKIPPED, _C.JOB_CANCELLED):
+                continue
+            self._try_put_index()
+            if outcome == _C.JOB_RETIRE:
+                continue
+            if isinstance(value, ExceptionWrapper):
+                value.reraise()
+            return value
+
+    def _shutdown(self):
+        engine = getattr(self, "_engine", None)
+        if engine is not None and not engine.closed:
+            self._stop_flag.stopped = True
+            engine.close()
+
+    def __del__(self):
+        self._shutdown()
+
+
+def _accelerator_available():
+    if torch is None:
+        return False
+    accelerator = getattr(torch, "accelerator", None)
+    return bool(accelerator is not None and accelerator.is_available())

@@ -1,0 +1,73 @@
+"""Shared fixtures for the fastload test suite.
+
+The datasets, comparison helpers and the torch-vs-fastload parity runner live in
+``fl_helpers.py`` next to this file; this conftest makes that module importable
+(``import fl_helpers``) independently of pytest's import mode and exposes the
+commonly used pieces as fixtures.
+
+Tests that exercise fastload-only features are marked in each module with
+``@fastload_only`` (skipped when ``fastload.__torch_shim__`` is true, i.e. when
+the suite is validated against a shim that re-exports torch.utils.data).
+"""
+
+import gc
+import os
+import sys
+
+import pytest
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+
+
+@pytest.fixture
+def fl_helpers():
+    pytest.importorskip("torch")
+    import fl_helpers as h
+
+    return h
+
+
+@pytest.fixture(scope="session")
+def map_dataset_dir(tmp_path_factory):
+    """Directory for file-backed datasets (memmap)."""
+    return tmp_path_factory.mktemp("fastload_datasets")
+
+
+@pytest.fixture
+def make_map_dataset(map_dataset_dir):
+    """make_map_dataset(name, base=torch.utils.data.Dataset) -> dataset instance."""
+    pytest.importorskip("torch")
+    import fl_helpers as h
+
+    def make(name, base=None):
+        kwargs = {} if base is None else {"base": base}
+        return h.make_map_dataset(name, map_dataset_dir, **kwargs)
+
+    return make
+
+
+@pytest.fixture
+def thread_baseline():
+    """Native thread count of this process after collecting garbage.
+
+    Call ``thread_baseline()`` after warming up whatever lazy thread pools a
+    test may trigger; compare against fl_helpers.native_thread_count().
+    """
+    import fl_helpers as h
+
+    def take():
+        gc.collect()
+        # give threads that are already exiting a moment to disappear
+        h.wait_until(lambda: False, timeout=0.05)
+        return h.native_thread_count()
+
+    return take
+
+
+@pytest.fixture(autouse=True)
+def _collect_loaders_after_test():
+    """Make sure iterators/workers of one test never leak into the next."""
+    yield
+    gc.collect()
