@@ -18,6 +18,7 @@ import re
 
 import numpy as np
 
+from . import _C
 from ._torch import is_tensor, torch
 
 _STR_OR_OBJECT_DTYPE = re.compile("[SaUO]")
@@ -120,6 +121,9 @@ if torch is not None:
 
 TORCH = _TorchBackend() if torch is not None else None
 NUMPY = _NumpyBackend()
+
+if torch is not None:
+    _C.set_tensor_type(torch.Tensor)  # lets _C.collate read tensor samples
 
 
 def backend_for(output):

@@ -139,12 +139,6 @@ static void *worker_main(void *arg)
 {
     worker *w = arg;
     fl_engine *e = w->engine;
-    char name[32];
-
-    /* Linux keeps 15 characters of a thread name; the label is best effort. */
-    snprintf(name, sizeof name, "%s%d", e->name, w->id);
-    name[15] = '\0';
-    pthread_setname_np(pthread_self(), name);
     current_engine = e;
 
     if (e->hooks.worker_start)
@@ -278,6 +272,15 @@ int fl_engine_create(const fl_engine_config *config, const fl_engine_hooks *hook
         worker *w = &e->workers[i];
         failed = pthread_create(&w->thread, NULL, worker_main, w) != 0;
         w->started = !failed;
+        if (!failed) {
+            /* Named here rather than by the thread itself, so the name is in
+             * place before create returns.  Linux keeps 15 characters; the
+             * label is best effort. */
+            char name[32];
+            snprintf(name, sizeof name, "%s%d", e->name, i);
+            name[15] = '\0';
+            pthread_setname_np(w->thread, name);
+        }
     }
     pthread_sigmask(SIG_SETMASK, &saved, NULL);
 

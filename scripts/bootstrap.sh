@@ -1,0 +1,32 @@
+# Sourced by the other scripts: installs what is missing on a Debian/Ubuntu
+# machine (system packages, a virtual environment in .venv, fastload and
+# its test dependencies), then activates .venv.
+set -euo pipefail
+
+need_apt=()
+command -v gcc >/dev/null 2>&1 || need_apt+=(build-essential)
+python3 - <<'PY' >/dev/null 2>&1 || need_apt+=(python3-dev)
+import os, sysconfig
+assert os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
+PY
+python3 -c "import ensurepip, venv" >/dev/null 2>&1 || need_apt+=(python3-venv)
+for pkg in libturbojpeg0-dev libjpeg62-turbo-dev; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
+done
+if [ ${#need_apt[@]} -gt 0 ]; then
+    echo "fastload: installing system packages: ${need_apt[*]}"
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+fi
+# shellcheck disable=SC1091
+. .venv/bin/activate
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+python -m pip install -q "setuptools>=61" wheel "numpy>=1.24"
+# torch is pinned: an unpinned torch pulls several GB of CUDA packages.
+python -m pip install -q --no-build-isolation -e ".[test]"

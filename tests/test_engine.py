@@ -1,0 +1,222 @@
+"""The C engine through its binding, with plain Python worker objects."""
+
+import os
+import threading
+import time
+
+import pytest
+
+from fastload import _C
+
+
+class Recorder:
+    """A worker that records what ran where and returns (JOB_DONE, request)."""
+
+    def __init__(self, log, delay=0.0, retire_after=None):
+        self.log = log
+        self.delay = delay
+        self.retire_after = retire_after
+        self.done = 0
+
+    def start(self):
+        self.log.append(("start", threading.get_ident()))
+
+    def fetch(self, request):
+        if self.delay:
+            time.sleep(self.delay(request) if callable(self.delay) else self.delay)
+        if self.retire_after is not None and self.done >= self.retire_after:
+            return _C.JOB_RETIRE, None
+        self.done += 1
+        return _C.JOB_DONE, (request, threading.get_ident())
+
+    def stop(self):
+        self.log.append(("stop", threading.get_ident()))
+
+
+def thread_count():
+    return len(os.listdir("/proc/self/task"))
+
+
+def thread_names():
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except FileNotFoundError:
+            pass
+    return names
+
+
+def drain(engine):
+    out = []
+    while True:
+        d = engine.next(5.0)
+        if d is None:
+            return out
+        out.append(d)
+
+
+def test_in_order_delivery_round_robin_and_named_threads():
+    log = []
+    delays = {0: 0.05, 1: 0.0, 2: 0.02, 3: 0.0}
+    engine = _C.Engine([Recorder(log, delay=lambda r: delays.get(r, 0)) for _ in range(2)], 4)
+    assert sorted(n for n in thread_names() if n.startswith("fastload-w")) >= ["fastload-w0", "fastload-w1"]
+    for i in range(4):
+        assert engine.submit(i) == 0
+    with pytest.raises(RuntimeError):
+        engine.submit(99)  # the in-flight bound is reached
+    got = drain(engine)
+    assert [value[0] for _, _, value in got] == [0, 1, 2, 3]
+    assert [worker for _, worker, _ in got] == [0, 1, 0, 1]
+    engine.close()
+    assert sum(1 for kind, _ in log if kind == "start") == 2
+    assert sum(1 for kind, _ in log if kind == "stop") == 2
+
+
+def test_out_of_order_delivers_by_completion():
+    engine = _C.Engine([Recorder([], delay=lambda r: 0.3 if r == 0 else 0.0) for _ in range(2)], 4,
+                       in_order=False)
+    for i in range(4):
+        engine.submit(i)  # round-robin: worker 0 gets 0 (slow) then 2; worker 1 gets 1, 3
+    got = [value[0] for _, _, value in drain(engine)]
+    assert got == [1, 3, 0, 2]
+    engine.close()
+
+
+def test_retired_worker_gets_no_more_jobs():
+    engine = _C.Engine([Recorder([], retire_after=1), Recorder([])], 2)
+    assert engine.submit("a") == 0  # worker 0
+    assert engine.submit("b") == 0  # worker 1
+    results = [engine.next(5.0), engine.next(5.0)]
+    assert [r[0] for r in results] == [_C.JOB_DONE, _C.JOB_DONE]
+    assert engine.submit("c") == 0  # worker 0, which now retires
+    assert engine.next(5.0)[0] == _C.JOB_RETIRE
+    for request in "def":
+        assert engine.submit(request) == 0
+        outcome, worker, _ = engine.next(5.0)
+        assert (outcome, worker) == (_C.JOB_DONE, 1)
+    engine.reset()  # a new epoch revives every worker
+    engine.submit("g")
+    assert engine.next(5.0)[1] == 0
+    engine.close()
+
+
+def test_every_worker_retired_refuses_jobs():
+    engine = _C.Engine([Recorder([], retire_after=0)], 1)
+    engine.submit(0)
+    assert engine.next(5.0)[0] == _C.JOB_RETIRE
+    assert engine.submit(1) == 1
+    assert engine.next(5.0) is None
+    engine.close()
+
+
+def test_cancel_pending_and_reset():
+    engine = _C.Engine([Recorder([], delay=0.2)], 3)
+    for i in range(3):
+        engine.submit(i)
+    time.sleep(0.05)  # the first job is running by now
+    assert engine.cancel_pending() == 2
+    outcomes = [d[0] for d in drain(engine)]
+    assert outcomes == [_C.JOB_DONE, _C.JOB_CANCELLED, _C.JOB_CANCELLED]
+    engine.reset()
+    engine.submit("again")
+    assert engine.next(5.0)[2][0] == "again"
+    engine.close()
+
+
+def test_reset_with_jobs_in_flight_is_refused():
+    engine = _C.Engine([Recorder([], delay=0.1)], 2)
+    engine.submit(0)
+    with pytest.raises(RuntimeError, match="in flight"):
+        engine.reset()
+    engine.close()
+
+
+def test_timeout_and_exception_passthrough():
+    class Slow(Recorder):
+        def fetch(self, request):
+            if request == "boom":
+                raise ZeroDivisionError("from fetch")
+            time.sleep(0.5)
+            return _C.JOB_DONE, request
+
+    engine = _C.Engine([Slow([])], 2)
+    engine.submit("slow")
+    with pytest.raises(TimeoutError):
+        engine.next(0.05)
+    assert engine.next(5.0)[2] == "slow"
+    engine.submit("boom")
+    with pytest.raises(ZeroDivisionError, match="from fetch"):
+        engine.next(5.0)
+    engine.close()
+
+
+def test_close_joins_threads_and_is_idempotent():
+    before = thread_count()
+    engine = _C.Engine([Recorder([], delay=0.05) for _ in range(3)], 6)
+    assert thread_count() == before + 3
+    for i in range(6):
+        engine.submit(i)
+    engine.close()
+    engine.close()
+    assert thread_count() == before
+    assert engine.closed
+    with pytest.raises(RuntimeError):
+        engine.submit(0)
+    with pytest.raises(RuntimeError):
+        engine.next()
+
+
+def test_dropping_the_engine_joins_threads():
+    before = thread_count()
+    engine = _C.Engine([Recorder([], delay=0.05) for _ in range(2)], 4)
+    for i in range(4):
+        engine.submit(i)
+    del engine
+    assert thread_count() == before
+
+
+def test_worker_state_is_thread_local_and_persistent():
+    local = threading.local()
+
+    class Counter:
+        def start(self):
+            local.count = 0
+
+        def fetch(self, request):
+            local.count += 1
+            return _C.JOB_DONE, local.count
+
+        def stop(self):
+            pass
+
+    engine = _C.Engine([Counter()], 1)
+    counts = []
+    for i in range(5):
+        engine.submit(i)
+        counts.append(engine.next(5.0)[2])
+    assert counts == [1, 2, 3, 4, 5]
+    engine.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_forked_child_gets_a_clear_error_not_a_hang():
+    engine = _C.Engine([Recorder([])], 2)
+    engine.submit(1)
+    engine.next(5.0)
+    pid = os.fork()
+    if pid == 0:  # child: the engine has no threads here
+        code = 1
+        try:
+            engine.submit(2)
+        except RuntimeError as e:
+            code = 0 if "fork" in str(e) else 2
+        except BaseException:
+            code = 3
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    engine.submit(3)  # the parent's engine is untouched
+    assert engine.next(5.0)[2][0] == 3
+    engine.close()
