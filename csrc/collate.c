@@ -164,7 +164,8 @@ static int describe(plan *p, PyObject *obj, int depth)
             n->descr = PyArray_DESCR(a);
             Py_INCREF(n->descr);
             n->ndim = PyArray_NDIM(a);
-            memcpy(n->shape, PyArray_DIMS(a), sizeof(npy_intp) * (size_t)n->ndim);
+            if (n->ndim > 0) /* a 0-d array's dims pointer may be NULL */
+                memcpy(n->shape, PyArray_DIMS(a), sizeof(npy_intp) * (size_t)n->ndim);
             n->row_bytes = (size_t)PyArray_NBYTES(a);
         }
         Py_DECREF(arr);
@@ -285,7 +286,8 @@ static int fill(plan *p, PyObject *obj, int *cursor, Py_ssize_t b)
         }
         PyArrayObject *a = (PyArrayObject *)arr;
         if (!descr_equal(PyArray_DESCR(a), n->descr) || PyArray_NDIM(a) != n->ndim ||
-            memcmp(PyArray_DIMS(a), n->shape, sizeof(npy_intp) * (size_t)n->ndim) != 0) {
+            (n->ndim > 0 &&
+             memcmp(PyArray_DIMS(a), n->shape, sizeof(npy_intp) * (size_t)n->ndim) != 0)) {
             Py_DECREF(arr);
             return 1;
         }

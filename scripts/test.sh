@@ -17,11 +17,12 @@ ubsan_rt="$(gcc -print-file-name=libubsan.so)"
 status=0
 # Python's allocator would hide heap errors from ASan; CPython and torch keep
 # memory until exit, so leak reports are off (tests/test_workers.py bounds
-# growth instead).
+# growth instead).  --capture=sys leaves file descriptor 2 alone, so a
+# sanitizer report reaches the log even when it aborts the run.
 LD_PRELOAD="$asan_rt:$ubsan_rt" PYTHONMALLOC=malloc \
     ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    python -m pytest tests -q -p no:cacheprovider -m "not slow" "$@" || status=$?
+    python -m pytest tests -q -p no:cacheprovider --capture=sys -m "not slow" "$@" || status=$?
 
 echo "fastload: restoring the optimised build"
 python setup.py -q build_ext --inplace --force --build-temp build/release

@@ -220,3 +220,23 @@ def test_forked_child_gets_a_clear_error_not_a_hang():
     engine.submit(3)  # the parent's engine is untouched
     assert engine.next(5.0)[2][0] == 3
     engine.close()
+
+
+def test_out_of_order_recycles_records_while_old_jobs_run():
+    # A long first job keeps its record while many later ones are delivered;
+    # every job must come back exactly once with its own payload.
+    engine = _C.Engine([Recorder([], delay=lambda r: 0.3 if r == 0 else 0.001) for _ in range(2)],
+                       4, in_order=False)
+    submitted, seen = 0, []
+    for _ in range(4):
+        engine.submit(submitted)
+        submitted += 1
+    while len(seen) < 40:
+        outcome, _, value = engine.next(5.0)
+        seen.append(value[0])
+        if submitted < 40:
+            engine.submit(submitted)
+            submitted += 1
+    assert sorted(seen) == list(range(40))
+    assert engine.next(1.0) is None
+    engine.close()

@@ -1,10 +1,12 @@
 /* fastload core: the engine (see engine.h for the contract).
  *
- * State lives in one struct guarded by one mutex, `lock`.  Jobs sit in a ring
- * of max_in_flight records indexed by seq % capacity: a record is FREE, QUEUED
- * on one worker's FIFO, RUNNING, or DONE and waiting for delivery.  Because at
- * most max_in_flight jobs are undelivered, a new seq never lands on a record
- * still in use.
+ * State lives in one struct guarded by one mutex, `lock`.  Jobs sit in
+ * max_in_flight records: a record is FREE, QUEUED on one worker's FIFO,
+ * RUNNING, or DONE and waiting for delivery.  In order, job `seq` uses record
+ * seq % capacity: deliveries go by seq, so the undelivered seqs always span
+ * fewer than `capacity` numbers and never share a record.  Out of order, an
+ * old job may still run while newer ones are delivered, so records come from
+ * a free list instead.
  *
  * Condition variables: each worker sleeps on its own `wake` (so a submit wakes
  * exactly the worker it queued for); the owner sleeps on `done` in
@@ -65,6 +67,7 @@ struct fl_engine {
     uint64_t next_seq;         /* seq of the next submission */
     uint64_t deliver_seq;      /* in_order: seq of the next delivery */
     int done_head, done_tail;  /* !in_order: completed records, oldest first */
+    int free_head, free_tail;  /* !in_order: FREE records */
     int in_flight;             /* submitted, not yet delivered */
     int rr_cursor;             /* next worker the round-robin considers */
     int stopping;              /* workers must exit */
@@ -131,6 +134,15 @@ static void complete_locked(fl_engine *e, int rec, int outcome)
     if (!e->in_order)
         fifo_push(e, &e->done_head, &e->done_tail, rec);
     pthread_cond_signal(&e->done);
+}
+
+/* Returns a delivered (or discarded) record to FREE.  Lock held. */
+static void release_record_locked(fl_engine *e, int rec)
+{
+    e->jobs[rec].payload = NULL;
+    e->jobs[rec].state = JOB_FREE;
+    if (!e->in_order)
+        fifo_push(e, &e->free_head, &e->free_tail, rec);
 }
 
 /* ---------------------------------------------------------------- workers */
@@ -217,6 +229,7 @@ int fl_engine_create(const fl_engine_config *config, const fl_engine_hooks *hook
     e->in_order = config->in_order != 0;
     snprintf(e->name, sizeof e->name, "%s", config->name ? config->name : "fastload-w");
     e->done_head = e->done_tail = -1;
+    e->free_head = e->free_tail = -1;
 
     /* Each init below is undone by free_memory, which tolerates a partly
      * built engine only in the order used here: so build in that order. */
@@ -238,6 +251,10 @@ int fl_engine_create(const fl_engine_config *config, const fl_engine_hooks *hook
         e->workers = NULL;
         free_memory(e);
         return FL_ERR_NOMEM;
+    }
+    if (!e->in_order) {
+        for (int i = 0; i < e->capacity; i++)
+            fifo_push(e, &e->free_head, &e->free_tail, i);
     }
     for (int i = 0; i < e->num_workers; i++) {
         worker *w = &e->workers[i];
@@ -339,8 +356,7 @@ int fl_engine_take_leftover(fl_engine *e, void **payload)
         job *j = &e->jobs[i];
         if (j->state != JOB_FREE) {
             *payload = j->payload;
-            j->payload = NULL;
-            j->state = JOB_FREE;
+            release_record_locked(e, i);
             e->in_flight--;
             pthread_mutex_unlock(&e->lock);
             return FL_OK;
@@ -400,9 +416,10 @@ int fl_engine_submit(fl_engine *e, void *payload, uint64_t *seq, int *worker_out
         goto out;
     }
     uint64_t s = e->next_seq++;
-    int rec = (int)(s % (uint64_t)e->capacity);
+    /* The in-flight bound guarantees a free record (see the top). */
+    int rec = e->in_order ? (int)(s % (uint64_t)e->capacity)
+                          : fifo_pop(e, &e->free_head, &e->free_tail);
     job *j = &e->jobs[rec];
-    /* The in-flight bound guarantees the record is free (see the top). */
     j->payload = payload;
     j->seq = s;
     j->worker = w;
@@ -475,8 +492,7 @@ int fl_engine_next(fl_engine *e, double timeout_s, fl_delivery *out)
     out->seq = j->seq;
     out->worker = j->worker;
     out->outcome = j->outcome;
-    j->payload = NULL;
-    j->state = JOB_FREE;
+    release_record_locked(e, rec);
     e->in_flight--;
     e->workers[j->worker].assigned--;
 out:
