@@ -8,13 +8,70 @@ it returns ``(outcome, value)`` with an outcome code of the engine
 the main thread re-raises, as torch's workers do.
 """
 
+import random
 import sys
 import threading
 import traceback
 
+import numpy as np
+
 from . import _C
+from ._torch import torch
 
 _local = threading.local()
+
+
+class WorkerRNG:
+    """A worker's own random generators, seeded as torch seeds a worker
+    process's global ones.
+
+    torch re-seeds ``random``, ``torch`` and ``numpy.random`` in each worker
+    process; threads share those globals, so fastload gives each worker these
+    instead: ``random_generator.random()`` here draws what ``random.random()``
+    draws in torch's worker with the same id and base seed, and likewise
+    ``torch_generator`` (``torch.manual_seed(seed)``) and ``numpy_generator``
+    (a ``RandomState`` seeded as torch seeds ``numpy.random``).
+    """
+
+    __slots__ = ("random_generator", "torch_generator", "numpy_generator")
+
+    def __init__(self, base_seed, worker_id):
+        seed = base_seed + worker_id
+        self.random_generator = random.Random(seed)
+        self.torch_generator = torch.Generator().manual_seed(seed) if torch is not None else None
+        self.numpy_generator = np.random.RandomState(numpy_worker_seed(base_seed, worker_id))
+
+
+def numpy_worker_seed(base_seed, worker_id):
+    """The 4-word seed torch gives ``numpy.random`` in worker ``worker_id``:
+    a SeedSequence-style hash of (worker_id, base_seed) into 128 bits."""
+    mask = 0xFFFFFFFF
+    entropy = [worker_id, base_seed & mask, base_seed >> 32, 0]
+    multiplier = [0x43B0D7E5]  # the hash constant evolves with every use
+
+    def hash32(value):
+        value = (value ^ multiplier[0]) & mask
+        multiplier[0] = (multiplier[0] * 0x931E8875) & mask
+        value = (value * multiplier[0]) & mask
+        return (value ^ (value >> 16)) & mask
+
+    def mix(x, y):
+        r = ((0xCA01F9DD * x) & mask) - ((0x4973F715 * y) & mask) & mask
+        return (r ^ (r >> 16)) & mask
+
+    pool = [hash32(word) for word in entropy]
+    for src in range(4):
+        for dst in range(4):
+            if src != dst:
+                pool[dst] = mix(pool[dst], hash32(pool[src]))
+    out_multiplier = 0x8B51F9DD
+    state = []
+    for word in pool:
+        word = (word ^ out_multiplier) & mask
+        out_multiplier = (out_multiplier * 0x58F38DED) & mask
+        word = (word * out_multiplier) & mask
+        state.append((word ^ (word >> 16)) & mask)
+    return state
 
 
 class WorkerInfo:
@@ -22,16 +79,19 @@ class WorkerInfo:
 
     ``id`` in ``range(num_workers)``, ``seed`` = the iterator's base seed +
     ``id`` (torch's value), ``dataset`` = the loader's dataset (shared by all
-    worker threads, not a copy).
+    worker threads, not a copy), ``rng`` = this worker's ``WorkerRNG``, and
+    ``worker_method`` = "thread".
     """
 
-    __slots__ = ("id", "num_workers", "seed", "dataset")
+    __slots__ = ("id", "num_workers", "seed", "dataset", "rng", "worker_method")
 
-    def __init__(self, id, num_workers, seed, dataset):
+    def __init__(self, id, num_workers, seed, dataset, rng=None):
         object.__setattr__(self, "id", id)
         object.__setattr__(self, "num_workers", num_workers)
         object.__setattr__(self, "seed", seed)
         object.__setattr__(self, "dataset", dataset)
+        object.__setattr__(self, "rng", rng)
+        object.__setattr__(self, "worker_method", "thread")
 
     def __setattr__(self, key, value):
         raise RuntimeError(f"Cannot assign attributes to {self.__class__.__name__} objects")
@@ -182,7 +242,8 @@ class Worker:
 
     def start(self):
         plan = self.plan
-        _local.info = WorkerInfo(self.id, plan.num_workers, plan.base_seed + self.id, plan.dataset)
+        _local.info = WorkerInfo(self.id, plan.num_workers, plan.base_seed + self.id, plan.dataset,
+                                 WorkerRNG(plan.base_seed, self.id))
         try:
             if plan.worker_init_fn is not None:
                 plan.worker_init_fn(self.id)
