@@ -27,6 +27,6 @@ fi
 # shellcheck disable=SC1091
 . .venv/bin/activate
 export PIP_DISABLE_PIP_VERSION_CHECK=1
-python -m pip install -q "setuptools>=61" wheel "numpy>=1.24"
+python -m pip install -q "setuptools>=77" wheel "numpy>=1.24"
 # torch is pinned: an unpinned torch pulls several GB of CUDA packages.
 python -m pip install -q --no-build-isolation -e ".[test]"
