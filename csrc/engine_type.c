@@ -16,7 +16,10 @@
  */
 #include "fastload.h"
 
+#include <sched.h>
+#include <stdatomic.h>
 #include <structmember.h>
+#include <time.h>
 
 #include "core/engine.h"
 #include "core/status.h"
@@ -24,6 +27,48 @@
 /* The GIL-free wait in next() wakes this often to let signal handlers run
  * (Ctrl-C must interrupt a wait for a slow batch). */
 #define SIGNAL_CHECK_SECONDS 0.1
+
+/* ------------------------------------------------------- hand-off priority
+ *
+ * A consumer returning from next() with a batch needs the GIL back.  A
+ * worker running Python would keep it until the interpreter's switch
+ * interval (5 ms) forces a hand-over: a stall on every batch, and a delay of
+ * the first.  So while a consumer waits for the GIL, workers step aside at
+ * their yield points — before each job, and between samples through
+ * yield_to_consumer() — for at most YIELD_LIMIT_NS, so that a consumer
+ * stuck behind some other thread cannot stall them for long. */
+#define YIELD_LIMIT_NS 2000000L
+
+static atomic_int consumers_waiting;
+
+static int64_t monotonic_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
+/* Called without the GIL. */
+static void step_aside_for_consumers(void)
+{
+    if (atomic_load_explicit(&consumers_waiting, memory_order_relaxed) == 0)
+        return;
+    int64_t deadline = monotonic_ns() + YIELD_LIMIT_NS;
+    while (atomic_load(&consumers_waiting) > 0 && monotonic_ns() < deadline)
+        sched_yield();
+}
+
+PyObject *fl__yield_to_consumer(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    if (atomic_load_explicit(&consumers_waiting, memory_order_relaxed) > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        step_aside_for_consumers();
+        Py_END_ALLOW_THREADS
+    }
+    Py_RETURN_NONE;
+}
 
 typedef struct worker_ctx {
     PyObject *worker;         /* see the ownership note above */
@@ -105,6 +150,7 @@ static int hook_run(void *ctx, int w, void *payload)
     job *j = payload;
     int outcome = FL_JOB_DONE;
 
+    step_aside_for_consumers();
     PyEval_RestoreThread(wc->tstate);
     PyObject *res = PyObject_CallOneArg(wc->fetch, j->request);
     if (!res) {
@@ -339,9 +385,13 @@ static PyObject *Engine_next(EngineObject *self, PyObject *const *args, Py_ssize
             slice = timeout - waited;
         Py_BEGIN_ALLOW_THREADS
         rc = fl_engine_next(e, slice, &d);
-        Py_END_ALLOW_THREADS
         if (rc != FL_ERR_TIMEOUT)
+            atomic_fetch_add(&consumers_waiting, 1);
+        Py_END_ALLOW_THREADS
+        if (rc != FL_ERR_TIMEOUT) {
+            atomic_fetch_sub(&consumers_waiting, 1);
             break;
+        }
         if (PyErr_CheckSignals() < 0)
             return NULL; /* KeyboardInterrupt: the batch stays in flight */
         waited += slice;

@@ -57,6 +57,7 @@ PyObject *fl__set_tensor_type(PyObject *module, PyObject *type);
 
 /* engine_type.c */
 extern PyType_Spec fl__Engine_spec;
+PyObject *fl__yield_to_consumer(PyObject *module, PyObject *unused);
 int fl__engine_module_exec(PyObject *module);
 
 #endif /* FASTLOAD_H */

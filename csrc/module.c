@@ -34,6 +34,10 @@ static PyMethodDef module_methods[] = {
      "rules (the caller then collates in Python)."},
     {"set_tensor_type", (PyCFunction)fl__set_tensor_type, METH_O,
      "set_tensor_type(type, /)\n--\n\nRegisters torch.Tensor so collate() can read tensors."},
+    {"yield_to_consumer", (PyCFunction)fl__yield_to_consumer, METH_NOARGS,
+     "yield_to_consumer()\n--\n\n"
+     "On a worker: lets a consumer that waits for the GIL with a batch in hand\n"
+     "take it first (briefly releases the GIL; free when nobody waits)."},
     {"status_str", (PyCFunction)status_str, METH_O,
      "status_str(status, /)\n--\n\nDescribes a core status code."},
     {NULL, NULL, 0, NULL},

@@ -160,6 +160,7 @@ class _MapFetcher:
             for i in index:
                 if self.stop_flag.stopped:
                     raise _Stopped
+                _C.yield_to_consumer()
                 self.position = i
                 data.append(self.dataset[i])
         self.position = None

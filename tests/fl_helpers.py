@@ -187,17 +187,43 @@ def run_loader(DataLoader, dataset, kwargs, epochs=1, global_seed=None, before_e
     return out
 
 
+_WORKER_ONLY_KWARGS = ("prefetch_factor", "persistent_workers", "in_order", "timeout",
+                       "worker_init_fn", "multiprocessing_context")
+
+
+def torch_reference_kwargs(dataset, kwargs):
+    """Kwargs for the torch reference run.
+
+    For map-style datasets torch's output (values, order, RNG consumption) does
+    not depend on num_workers unless workers are persistent (then torch skips the
+    base-seed draw on later epochs), so the reference runs in-process: forking
+    torch worker processes is slow. test_parity.py::test_torch_reference_shortcut
+    checks that premise.
+    """
+    if (isinstance(dataset, tud.IterableDataset) or kwargs.get("persistent_workers")
+            or not kwargs.get("num_workers")):
+        return kwargs
+    out = {k: v for k, v in kwargs.items() if k not in _WORKER_ONLY_KWARGS}
+    out["num_workers"] = 0
+    return out
+
+
 def check_parity(dataset, kwargs_factory=None, *, fl_dataset=None, epochs=1, global_seed=None,
-                 before_epoch=None, ordered=True, fl_extra=None):
+                 before_epoch=None, ordered=True, fl_extra=None, torch_workers="auto"):
     """Run the same configuration through torch's and fastload's DataLoader.
 
     ``kwargs_factory(lib)`` builds the DataLoader kwargs; it is called once per
     library so that generators / samplers are separate but equally seeded objects.
     ``fl_dataset`` optionally gives the fastload run its own (equivalent) dataset.
+    ``torch_workers="auto"`` lets the torch reference run in-process when that
+    cannot change its output (see torch_reference_kwargs); "same" forces the
+    reference to use the same num_workers.
     Returns (fastload_epochs, torch_epochs).
     """
     kwargs_factory = kwargs_factory or (lambda lib: {})
     t_kwargs = kwargs_factory(TORCH)
+    if torch_workers == "auto":
+        t_kwargs = torch_reference_kwargs(dataset, t_kwargs)
     f_kwargs = kwargs_factory(FL)
     if fl_extra:
         f_kwargs.update(fl_extra)
@@ -253,13 +279,19 @@ def rss_bytes():
 
 
 def wait_until(predicate, timeout=10.0, interval=0.01):
-    deadline = time.monotonic() + timeout
+    """Poll ``predicate`` until true or ``timeout`` seconds passed (collecting
+    garbage about once a second: gc.collect() is slow with torch loaded)."""
+    start = time.monotonic()
+    deadline, next_gc = start + timeout, start + 1.0
     while True:
         if predicate():
             return True
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now > deadline:
             return False
-        gc.collect()
+        if now > next_gc:
+            gc.collect()
+            next_gc = now + 1.0
         time.sleep(interval)
 
 
