@@ -11,7 +11,9 @@
 #include "status.h"
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 struct fl_slot_pool {
@@ -32,18 +34,42 @@ static size_t page_size(void)
     return p > 0 ? (size_t)p : 4096;
 }
 
+/* Slots of HUGE_PAGE bytes or more are mapped on their own, 2 MiB-aligned,
+ * and offered to transparent huge pages: a fresh 3 MiB batch then costs two
+ * page faults instead of ~770, and copies into it miss the TLB less.  Smaller
+ * slots come from the heap, page-aligned.  fl_slot_acquire rounds sizes so
+ * that a slot's capacity says which kind it is. */
+#define HUGE_PAGE ((size_t)2 << 20)
+
 static void *default_alloc(size_t bytes, void *ctx)
 {
     (void)ctx;
-    void *p = NULL;
-    return posix_memalign(&p, page_size(), bytes) == 0 ? p : NULL;
+    if (bytes < HUGE_PAGE) {
+        void *p = NULL;
+        return posix_memalign(&p, page_size(), bytes) == 0 ? p : NULL;
+    }
+    /* Over-map by one huge page, then trim to an aligned run. */
+    char *raw = mmap(NULL, bytes + HUGE_PAGE, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED)
+        return NULL;
+    uintptr_t start = ((uintptr_t)raw + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1);
+    size_t head = start - (uintptr_t)raw;
+    if (head)
+        munmap(raw, head);
+    if (HUGE_PAGE - head)
+        munmap((char *)start + bytes, HUGE_PAGE - head);
+    madvise((void *)start, bytes, MADV_HUGEPAGE); /* best effort: a hint */
+    return (void *)start;
 }
 
 static void default_free(void *data, size_t bytes, void *ctx)
 {
-    (void)bytes;
     (void)ctx;
-    free(data);
+    if (bytes < HUGE_PAGE)
+        free(data);
+    else
+        munmap(data, bytes);
 }
 
 fl_slot_pool *fl_slot_pool_new(size_t max_free, const fl_slot_allocator *allocator)
@@ -106,8 +132,10 @@ void fl_slot_pool_release(fl_slot_pool *pool)
 
 int fl_slot_acquire(fl_slot_pool *pool, size_t bytes, fl_slot **out)
 {
-    size_t page = page_size();
-    size_t want = bytes == 0 ? page : (bytes + page - 1) / page * page;
+    size_t unit = bytes >= HUGE_PAGE ? HUGE_PAGE : page_size();
+    if (bytes > SIZE_MAX - unit)
+        return FL_ERR_NOMEM;
+    size_t want = bytes == 0 ? unit : (bytes + unit - 1) / unit * unit;
 
     pthread_mutex_lock(&pool->lock);
     fl_slot *best = NULL, **best_link = NULL;
