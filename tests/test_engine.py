@@ -7,6 +7,8 @@ import time
 import pytest
 
 from fastload import _C
+from fl_helpers import native_thread_count as thread_count
+from fl_helpers import native_thread_names as thread_names
 
 
 class Recorder:
@@ -31,21 +33,6 @@ class Recorder:
 
     def stop(self):
         self.log.append(("stop", threading.get_ident()))
-
-
-def thread_count():
-    return len(os.listdir("/proc/self/task"))
-
-
-def thread_names():
-    names = []
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                names.append(f.read().strip())
-        except FileNotFoundError:
-            pass
-    return names
 
 
 def drain(engine):
