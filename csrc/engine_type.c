@@ -289,9 +289,13 @@ static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         .run = hook_run,
         .worker_stop = hook_worker_stop,
     };
-    /* Threads start now and block on the GIL in worker.start() until this
-     * thread releases it: creation itself does not wait for them. */
-    int rc = fl_engine_create(&config, &hooks, &self->engine);
+    /* Threads start now and run worker.start(), which needs the GIL.  Create
+     * them with the GIL released: if a later thread fails to start, create
+     * joins the earlier ones, which must be able to finish start() first. */
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fl_engine_create(&config, &hooks, &self->engine);
+    Py_END_ALLOW_THREADS
     if (rc != FL_OK) {
         PyErr_Format(rc == FL_ERR_NOMEM ? PyExc_MemoryError : PyExc_RuntimeError,
                      "fastload: cannot start %zd worker threads: %s", n, fl_status_str(rc));
