@@ -33,7 +33,8 @@ except ImportError:  # run from a checkout that is built in place, not installed
 
 import numpy as np
 
-from workloads import BATCH_SIZE, FixedArrays, Indices, NumpyWork, consume, make_loader, torch, warm_up
+from workloads import (BATCH_SIZE, FixedArrays, Indices, NumpyWork, consume, cpu_model, make_loader,
+                       torch, warm_up)
 
 LOADERS = ("torch", "fastload")
 WORKERS = (0, 1, 2)  # torch warns above the core count; this machine has 2
@@ -145,15 +146,6 @@ def run_first_batch(dataset, reps):
     return rows
 
 
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def load_average():

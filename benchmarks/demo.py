@@ -29,7 +29,8 @@ except ImportError:  # run from a checkout that is built in place, not installed
 
 import numpy as np
 
-from workloads import FixedArrays, NumpyWork, consume, loader_kinds, make_loader, torch, warm_up
+from workloads import (FixedArrays, NumpyWork, consume, cpu_model, loader_kinds, make_loader, torch,
+                       warm_up)
 
 WORKLOADS = {
     "fixed": ("FixedArrays", "3x64x64 float32 images, nearly free to make: the loader's own cost"),
@@ -88,15 +89,6 @@ def run_once(kind, loader, dataset, num_workers, expected):
     return seconds
 
 
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def parse_args(argv):

@@ -26,6 +26,7 @@ fastload can be benchmarked (with NumPy output).
 """
 
 import gc
+import platform
 import threading
 import time
 
@@ -277,3 +278,15 @@ def consume(batches, on_batch=None):
         if on_batch is not None:
             on_batch(samples)
     return samples, checksum
+
+
+def cpu_model():
+    """The CPU's model name, for the reports."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"

@@ -14,6 +14,7 @@ from torch.utils.data._utils.collate import default_collate_err_msg_format  # no
 
 import fastload  # noqa: E402
 from fl_helpers import (  # noqa: E402
+    fastload_only,
     MAP_DATASET_NAMES,
     Point,
     Triple,
@@ -24,10 +25,6 @@ from fl_helpers import (  # noqa: E402
     to_numpy_tree,
 )
 
-fastload_only = pytest.mark.skipif(
-    getattr(fastload, "__torch_shim__", False),
-    reason="fastload-only feature (suite is running against the torch shim)",
-)
 
 
 class MyDict(dict):

@@ -29,10 +29,6 @@ from fl_helpers import (  # noqa: E402
     sum_collate,
 )
 
-fastload_only = pytest.mark.skipif(
-    getattr(fastload, "__torch_shim__", False),
-    reason="fastload-only feature (suite is running against the torch shim)",
-)
 
 BATCH_CFGS = [
     pytest.param(1, False, id="bs1"),

@@ -10,11 +10,7 @@ np = pytest.importorskip("numpy")
 import torch.utils.data as tud  # noqa: E402
 
 import fastload  # noqa: E402
-
-fastload_only = pytest.mark.skipif(
-    getattr(fastload, "__torch_shim__", False),
-    reason="fastload-only feature (suite is running against the torch shim)",
-)
+from fl_helpers import fastload_only  # noqa: E402
 
 
 class Sized:

@@ -13,6 +13,7 @@ import torch.utils.data as tud  # noqa: E402
 
 import fastload  # noqa: E402
 from fl_helpers import (  # noqa: E402
+    fastload_only,
     LIBS,
     N,
     IterableIndices,
@@ -22,10 +23,6 @@ from fl_helpers import (  # noqa: E402
     no_worker_count_warning,
 )
 
-fastload_only = pytest.mark.skipif(
-    getattr(fastload, "__torch_shim__", False),
-    reason="fastload-only feature (suite is running against the torch shim)",
-)
 
 
 class MapDS(tud.Dataset):

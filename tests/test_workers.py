@@ -24,6 +24,7 @@ import torch.utils.data as tud  # noqa: E402
 
 import fastload  # noqa: E402
 from fl_helpers import (  # noqa: E402
+    fastload_only,
     LIBS,
     assert_same,
     assert_same_epochs,
@@ -36,10 +37,6 @@ from fl_helpers import (  # noqa: E402
     wait_until,
 )
 
-fastload_only = pytest.mark.skipif(
-    getattr(fastload, "__torch_shim__", False),
-    reason="fastload-only feature (suite is running against the torch shim)",
-)
 
 JOIN_TIMEOUT = 15.0  # generous bound for worker shutdown; never an assertion on speed
 CAUGHT_RE = r"^Caught {name} in DataLoader worker (process )?{wid}"
