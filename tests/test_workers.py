@@ -488,6 +488,29 @@ def test_output_numpy_gives_numpy_arrays(num_workers):
         assert (x[:, 0, 0] == y).all()
 
 
+@fastload_only
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_output_numpy_converts_unbatched_samples(num_workers):
+    # batch_size=None applies default_convert: with NumPy output, tensors in
+    # a sample become arrays (torch output keeps them, as torch does).
+    class Mixed(tud.Dataset):
+        def __len__(self):
+            return 3
+
+        def __getitem__(self, i):
+            return {"t": torch.full((2,), i), "a": np.arange(3) + i, "n": i}
+
+    out = list(fastload.DataLoader(Mixed(), batch_size=None, num_workers=num_workers,
+                                   output="numpy"))
+    for i, sample in enumerate(out):
+        assert type(sample["t"]) is np.ndarray and sample["t"].tolist() == [i, i]
+        assert type(sample["a"]) is np.ndarray and sample["a"].tolist() == [i, i + 1, i + 2]
+        assert sample["n"] == i
+    torch_out = list(fastload.DataLoader(Mixed(), batch_size=None, num_workers=num_workers))
+    assert all(isinstance(s["t"], torch.Tensor) and isinstance(s["a"], torch.Tensor)
+               for s in torch_out)
+
+
 # --------------------------------------------------------------------------
 # threads: naming, joining, KeyboardInterrupt
 # --------------------------------------------------------------------------
