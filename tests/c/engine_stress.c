@@ -1,0 +1,197 @@
+/* A stress test of the core alone (no Python), meant to run under
+ * ThreadSanitizer as well as plainly: the engine with many short jobs of
+ * uneven run times, in order and out of order, with retirement,
+ * cancellation, reset and stop; and the slot pool shared by several threads.
+ * Exits 0 when every check holds; prints the first failure otherwise. */
+#define _POSIX_C_SOURCE 200809L
+#include "core/engine.h"
+#include "core/slots.h"
+#include "core/status.h"
+
+#include <pthread.h>
+#include <string.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#define CHECK(cond)                                                                  \
+    do {                                                                             \
+        if (!(cond)) {                                                               \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+            exit(1);                                                                 \
+        }                                                                            \
+    } while (0)
+
+typedef struct job {
+    long id;
+    int ran_on;
+} job;
+
+typedef struct ctx {
+    atomic_int started, stopped, ran;
+    long retire_worker_after; /* worker 0 retires after this many jobs; <0: never */
+    atomic_long worker0_jobs;
+} ctx;
+
+static void start(void *arg, int w)
+{
+    (void)w;
+    atomic_fetch_add(&((ctx *)arg)->started, 1);
+}
+
+static void stop(void *arg, int w)
+{
+    (void)w;
+    atomic_fetch_add(&((ctx *)arg)->stopped, 1);
+}
+
+static int run(void *arg, int w, void *payload)
+{
+    ctx *c = arg;
+    job *j = payload;
+    if (w == 0 && c->retire_worker_after >= 0 &&
+        atomic_fetch_add(&c->worker0_jobs, 1) >= c->retire_worker_after)
+        return FL_JOB_RETIRE;
+    /* Uneven work: a few microseconds, sometimes ~100. */
+    struct timespec ts = {0, (j->id % 7 == 0) ? 100000 : 2000};
+    nanosleep(&ts, NULL);
+    j->ran_on = w;
+    atomic_fetch_add(&c->ran, 1);
+    return FL_JOB_DONE;
+}
+
+static void run_epochs(int workers, int in_order, int capacity, long jobs_per_epoch, long retire)
+{
+    ctx c = {0};
+    c.retire_worker_after = retire;
+    fl_engine_config config = {workers, capacity, in_order, "fl-stress"};
+    fl_engine_hooks hooks = {&c, start, run, stop};
+    fl_engine *e = NULL;
+    CHECK(fl_engine_create(&config, &hooks, &e) == FL_OK);
+
+    for (int epoch = 0; epoch < 3; epoch++) {
+        atomic_store(&c.worker0_jobs, 0);
+        job *all = calloc((size_t)jobs_per_epoch, sizeof *all);
+        char *seen = calloc((size_t)jobs_per_epoch, 1);
+        CHECK(all && seen);
+        long submitted = 0, delivered = 0, expected_next = 0;
+        while (submitted < capacity && submitted < jobs_per_epoch) {
+            all[submitted].id = submitted;
+            CHECK(fl_engine_submit(e, &all[submitted], NULL, NULL) == FL_OK);
+            submitted++;
+        }
+        for (;;) {
+            fl_delivery d;
+            int rc = fl_engine_next(e, 5.0, &d);
+            if (rc == FL_ERR_EMPTY)
+                break;
+            CHECK(rc == FL_OK);
+            job *j = d.payload;
+            CHECK(!seen[j->id]);
+            seen[j->id] = 1;
+            if (in_order) {
+                CHECK(j->id == expected_next);
+                expected_next++;
+            }
+            if (d.outcome == FL_JOB_DONE)
+                CHECK(j->ran_on == d.worker);
+            if (d.outcome == FL_JOB_RETIRE)
+                CHECK(d.worker == 0);
+            delivered++;
+            if (submitted < jobs_per_epoch) {
+                all[submitted].id = submitted;
+                int src = fl_engine_submit(e, &all[submitted], NULL, NULL);
+                CHECK(src == FL_OK || src == FL_ERR_NO_WORKER);
+                submitted += src == FL_OK;
+                if (src != FL_OK)
+                    break;
+            }
+        }
+        /* Cancel what is left (nothing, or all after every worker retired). */
+        CHECK(fl_engine_cancel_pending(e) >= 0);
+        fl_delivery d;
+        while (fl_engine_next(e, 5.0, &d) == FL_OK)
+            delivered++;
+        CHECK(delivered == submitted);
+        CHECK(fl_engine_in_flight(e) == 0);
+        CHECK(fl_engine_reset(e) == FL_OK);
+        free(all);
+        free(seen);
+    }
+
+    /* Stop with work still queued: nothing may run after stop returns. */
+    job extra[64];
+    int queued = 0;
+    for (int i = 0; i < 64 && queued < capacity; i++) {
+        extra[i].id = i;
+        if (fl_engine_submit(e, &extra[i], NULL, NULL) == FL_OK)
+            queued++;
+    }
+    fl_engine_stop(e);
+    int ran_at_stop = atomic_load(&c.ran);
+    void *leftover;
+    int leftovers = 0;
+    while (fl_engine_take_leftover(e, &leftover) == FL_OK)
+        leftovers++;
+    CHECK(leftovers <= queued);
+    CHECK(atomic_load(&c.ran) == ran_at_stop);
+    CHECK(atomic_load(&c.started) == workers && atomic_load(&c.stopped) == workers);
+    fl_engine_free(e);
+}
+
+static void *slot_churn(void *arg)
+{
+    fl_slot_pool *pool = arg;
+    fl_slot *held[8] = {0};
+    unsigned seed = (unsigned)(uintptr_t)&held;
+    for (int i = 0; i < 2000; i++) {
+        int k = (int)(rand_r(&seed) % 8);
+        if (held[k]) {
+            fl_slot_release(held[k]);
+            held[k] = NULL;
+        } else {
+            /* 0 bytes, heap-sized, or huge-page-sized (2 MiB and more). */
+            static const size_t sizes[] = {0, 1, 100000, 2500000, 4194304};
+            size_t bytes = sizes[rand_r(&seed) % 5];
+            CHECK(fl_slot_acquire(pool, bytes, &held[k]) == FL_OK);
+            CHECK(held[k]->capacity >= bytes && held[k]->capacity > 0);
+            /* Both ends are ours: another thread's slot would race here. */
+            char *data = held[k]->data;
+            size_t edge = held[k]->capacity < 64 ? held[k]->capacity : 64;
+            memset(data, k, edge);
+            memset(data + held[k]->capacity - edge, k, edge);
+        }
+    }
+    for (int k = 0; k < 8; k++)
+        fl_slot_release(held[k]);
+    return NULL;
+}
+
+static void churn_slots(void)
+{
+    fl_slot_pool *pool = fl_slot_pool_new(4, NULL);
+    CHECK(pool);
+    pthread_t threads[4];
+    for (int i = 0; i < 4; i++)
+        CHECK(pthread_create(&threads[i], NULL, slot_churn, pool) == 0);
+    for (int i = 0; i < 4; i++)
+        pthread_join(threads[i], NULL);
+    size_t live = 0, free_listed = 0;
+    fl_slot_pool_counts(pool, &live, &free_listed);
+    CHECK(live == free_listed && free_listed <= 4);
+    fl_slot_pool_release(pool);
+}
+
+int main(void)
+{
+    churn_slots();
+    for (int workers = 1; workers <= 4; workers++) {
+        run_epochs(workers, 1, 2 * workers, 2000, -1);
+        run_epochs(workers, 0, 2 * workers, 2000, -1);
+        run_epochs(workers, 1, 3 * workers, 500, 50);
+        run_epochs(workers, 0, 3 * workers, 500, 50);
+    }
+    puts("engine stress: ok");
+    return 0;
+}
