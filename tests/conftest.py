@@ -5,9 +5,10 @@ The datasets, comparison helpers and the torch-vs-fastload parity runner live in
 (``import fl_helpers``) independently of pytest's import mode and exposes the
 commonly used pieces as fixtures.
 
-Tests that exercise fastload-only features are marked in each module with
-``@fastload_only`` (skipped when ``fastload.__torch_shim__`` is true, i.e. when
-the suite is validated against a shim that re-exports torch.utils.data).
+Tests that exercise fastload-only features are marked ``@fastload_only``
+(``fl_helpers.fastload_only``: skipped when ``fastload.__torch_shim__`` is
+true, i.e. when the suite is validated against a shim that re-exports
+torch.utils.data).
 """
 
 import gc

@@ -22,6 +22,7 @@ import torch
 import torch.utils.data as tud
 
 import fastload
+from proc_info import native_thread_count, native_thread_names, rss_bytes  # noqa: F401 (re-exported)
 
 # The suite can also run with torch standing in for fastload (a package that
 # re-exports torch's objects and sets __torch_shim__): that checks that the
@@ -257,30 +258,6 @@ def capture_exception(fn):
     except Exception as e:  # noqa: BLE001
         return e
     return None
-
-
-# --------------------------------------------------------------------------
-# process introspection (fastload workers are native threads)
-# --------------------------------------------------------------------------
-
-def native_thread_count():
-    return len(os.listdir("/proc/self/task"))
-
-
-def native_thread_names():
-    names = []
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                names.append(f.read().strip())
-        except OSError:  # thread exited meanwhile
-            pass
-    return names
-
-
-def rss_bytes():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def wait_until(predicate, timeout=10.0, interval=0.01):

@@ -7,8 +7,8 @@ import time
 import pytest
 
 from fastload import _C
-from fl_helpers import native_thread_count as thread_count
-from fl_helpers import native_thread_names as thread_names
+from proc_info import native_thread_count as thread_count
+from proc_info import native_thread_names as thread_names
 
 
 class Recorder:
