@@ -9,55 +9,11 @@ import pytest
 
 from fastload import _C
 from fastload.collate import NUMPY, collate
+from np_compare import as_numpy
 
 torch = pytest.importorskip("torch")
+from fl_helpers import assert_same  # noqa: E402
 from torch.utils.data import default_collate as torch_collate  # noqa: E402
-
-
-def assert_same(got, want, path="batch"):
-    assert type(got) is type(want), f"{path}: {type(got)} != {type(want)}"
-    if isinstance(want, torch.Tensor):
-        assert got.dtype == want.dtype and got.shape == want.shape, path
-        assert torch.equal(got, want), path
-    elif isinstance(want, dict):
-        assert list(got) == list(want), path
-        for k in want:
-            assert_same(got[k], want[k], f"{path}[{k!r}]")
-    elif isinstance(want, (list, tuple)):
-        assert len(got) == len(want), path
-        for i, (g, w) in enumerate(zip(got, want)):
-            assert_same(g, w, f"{path}[{i}]")
-    else:
-        assert got == want, path
-
-
-def as_numpy(batch):
-    if isinstance(batch, torch.Tensor):
-        return batch.numpy()
-    if isinstance(batch, dict):
-        return {k: as_numpy(v) for k, v in batch.items()}
-    if isinstance(batch, list):
-        return [as_numpy(v) for v in batch]
-    if isinstance(batch, tuple):
-        return tuple(as_numpy(v) for v in batch)
-    return batch
-
-
-def assert_same_numpy(got, want, path="batch"):
-    assert type(got) is type(want), f"{path}: {type(got)} != {type(want)}"
-    if isinstance(want, np.ndarray):
-        assert got.dtype == want.dtype and got.shape == want.shape, path
-        np.testing.assert_array_equal(got, want)
-    elif isinstance(want, dict):
-        assert list(got) == list(want)
-        for k in want:
-            assert_same_numpy(got[k], want[k], f"{path}[{k!r}]")
-    elif isinstance(want, (list, tuple)):
-        assert len(got) == len(want)
-        for i, (g, w) in enumerate(zip(got, want)):
-            assert_same_numpy(g, w, f"{path}[{i}]")
-    else:
-        assert got == want
 
 
 def make(kind, i):
@@ -99,13 +55,13 @@ def test_native_path_matches_torch(kind, batch_size):
     assert got is not NotImplemented, "these samples are within the native rules"
     assert_same(got, torch_collate(samples))
     # And the NumPy output of the same path equals torch's result as NumPy.
-    assert_same_numpy(_C.collate(samples, pool, None), as_numpy(torch_collate(samples)))
+    assert_same(_C.collate(samples, pool, None), as_numpy(torch_collate(samples)))
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_python_numpy_rules_match_torch(kind):
     samples = [make(kind, i) for i in range(4)]
-    assert_same_numpy(collate(samples, NUMPY), as_numpy(torch_collate(samples)))
+    assert_same(collate(samples, NUMPY), as_numpy(torch_collate(samples)))
 
 
 FALLBACKS = {

@@ -9,6 +9,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from np_compare import as_numpy, assert_same_numpy
 
 # Runs in the child.  Datasets are defined here so both sides share them.
 DATASETS = textwrap.dedent('''
@@ -66,36 +67,6 @@ CHILD = DATASETS + textwrap.dedent('''
 ''')
 
 
-def as_numpy(batch):
-    torch = sys.modules["torch"]
-    if isinstance(batch, torch.Tensor):
-        return batch.numpy()
-    if isinstance(batch, dict):
-        return {k: as_numpy(v) for k, v in batch.items()}
-    if isinstance(batch, list):
-        return [as_numpy(v) for v in batch]
-    if isinstance(batch, tuple):
-        return tuple(as_numpy(v) for v in batch)
-    return batch
-
-
-def assert_same(got, want, path="batch"):
-    assert type(got) is type(want), f"{path}: {type(got)} != {type(want)}"
-    if isinstance(want, np.ndarray):
-        assert (got.dtype, got.shape) == (want.dtype, want.shape), path
-        np.testing.assert_array_equal(got, want, err_msg=path)
-    elif isinstance(want, dict):
-        assert list(got) == list(want), path
-        for k in want:
-            assert_same(got[k], want[k], f"{path}[{k!r}]")
-    elif isinstance(want, (list, tuple)):
-        assert len(got) == len(want), path
-        for i, (g, w) in enumerate(zip(got, want)):
-            assert_same(g, w, f"{path}[{i}]")
-    else:
-        assert got == want, path
-
-
 @pytest.fixture(scope="module")
 def child_results():
     run = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, timeout=300)
@@ -116,7 +87,7 @@ def test_without_torch_matches_torch_as_numpy(child_results):
             "unbatched": list(DL(namespace["Pairs"](), batch_size=None, num_workers=nw)),
         }
         for name, batches in want.items():
-            assert_same(child_results[name, nw], as_numpy(batches), f"{name} num_workers={nw}")
+            assert_same_numpy(child_results[name, nw], as_numpy(batches), f"{name} num_workers={nw}")
     # The child's stream shards with fastload.get_worker_info(); torch's
     # equivalent shards with torch's.
     class TorchStream(torch.utils.data.IterableDataset):
@@ -127,7 +98,7 @@ def test_without_torch_matches_torch_as_numpy(child_results):
 
     for nw in (0, 2):
         want = as_numpy(list(DL(TorchStream(), batch_size=2, num_workers=nw)))
-        assert_same(child_results["stream", nw], want, f"stream num_workers={nw}")
+        assert_same_numpy(child_results["stream", nw], want, f"stream num_workers={nw}")
 
 
 def test_without_torch_shuffles_with_numpy_generators_and_reports_errors(child_results):
