@@ -196,21 +196,21 @@ static void job_free(job *j)
     PyMem_RawFree(j);
 }
 
-static int engine_usable(EngineObject *self)
-{
-    if (!self->engine || self->closed) {
-        PyErr_SetString(PyExc_RuntimeError, "fastload: this loader iterator is shut down");
-        return 0;
-    }
-    return 1;
-}
-
 static PyObject *closed_error(void)
 {
     PyErr_SetString(PyExc_RuntimeError,
                     "fastload: this loader iterator was shut down, or created before fork(); "
                     "create a new iterator");
     return NULL;
+}
+
+static int engine_usable(EngineObject *self)
+{
+    if (!self->engine || self->closed) {
+        closed_error();
+        return 0;
+    }
+    return 1;
 }
 
 /* Stops and joins the workers and drops every undelivered job.  Safe to call

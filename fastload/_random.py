@@ -29,14 +29,17 @@ def _numpy_rng(generator):
     )
 
 
+def _integers(rng, high, size=None):
+    """Uniform int64s in [0, high) from a Generator or the legacy RandomState."""
+    draw = rng.integers if isinstance(rng, np.random.Generator) else rng.randint
+    return draw(0, high, size=size, dtype=np.int64)
+
+
 def draw_seed(generator=None):
     """A 63-bit seed, drawn as torch draws a DataLoader's base seed."""
     if _use_torch(generator):
         return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
-    rng = _numpy_rng(generator)
-    if isinstance(rng, np.random.Generator):
-        return int(rng.integers(0, _INT64_MAX, dtype=np.int64))
-    return int(rng.randint(0, _INT64_MAX, dtype=np.int64))
+    return int(_integers(_numpy_rng(generator), _INT64_MAX))
 
 
 def fresh_generator(generator):
@@ -56,10 +59,7 @@ def randperm(n, generator):
 def randint(high, size, generator):
     if _use_torch(generator):
         return torch.randint(high=high, size=(size,), dtype=torch.int64, generator=generator).tolist()
-    rng = _numpy_rng(generator)
-    if isinstance(rng, np.random.Generator):
-        return rng.integers(0, high, size=size, dtype=np.int64).tolist()
-    return rng.randint(0, high, size=size, dtype=np.int64).tolist()
+    return _integers(_numpy_rng(generator), high, size).tolist()
 
 
 def multinomial(weights, num_samples, replacement, generator):

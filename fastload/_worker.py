@@ -173,7 +173,8 @@ class _IterableFetcher:
         self.auto_collation = auto_collation
         self.collate_fn = collate_fn
         self.drop_last = drop_last
-        self.ended = False
+        self.ended = False     # the dataset iterator is exhausted
+        self.retired = False   # the worker has reported that (once)
         self.position = None
 
     def fetch(self, index):
@@ -270,7 +271,7 @@ class Worker:
                 return _C.JOB_DONE, ExceptionWrapper(sys.exc_info(), self.where)
             # The first StopIteration retires this worker; later jobs queued
             # to it produce nothing, like torch's worker after iteration end.
-            if getattr(self.fetcher, "retired", False):
+            if self.fetcher.retired:
                 return _C.JOB_SKIPPED, None
             self.fetcher.retired = True
             return _C.JOB_RETIRE, None

@@ -287,9 +287,7 @@ def _effective_collate(loader):
 
 def _pin(data):
     """Page-locks the tensors in a batch (only reached with an accelerator)."""
-    if isinstance(data, torch.Tensor):
-        return data.pin_memory()
-    if hasattr(data, "pin_memory"):
+    if hasattr(data, "pin_memory"):  # tensors, and custom batch types that opt in
         return data.pin_memory()
     if isinstance(data, dict):
         return type(data)({k: _pin(v) for k, v in data.items()})
