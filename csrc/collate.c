@@ -380,23 +380,8 @@ static PyObject *build(plan *p, int *cursor, PyObject *owner, PyObject *convert)
         npy_intp dims[NPY_MAXDIMS];
         dims[0] = p->batch;
         memcpy(dims + 1, n->shape, sizeof(npy_intp) * (size_t)n->ndim);
-        Py_INCREF(n->descr); /* stolen below */
-        PyObject *arr = PyArray_NewFromDescr(&PyArray_Type, n->descr, n->ndim + 1, dims, NULL,
-                                             (char *)p->slot->data + n->offset,
-                                             NPY_ARRAY_CARRAY, NULL);
-        if (!arr)
-            return NULL;
-        Py_INCREF(owner);
-        if (PyArray_SetBaseObject((PyArrayObject *)arr, owner) < 0) {
-            Py_DECREF(owner);
-            Py_DECREF(arr);
-            return NULL;
-        }
-        if (convert == Py_None)
-            return arr;
-        PyObject *out = PyObject_CallOneArg(convert, arr);
-        Py_DECREF(arr);
-        return out;
+        Py_INCREF(n->descr); /* stolen by fl__slot_array */
+        return fl__slot_array(owner, n->offset, n->descr, n->ndim + 1, dims, convert);
     }
     if (n->kind == N_PASS) {
         if (n->as_tuple)

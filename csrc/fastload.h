@@ -4,6 +4,7 @@
  * which never sees a PyObject.  Files: module.c (module init and state),
  * slot_pool.c (SlotPool and SlotOwner types: batch memory and its lifetime),
  * collate.c (GIL-free collation of NumPy-compatible samples into a slot),
+ * gather.c (GIL-free row and token-window gathers for the array datasets),
  * engine_type.c (the Engine type: worker threads that run a Python fetch).
  */
 #ifndef FASTLOAD_H
@@ -51,9 +52,20 @@ extern PyType_Spec fl__SlotOwner_spec;
  * array over it dies.  Takes ownership of `slot` (released here on failure). */
 PyObject *fl__SlotOwner_new(fastload_state *state, fl_slot *slot);
 
+/* A C-contiguous array of `descr` (a reference stolen, even on failure)
+ * and shape `dims` over the slot of `owner` at byte `offset`, with `owner`
+ * as its base; passed through `convert` (e.g. torch.from_numpy) unless that
+ * is None.  Returns a new reference or NULL with an exception set. */
+PyObject *fl__slot_array(PyObject *owner, size_t offset, PyArray_Descr *descr, int ndim,
+                         const npy_intp *dims, PyObject *convert);
+
 /* collate.c */
 PyObject *fl__collate(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fl__set_tensor_type(PyObject *module, PyObject *type);
+
+/* gather.c */
+PyObject *fl__gather(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fl__gather_windows(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 /* engine_type.c */
 extern PyType_Spec fl__Engine_spec;

@@ -85,6 +85,27 @@ PyObject *fl__SlotOwner_new(fastload_state *state, fl_slot *slot)
     return (PyObject *)self;
 }
 
+PyObject *fl__slot_array(PyObject *owner, size_t offset, PyArray_Descr *descr, int ndim,
+                         const npy_intp *dims, PyObject *convert)
+{
+    fl_slot *slot = ((SlotOwnerObject *)owner)->slot;
+    PyObject *arr = PyArray_NewFromDescr(&PyArray_Type, descr, ndim, (npy_intp *)dims, NULL,
+                                         (char *)slot->data + offset, NPY_ARRAY_CARRAY, NULL);
+    if (!arr)
+        return NULL;
+    Py_INCREF(owner);
+    if (PyArray_SetBaseObject((PyArrayObject *)arr, owner) < 0) {
+        Py_DECREF(owner);
+        Py_DECREF(arr);
+        return NULL;
+    }
+    if (convert == Py_None)
+        return arr;
+    PyObject *out = PyObject_CallOneArg(convert, arr);
+    Py_DECREF(arr);
+    return out;
+}
+
 static void SlotOwner_dealloc(SlotOwnerObject *self)
 {
     PyTypeObject *type = Py_TYPE(self);

@@ -6,6 +6,7 @@ processes, take the GIL only around your dataset code, and collate NumPy
 samples into reusable page-aligned buffers with the GIL released.
 """
 
+from .arrays import ArrayDataset, TokenDataset
 from ._worker import WorkerInfo, get_worker_info
 from .collate import default_collate, default_convert
 from .dataloader import DataLoader
@@ -23,6 +24,7 @@ from .sampler import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "ArrayDataset",
     "BatchSampler",
     "DataLoader",
     "Dataset",
@@ -32,6 +34,7 @@ __all__ = [
     "Sampler",
     "SequentialSampler",
     "SubsetRandomSampler",
+    "TokenDataset",
     "WeightedRandomSampler",
     "WorkerInfo",
     "default_collate",

@@ -140,17 +140,24 @@ class ExceptionWrapper:
 
 
 class _MapFetcher:
-    def __init__(self, dataset, auto_collation, collate_fn, stop_flag):
+    def __init__(self, dataset, auto_collation, collate_fn, stop_flag, native_batch):
         self.dataset = dataset
         self.auto_collation = auto_collation
         self.collate_fn = collate_fn
         self.stop_flag = stop_flag
+        self.native_batch = native_batch
         self.position = None  # the sample index being read, for error messages
 
     def fetch(self, index):
         if not self.auto_collation:
             self.position = index
             return self.collate_fn(self.dataset[index])
+        if self.native_batch is not None:
+            # A native dataset reads and collates the whole batch in C.
+            self.position = index
+            batch = self.native_batch(index)
+            self.position = None
+            return batch
         getitems = getattr(self.dataset, "__getitems__", None)
         if getitems:
             self.position = index
@@ -198,7 +205,8 @@ class _IterableFetcher:
 def make_fetcher(plan, stop_flag):
     if plan.iterable:
         return _IterableFetcher(plan.dataset, plan.auto_collation, plan.collate_fn, plan.drop_last)
-    return _MapFetcher(plan.dataset, plan.auto_collation, plan.collate_fn, stop_flag)
+    return _MapFetcher(plan.dataset, plan.auto_collation, plan.collate_fn, stop_flag,
+                       plan.native_batch)
 
 
 class _Stopped(Exception):
@@ -219,8 +227,9 @@ class FetchPlan:
     """What every worker needs to fetch batches (shared, read-only)."""
 
     def __init__(self, dataset, iterable, auto_collation, collate_fn, drop_last, worker_init_fn,
-                 num_workers, base_seed):
+                 num_workers, base_seed, native_batch=None):
         self.dataset = dataset
+        self.native_batch = native_batch  # indices -> collated batch, or None
         self.iterable = iterable
         self.auto_collation = auto_collation
         self.collate_fn = collate_fn

@@ -14,6 +14,7 @@ generators give the same batches in the same order.
 """
 
 import atexit
+import functools
 import multiprocessing
 import warnings
 import weakref
@@ -381,6 +382,17 @@ class _SingleThreadIter(_BaseIter):
         return self._fetcher.fetch(index)
 
 
+def _native_batch(it, loader):
+    """A native dataset's batch function, when the loader collates with the
+    default rules (which the native path reproduces)."""
+    native = getattr(it._dataset, "_native_batch", None)
+    if native is None or it._iterable or not it._auto_collation:
+        return None
+    if not isinstance(it._collate_fn, _SlotCollate):
+        return None
+    return functools.partial(native, pool=loader._slot_pool, convert=it._collate_fn.to_output)
+
+
 def _fetch_plan(it, loader, num_workers):
     return FetchPlan(
         dataset=it._dataset,
@@ -391,6 +403,7 @@ def _fetch_plan(it, loader, num_workers):
         worker_init_fn=loader.worker_init_fn,
         num_workers=num_workers,
         base_seed=it._base_seed,
+        native_batch=_native_batch(it, loader),
     )
 
 

@@ -1,0 +1,78 @@
+/* fastload core: see gather.h. */
+#define _GNU_SOURCE
+#include "gather.h"
+
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+static uintptr_t page_mask(void)
+{
+    static long page; /* benign race: every thread computes the same value */
+    if (page <= 0)
+        page = sysconf(_SC_PAGESIZE);
+    return ~(uintptr_t)((page > 0 ? page : 4096) - 1);
+}
+
+/* One madvise per byte range, page-aligned.  The advice is a hint: failure
+ * (say, memory that is not a file mapping after all) changes nothing. */
+static void advise_range(const char *start, size_t bytes)
+{
+    uintptr_t first = (uintptr_t)start & page_mask();
+    uintptr_t end = (uintptr_t)start + bytes;
+    (void)madvise((void *)first, end - first, MADV_WILLNEED);
+}
+
+void fl_gather_rows(const fl_rows *src, const int64_t *idx, size_t n, char *dst)
+{
+    size_t row = src->row_bytes;
+    if (src->file_backed)
+        for (size_t i = 0; i < n; i++)
+            advise_range(src->base + idx[i] * src->stride, row);
+    for (size_t i = 0; i < n; i++)
+        memcpy(dst + i * row, src->base + idx[i] * src->stride, row);
+}
+
+/* The widening loops are written per token type so the compiler vectorises
+ * each; `y` is the same window shifted by one token. */
+#define WIDEN(type)                                                        \
+    for (size_t i = 0; i < n; i++) {                                       \
+        const type *t = (const type *)tokens + starts[i];                  \
+        int64_t *xr = x + i * len, *yr = y + i * len;                      \
+        for (size_t j = 0; j < len; j++)                                   \
+            xr[j] = (int64_t)t[j];                                         \
+        for (size_t j = 0; j < len; j++)                                   \
+            yr[j] = (int64_t)t[j + 1];                                     \
+    }
+
+void fl_gather_windows(const void *tokens, int token_size, int is_signed, int file_backed,
+                       const int64_t *starts, size_t n, size_t len, int64_t *x, int64_t *y)
+{
+    if (file_backed)
+        for (size_t i = 0; i < n; i++)
+            advise_range((const char *)tokens + starts[i] * token_size,
+                         (len + 1) * (size_t)token_size);
+    switch (token_size * (is_signed ? -1 : 1)) {
+    case 1:
+        WIDEN(uint8_t)
+        break;
+    case -1:
+        WIDEN(int8_t)
+        break;
+    case 2:
+        WIDEN(uint16_t)
+        break;
+    case -2:
+        WIDEN(int16_t)
+        break;
+    case 4:
+        WIDEN(uint32_t)
+        break;
+    case -4:
+        WIDEN(int32_t)
+        break;
+    default: /* 8 bytes: int64 (uint64 tokens beyond 2**63 do not exist) */
+        WIDEN(int64_t)
+        break;
+    }
+}

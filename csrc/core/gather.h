@@ -1,0 +1,38 @@
+/* fastload core: gathering rows of in-memory or memory-mapped arrays into a
+ * batch — the native path of ArrayDataset and TokenDataset.
+ *
+ * A source is a table of equally sized rows at a fixed byte stride (a NumPy
+ * array whose rows are contiguous, or a memory-mapped file).  Callers check
+ * every index against the row count before calling: these functions trust
+ * them and never fail.  They touch no shared state, so any number of threads
+ * may gather from one source at once.
+ */
+#ifndef FL_GATHER_H
+#define FL_GATHER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct fl_rows {
+    const char *base;      /* row 0 */
+    int64_t count;         /* number of rows */
+    int64_t stride;        /* bytes from one row to the next; may be negative */
+    size_t row_bytes;      /* contiguous bytes a row */
+    int file_backed;       /* nonzero for a file mapping: worth prefetching */
+} fl_rows;
+
+/* Copies rows idx[0..n) of `src` to consecutive rows of `dst`
+ * (n * row_bytes bytes).  For file-backed sources the pages of every row
+ * are first advised as needed (MADV_WILLNEED), so a cold page cache reads
+ * them in parallel rather than one fault at a time. */
+void fl_gather_rows(const fl_rows *src, const int64_t *idx, size_t n, char *dst);
+
+/* Token windows: for each start s = starts[i], writes tokens[s .. s+len) to
+ * row i of `x` and tokens[s+1 .. s+len+1) to row i of `y` (each n x len),
+ * widened to int64.  Tokens are `token_size` (1, 2, 4 or 8) bytes, signed
+ * when `is_signed` (8-byte tokens always are).  The caller guarantees
+ * s + len + 1 <= number of tokens. */
+void fl_gather_windows(const void *tokens, int token_size, int is_signed, int file_backed,
+                       const int64_t *starts, size_t n, size_t len, int64_t *x, int64_t *y);
+
+#endif /* FL_GATHER_H */
