@@ -50,16 +50,22 @@ def fresh_generator(generator):
     return np.random.default_rng(draw_seed(None))
 
 
+def randperm_array(n, generator):
+    """torch.randperm(n) as an int64 NumPy array."""
+    if _use_torch(generator):
+        return torch.randperm(n, generator=generator).numpy()
+    return _numpy_rng(generator).permutation(n)
+
+
 def randperm(n, generator):
-    if _use_torch(generator):
-        return torch.randperm(n, generator=generator).tolist()
-    return _numpy_rng(generator).permutation(n).tolist()
+    return randperm_array(n, generator).tolist()
 
 
-def randint(high, size, generator):
+def randint_array(high, size, generator):
+    """torch.randint(high, (size,)) as an int64 NumPy array."""
     if _use_torch(generator):
-        return torch.randint(high=high, size=(size,), dtype=torch.int64, generator=generator).tolist()
-    return _integers(_numpy_rng(generator), high, size).tolist()
+        return torch.randint(high=high, size=(size,), dtype=torch.int64, generator=generator).numpy()
+    return _integers(_numpy_rng(generator), high, size)
 
 
 def multinomial(weights, num_samples, replacement, generator):

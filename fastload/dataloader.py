@@ -320,16 +320,26 @@ class _BaseIter:
                 "pinned memory won't be used.",
                 stacklevel=3,
             )
+        self._native_batch = _native_batch(self, loader)
         # torch's order: the sampler iterator, then the base seed.
-        self._sampler_iter = iter(self._index_sampler)
+        self._sampler_iter = self._index_iter()
         self._base_seed = draw_seed(loader.generator)
         self._num_yielded = 0
 
     def __iter__(self):
         return self
 
+    def _index_iter(self):
+        # A native dataset takes index arrays from fastload's own batch
+        # sampler: the same indices without a Python int each.
+        if self._native_batch is not None and isinstance(self._index_sampler, BatchSampler):
+            arrays = self._index_sampler._array_batches()
+            if arrays is not None:
+                return arrays
+        return iter(self._index_sampler)
+
     def _reset(self, loader):
-        self._sampler_iter = iter(self._index_sampler)
+        self._sampler_iter = self._index_iter()
         self._num_yielded = 0
         self._IterableDataset_len_called = loader._IterableDataset_len_called
 
@@ -403,7 +413,7 @@ def _fetch_plan(it, loader, num_workers):
         worker_init_fn=loader.worker_init_fn,
         num_workers=num_workers,
         base_seed=it._base_seed,
-        native_batch=_native_batch(it, loader),
+        native_batch=it._native_batch,
     )
 
 

@@ -8,6 +8,8 @@ also take a ``numpy.random.Generator`` and work without torch.
 import itertools
 import math
 
+import numpy as np
+
 from . import _random
 
 
@@ -26,6 +28,10 @@ class SequentialSampler(Sampler):
 
     def __iter__(self):
         return iter(range(len(self.data_source)))
+
+    def _index_chunks(self):
+        """__iter__'s indices as int64 arrays (see BatchSampler._array_batches)."""
+        yield np.arange(len(self.data_source), dtype=np.int64)
 
     def __len__(self):
         return len(self.data_source)
@@ -56,6 +62,12 @@ class RandomSampler(Sampler):
         return self._num_samples
 
     def __iter__(self):
+        for chunk in self._index_chunks():
+            yield from chunk.tolist()
+
+    def _index_chunks(self):
+        """The indices as int64 arrays, drawn lazily one chunk at a time
+        exactly as torch draws them."""
         n = len(self.data_source)
         generator = self.generator
         if generator is None:
@@ -63,12 +75,12 @@ class RandomSampler(Sampler):
         if self.replacement:
             # torch draws in chunks of 32; matching the chunks matches its stream.
             for _ in range(self.num_samples // 32):
-                yield from _random.randint(n, 32, generator)
-            yield from _random.randint(n, self.num_samples % 32, generator)
+                yield _random.randint_array(n, 32, generator)
+            yield _random.randint_array(n, self.num_samples % 32, generator)
         else:
             for _ in range(self.num_samples // n):
-                yield from _random.randperm(n, generator)
-            yield from _random.randperm(n, generator)[: self.num_samples % n]
+                yield _random.randperm_array(n, generator)
+            yield _random.randperm_array(n, generator)[: self.num_samples % n]
 
     def __len__(self):
         return self.num_samples
@@ -158,10 +170,33 @@ class BatchSampler(Sampler):
                 yield batch
                 batch = list(itertools.islice(it, self.batch_size))
 
+    def _array_batches(self):
+        """The batches __iter__ yields, as int64 arrays, with the same
+        random draws; None when the sampler is not one of fastload's own
+        (whose draws are known).  Native datasets take these: no Python int
+        per index."""
+        if type(self) is not BatchSampler or type(self.sampler) not in (RandomSampler,
+                                                                         SequentialSampler):
+            return None
+        return _batches_of(self.sampler._index_chunks(), self.batch_size, self.drop_last)
+
     def __len__(self):
         if self.drop_last:
             return len(self.sampler) // self.batch_size
         return (len(self.sampler) + self.batch_size - 1) // self.batch_size
+
+
+def _batches_of(chunks, size, drop_last):
+    pending = np.empty(0, dtype=np.int64)
+    for chunk in chunks:
+        pending = np.concatenate((pending, chunk)) if len(pending) else chunk
+        start = 0
+        while len(pending) - start >= size:
+            yield pending[start:start + size]
+            start += size
+        pending = pending[start:]
+    if len(pending) and not drop_last:
+        yield pending
 
 
 class DistributedSampler(Sampler):

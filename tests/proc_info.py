@@ -22,3 +22,13 @@ def native_thread_names():
 def rss_bytes():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def anon_rss_bytes():
+    """Resident private memory (heap, buffers), without mapped files: the
+    pages of a memory-mapped dataset file belong to the page cache."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no RssAnon in /proc/self/status")

@@ -14,7 +14,8 @@ import numpy as np  # noqa: E402
 import torch.utils.data as tud  # noqa: E402
 
 import fastload  # noqa: E402
-from fl_helpers import check_parity, fastload_only, rss_bytes  # noqa: E402
+from fl_helpers import check_parity, fastload_only  # noqa: E402
+from proc_info import anon_rss_bytes  # noqa: E402
 
 pytestmark = fastload_only
 
@@ -292,8 +293,10 @@ def test_token_dataset_stride_error():
 
 def test_memory_does_not_grow_with_length_or_workers(tmp_path):
     """The dataset object holds the mapping, not per-sample Python objects,
-    and workers share it: RSS after building a dataset over 256 MiB of rows
-    and running a few batches grows by the pages touched, not the file."""
+    and workers share it: private memory after building a dataset over
+    256 MiB of rows and loading from it with 0-2 workers grows by a few
+    batch buffers, not with the file.  (Mapped file pages are page cache,
+    shared with the system, and not counted.)"""
     rows, width = 1 << 16, 1024
     mm = np.lib.format.open_memmap(tmp_path / "big.npy", mode="w+", dtype=np.float32,
                                    shape=(rows, width))
@@ -301,13 +304,51 @@ def test_memory_does_not_grow_with_length_or_workers(tmp_path):
     mm.flush()
     del mm
     gc.collect()
-    before = rss_bytes()
+    before = anon_rss_bytes()
     ds = fastload.ArrayDataset(tmp_path / "big.npy")
     for workers in (0, 1, 2):
         loader = fastload.DataLoader(ds, batch_size=64, num_workers=workers,
                                      sampler=range(0, rows, rows // 256))
         for (batch,) in loader:
             assert batch.shape == (64, width)
-    grown = rss_bytes() - before
-    assert grown < 64 << 20, f"RSS grew by {grown >> 20} MiB"
+    grown = anon_rss_bytes() - before
+    assert grown < 32 << 20, f"private memory grew by {grown >> 20} MiB"
     assert os.path.getsize(tmp_path / "big.npy") > 256 << 20
+
+
+# ------------------------------------------------------- index arrays
+
+
+@pytest.mark.parametrize("make_sampler", [
+    lambda g: fastload.RandomSampler(range(100), generator=g),
+    lambda g: fastload.RandomSampler(range(100), num_samples=250, generator=g),
+    lambda g: fastload.RandomSampler(range(100), replacement=True, num_samples=77, generator=g),
+    lambda g: fastload.SequentialSampler(range(100)),
+], ids=["perm", "perm-repeat", "replacement", "sequential"])
+@pytest.mark.parametrize("batch_size, drop_last", [(1, False), (7, False), (7, True), (64, False)])
+@pytest.mark.parametrize("rng", ["torch", "numpy"])
+def test_array_batches_equal_the_batch_sampler(make_sampler, batch_size, drop_last, rng):
+    """Native datasets take a BatchSampler's batches as arrays; they must be
+    the same batches, drawn with the same consumption of the generator."""
+    def generator():
+        return torch.Generator().manual_seed(5) if rng == "torch" else np.random.default_rng(5)
+    g1, g2 = generator(), generator()
+    expected = list(fastload.BatchSampler(make_sampler(g1), batch_size, drop_last))
+    arrays = list(fastload.BatchSampler(make_sampler(g2), batch_size, drop_last)._array_batches())
+    assert [a.tolist() for a in arrays] == expected
+    assert all(a.dtype == np.int64 for a in arrays)
+    if rng == "torch":
+        assert torch.equal(g1.get_state(), g2.get_state())
+    else:
+        assert g1.integers(1 << 30) == g2.integers(1 << 30)
+
+
+def test_custom_samplers_are_iterated_as_they_are():
+    class Reversed(fastload.SequentialSampler):
+        def __iter__(self):
+            return iter(range(len(self.data_source) - 1, -1, -1))
+
+    assert fastload.BatchSampler(Reversed(range(5)), 2, False)._array_batches() is None
+    ds = fastload.ArrayDataset(np.arange(5))
+    batches = list(fastload.DataLoader(ds, batch_size=2, sampler=Reversed(range(5))))
+    assert [b[0].tolist() for b in batches] == [[4, 3], [2, 1], [0]]

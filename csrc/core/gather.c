@@ -4,6 +4,7 @@
 
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 static uintptr_t page_mask(void)
@@ -23,14 +24,62 @@ static void advise_range(const char *start, size_t bytes)
     (void)madvise((void *)first, end - first, MADV_WILLNEED);
 }
 
+/* ------------------------------------------------------- adaptive prefetch
+ *
+ * Advising every row costs a system call a row: three times the copy itself
+ * when the pages are already in the page cache.  So each thread advises
+ * only while its data is cold, which it learns from its own major page
+ * faults (faults that waited for a read): a gather that faulted turns
+ * prefetching on for the thread, and COOL_GATHERS gathers in a row without a
+ * major fault turn it off again.  Costs two getrusage calls a batch. */
+
+#define COOL_GATHERS 8
+
+static _Thread_local int advise_on;     /* this thread's data looks cold */
+static _Thread_local int quiet_gathers; /* fault-free gathers since */
+
+static long major_faults(void)
+{
+#ifdef RUSAGE_THREAD
+    struct rusage usage;
+    if (getrusage(RUSAGE_THREAD, &usage) == 0)
+        return usage.ru_majflt;
+#endif
+    return -1; /* unknown: stay in the mode we are in */
+}
+
+static long prefetch_begin(int file_backed)
+{
+    return file_backed ? major_faults() : 0;
+}
+
+static void prefetch_end(int file_backed, long faults_before)
+{
+    if (!file_backed)
+        return;
+    long faults = major_faults();
+    if (faults < 0 || faults_before < 0)
+        return;
+    if (faults > faults_before) {
+        advise_on = 1;
+        quiet_gathers = 0;
+    } else if (advise_on && ++quiet_gathers >= COOL_GATHERS) {
+        advise_on = 0;
+    }
+}
+
+/* ---------------------------------------------------------------- gathers */
+
 void fl_gather_rows(const fl_rows *src, const int64_t *idx, size_t n, char *dst)
 {
     size_t row = src->row_bytes;
-    if (src->file_backed)
+    long faults = prefetch_begin(src->file_backed);
+    if (src->file_backed && advise_on)
         for (size_t i = 0; i < n; i++)
             advise_range(src->base + idx[i] * src->stride, row);
     for (size_t i = 0; i < n; i++)
         memcpy(dst + i * row, src->base + idx[i] * src->stride, row);
+    prefetch_end(src->file_backed, faults);
 }
 
 /* The widening loops are written per token type so the compiler vectorises
@@ -48,7 +97,8 @@ void fl_gather_rows(const fl_rows *src, const int64_t *idx, size_t n, char *dst)
 void fl_gather_windows(const void *tokens, int token_size, int is_signed, int file_backed,
                        const int64_t *starts, size_t n, size_t len, int64_t *x, int64_t *y)
 {
-    if (file_backed)
+    long faults = prefetch_begin(file_backed);
+    if (file_backed && advise_on)
         for (size_t i = 0; i < n; i++)
             advise_range((const char *)tokens + starts[i] * token_size,
                          (len + 1) * (size_t)token_size);
@@ -75,4 +125,5 @@ void fl_gather_windows(const void *tokens, int token_size, int is_signed, int fi
         WIDEN(int64_t)
         break;
     }
+    prefetch_end(file_backed, faults);
 }

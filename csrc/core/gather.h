@@ -22,16 +22,17 @@ typedef struct fl_rows {
 } fl_rows;
 
 /* Copies rows idx[0..n) of `src` to consecutive rows of `dst`
- * (n * row_bytes bytes).  For file-backed sources the pages of every row
- * are first advised as needed (MADV_WILLNEED), so a cold page cache reads
- * them in parallel rather than one fault at a time. */
+ * (n * row_bytes bytes).  For file-backed sources whose pages this thread
+ * has recently found missing from the page cache, every row is first
+ * advised as needed (MADV_WILLNEED), so a cold cache reads them in parallel
+ * rather than one fault at a time. */
 void fl_gather_rows(const fl_rows *src, const int64_t *idx, size_t n, char *dst);
 
 /* Token windows: for each start s = starts[i], writes tokens[s .. s+len) to
  * row i of `x` and tokens[s+1 .. s+len+1) to row i of `y` (each n x len),
  * widened to int64.  Tokens are `token_size` (1, 2, 4 or 8) bytes, signed
  * when `is_signed` (8-byte tokens always are).  The caller guarantees
- * s + len + 1 <= number of tokens. */
+ * s + len + 1 <= number of tokens.  Prefetches as fl_gather_rows does. */
 void fl_gather_windows(const void *tokens, int token_size, int is_signed, int file_backed,
                        const int64_t *starts, size_t n, size_t len, int64_t *x, int64_t *y);
 
