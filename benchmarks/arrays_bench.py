@@ -47,8 +47,9 @@ except ImportError:  # run from a checkout built in place
 import numpy as np
 
 from array_workloads import (BLOCK, ROW_VALUES, TorchRowBatches, TorchRows, TorchWindowBatches,
-                             TorchWindows, check_rows_batch, check_tokens_batch, make_rows,
-                             make_tokens, memcpy_bandwidth, torch, warm_page_cache)
+                             TorchWindows, check_rows_batch, check_tokens_batch, expected_rows,
+                             expected_tokens, make_rows, make_tokens, memcpy_bandwidth, torch,
+                             warm_page_cache)
 from workloads import cpu_model
 
 BATCH = 256
@@ -83,12 +84,12 @@ class Setup:
         if workload == "rows":
             datasets = {"a": TorchRows, "b": TorchRowBatches}
             fl_dataset = lambda: fastload.ArrayDataset(path)  # noqa: E731
-            self.check = check_rows_batch
+            self.check, expected = check_rows_batch, expected_rows
             self.scale = 1  # sample index -> row
         else:
             datasets = {"a": TorchWindows, "b": TorchWindowBatches}
             fl_dataset = lambda: fastload.TokenDataset(path, BLOCK)  # noqa: E731
-            self.check = check_tokens_batch
+            self.check, expected = check_tokens_batch, expected_tokens
             self.scale = BLOCK  # window index -> first token
         worker_kw = dict(num_workers=workers, persistent_workers=workers > 0)
         if family == "fastload":
@@ -111,7 +112,8 @@ class Setup:
         plan = list(torch.utils.data.RandomSampler(
             range(self.length), num_samples=samples,
             generator=torch.Generator().manual_seed(SEED)))
-        self.plan = [np.asarray(plan[k:k + BATCH]) * self.scale for k in range(0, samples, BATCH)]
+        self.plan = [expected(np.asarray(plan[k:k + BATCH]) * self.scale)
+                     for k in range(0, samples, BATCH)]
         self.batch_bytes = BATCH * (ROW_VALUES * 4 if workload == "rows" else 2 * BLOCK * 8)
 
     def epoch(self, limit=None):
