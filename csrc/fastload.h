@@ -63,7 +63,35 @@ PyObject *fl__slot_array(PyObject *owner, size_t offset, PyArray_Descr *descr, i
 PyObject *fl__collate(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fl__set_tensor_type(PyObject *module, PyObject *type);
 
-/* gather.c */
+/* gather.c: indices and batch outputs, shared by the native datasets */
+
+/* Converts a sequence of integers (or an integer array) into a PyMem_Raw
+ * array of int64 in [0, count), wrapping negative indices once, as NumPy and
+ * torch do.  Returns 0, or -1 with IndexError naming the first bad index. */
+int fl__convert_indices(PyObject *obj, int64_t count, int64_t **out, Py_ssize_t *n_out);
+
+#define FL__MAX_BATCH_ARRAYS 32
+
+/* Where a batch goes: either one slot from a pool holding every output
+ * array, or (pool None) one fresh NumPy array each. */
+typedef struct fl__batch_out {
+    int n;                                   /* output arrays */
+    PyObject *owner;                         /* SlotOwner, or NULL */
+    size_t offsets[FL__MAX_BATCH_ARRAYS];    /* of each array in the slot */
+    PyObject *arrays[FL__MAX_BATCH_ARRAYS];  /* no pool: owned, uninitialised arrays */
+    char *data[FL__MAX_BATCH_ARRAYS];        /* where each array's bytes go */
+} fl__batch_out;
+
+/* Takes the memory for n arrays of shapes dims[i] (ndims[i] dimensions) and
+ * dtypes descrs[i] (borrowed) from `pool` (a SlotPool, or None). */
+int fl__batch_out_alloc(fl__batch_out *b, fastload_state *state, PyObject *pool, int n,
+                        PyArray_Descr **descrs, const int *ndims,
+                        npy_intp dims[][NPY_MAXDIMS]);
+/* The output list; arrays over the slot are passed through `convert`. */
+PyObject *fl__batch_out_finish(fl__batch_out *b, PyArray_Descr **descrs, const int *ndims,
+                               npy_intp dims[][NPY_MAXDIMS], PyObject *convert);
+void fl__batch_out_clear(fl__batch_out *b);
+
 PyObject *fl__gather(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fl__gather_windows(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 

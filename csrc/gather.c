@@ -7,6 +7,9 @@
  * the core with the GIL released, and the output arrays are built over the
  * memory.  The sources are validated by the Python classes (fastload/
  * arrays.py): C-contiguous rows of a native-order plain dtype.
+ *
+ * The index conversion and the batch memory (fl__convert_indices,
+ * fl__batch_out_*) serve every native dataset; fastload.h declares them.
  */
 #include "fastload.h"
 
@@ -16,7 +19,7 @@
 #include <string.h>
 
 #define BATCH_ALIGN 64 /* each output array starts on a cache line */
-#define MAX_ARRAYS 32  /* arrays in one ArrayDataset */
+#define MAX_ARRAYS FL__MAX_BATCH_ARRAYS
 
 /* ----------------------------------------------------------------- indices */
 
@@ -27,10 +30,7 @@ static int index_error(long long index, int64_t count)
     return -1;
 }
 
-/* Converts a sequence of integers (or an integer array) into a PyMem_Raw
- * array of int64 in [0, count), wrapping negative indices once, as NumPy and
- * torch do.  Returns 0, or -1 with IndexError naming the first bad index. */
-static int convert_indices(PyObject *obj, int64_t count, int64_t **out, Py_ssize_t *n_out)
+int fl__convert_indices(PyObject *obj, int64_t count, int64_t **out, Py_ssize_t *n_out)
 {
     PyObject *seq = NULL;
     int64_t *idx = NULL;
@@ -116,26 +116,14 @@ fail:
 
 /* ----------------------------------------------------------------- output */
 
-/* Where a batch goes: either one slot from a pool holding every output
- * array, or (pool None) one fresh NumPy array each. */
-typedef struct batch_out {
-    int n;                       /* output arrays */
-    PyObject *owner;             /* SlotOwner, or NULL */
-    size_t offsets[MAX_ARRAYS]; /* of each array in the slot */
-    PyObject *arrays[MAX_ARRAYS]; /* with no pool: owned, uninitialised arrays */
-    char *data[MAX_ARRAYS];     /* where each array's bytes go */
-} batch_out;
-
-static void batch_out_clear(batch_out *b)
+void fl__batch_out_clear(fl__batch_out *b)
 {
     Py_CLEAR(b->owner);
     for (int i = 0; i < b->n; i++)
         Py_CLEAR(b->arrays[i]);
 }
 
-/* Takes the memory for n arrays of shapes dims[i] (ndims[i] dimensions) and
- * dtypes descrs[i] (borrowed). */
-static int batch_out_alloc(batch_out *b, fastload_state *state, PyObject *pool, int n,
+int fl__batch_out_alloc(fl__batch_out *b, fastload_state *state, PyObject *pool, int n,
                            PyArray_Descr **descrs, const int *ndims, npy_intp dims[][NPY_MAXDIMS])
 {
     b->n = n;
@@ -176,8 +164,7 @@ static int batch_out_alloc(batch_out *b, fastload_state *state, PyObject *pool, 
     return 0;
 }
 
-/* The output list; arrays over the slot are passed through `convert`. */
-static PyObject *batch_out_finish(batch_out *b, PyArray_Descr **descrs, const int *ndims,
+PyObject *fl__batch_out_finish(fl__batch_out *b, PyArray_Descr **descrs, const int *ndims,
                                   npy_intp dims[][NPY_MAXDIMS], PyObject *convert)
 {
     PyObject *list = PyList_New(b->n);
@@ -251,13 +238,13 @@ PyObject *fl__gather(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
     int64_t *idx = NULL;
     Py_ssize_t n;
-    batch_out out = {0};
+    fl__batch_out out = {0};
     PyObject *result = NULL;
-    if (convert_indices(args[2], count, &idx, &n) < 0)
+    if (fl__convert_indices(args[2], count, &idx, &n) < 0)
         return NULL;
     for (int i = 0; i < n_arrays; i++)
         dims[i][0] = n;
-    if (batch_out_alloc(&out, state, pool, n_arrays, descrs, ndims, dims) < 0)
+    if (fl__batch_out_alloc(&out, state, pool, n_arrays, descrs, ndims, dims) < 0)
         goto done;
 
     /* `arrays` (held by the caller for the whole call) keeps every source
@@ -267,9 +254,9 @@ PyObject *fl__gather(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         fl_gather_rows(&rows[i], idx, (size_t)n, out.data[i]);
     Py_END_ALLOW_THREADS
 
-    result = batch_out_finish(&out, descrs, ndims, dims, convert);
+    result = fl__batch_out_finish(&out, descrs, ndims, dims, convert);
 done:
-    batch_out_clear(&out);
+    fl__batch_out_clear(&out);
     PyMem_RawFree(idx);
     return result;
 }
@@ -305,19 +292,19 @@ PyObject *fl__gather_windows(PyObject *module, PyObject *const *args, Py_ssize_t
 
     int64_t *idx = NULL;
     Py_ssize_t n;
-    batch_out out = {0};
+    fl__batch_out out = {0};
     PyObject *result = NULL;
     PyArray_Descr *int64 = PyArray_DescrFromType(NPY_INT64);
     PyArray_Descr *descrs[2] = {int64, int64};
     int ndims[2] = {2, 2};
     npy_intp dims[2][NPY_MAXDIMS];
-    if (convert_indices(args[4], windows, &idx, &n) < 0)
+    if (fl__convert_indices(args[4], windows, &idx, &n) < 0)
         goto done;
     for (Py_ssize_t i = 0; i < n; i++)
         idx[i] *= stride; /* window index -> first token */
     dims[0][0] = dims[1][0] = n;
     dims[0][1] = dims[1][1] = (npy_intp)block;
-    if (batch_out_alloc(&out, state, pool, 2, descrs, ndims, dims) < 0)
+    if (fl__batch_out_alloc(&out, state, pool, 2, descrs, ndims, dims) < 0)
         goto done;
 
     const void *data = PyArray_DATA(tokens);
@@ -327,9 +314,9 @@ PyObject *fl__gather_windows(PyObject *module, PyObject *const *args, Py_ssize_t
                       (int64_t *)out.data[0], (int64_t *)out.data[1]);
     Py_END_ALLOW_THREADS
 
-    result = batch_out_finish(&out, descrs, ndims, dims, convert);
+    result = fl__batch_out_finish(&out, descrs, ndims, dims, convert);
 done:
-    batch_out_clear(&out);
+    fl__batch_out_clear(&out);
     PyMem_RawFree(idx);
     Py_DECREF(int64);
     return result;
