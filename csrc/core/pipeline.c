@@ -1,0 +1,337 @@
+/* fastload core: see pipeline.h. */
+#define _GNU_SOURCE
+#include "pipeline.h"
+
+#include "jpeg.h"
+#include "resample.h"
+#include "status.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define MAX_FILE_BYTES ((size_t)1 << 30) /* no image file is bigger */
+
+struct fl_image_worker {
+    fl_jpeg *jpeg;
+    fl_resample_scratch *scratch;
+    unsigned char *buf; /* the last file read */
+    size_t capacity;
+};
+
+/* ------------------------------------------------------ per-thread state */
+
+static pthread_key_t worker_key;
+static pthread_once_t worker_key_once = PTHREAD_ONCE_INIT;
+static int worker_key_ok;
+
+static void worker_free(void *p)
+{
+    fl_image_worker *w = p;
+    if (!w)
+        return;
+    fl_jpeg_free(w->jpeg);
+    fl_resample_scratch_free(w->scratch);
+    free(w->buf);
+    free(w);
+}
+
+static void make_worker_key(void)
+{
+    worker_key_ok = pthread_key_create(&worker_key, worker_free) == 0;
+}
+
+fl_image_worker *fl_image_worker_get(void)
+{
+    pthread_once(&worker_key_once, make_worker_key);
+    if (!worker_key_ok)
+        return NULL;
+    fl_image_worker *w = pthread_getspecific(worker_key);
+    if (w)
+        return w;
+    w = calloc(1, sizeof *w);
+    if (!w)
+        return NULL;
+    w->jpeg = fl_jpeg_new();
+    w->scratch = fl_resample_scratch_new();
+    if (!w->jpeg || !w->scratch || pthread_setspecific(worker_key, w) != 0) {
+        worker_free(w);
+        return NULL;
+    }
+    return w;
+}
+
+/* ------------------------------------------------------------------ files */
+
+int fl_read_file(fl_image_worker *w, const char *path, const unsigned char **data, size_t *size,
+                 int *err, char *msg, size_t msg_size)
+{
+    int fd = -1, status = FL_ERR_IO;
+    struct stat st;
+    size_t done = 0;
+    *err = 0;
+
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        *err = errno;
+        snprintf(msg, msg_size, "%s", strerror(errno));
+        goto out;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        *err = S_ISDIR(st.st_mode) ? EISDIR : EINVAL;
+        snprintf(msg, msg_size, "not a regular file");
+        goto out;
+    }
+    if ((uint64_t)st.st_size > MAX_FILE_BYTES) {
+        status = FL_ERR_TOO_BIG;
+        snprintf(msg, msg_size, "file of %lld bytes is too large for an image",
+                 (long long)st.st_size);
+        goto out;
+    }
+    size_t want = (size_t)st.st_size;
+    if (want + 1 > w->capacity) {
+        unsigned char *grown = realloc(w->buf, want + 1);
+        if (!grown) {
+            status = FL_ERR_NOMEM;
+            snprintf(msg, msg_size, "cannot allocate %zu bytes to read the file", want + 1);
+            goto out;
+        }
+        w->buf = grown;
+        w->capacity = want + 1;
+    }
+    /* Read what fstat promised; a file that shrank meanwhile gives fewer
+     * bytes, which the decoder then reports as truncated. */
+    while (done < want) {
+        ssize_t got = read(fd, w->buf + done, want - done);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0) {
+            *err = errno;
+            snprintf(msg, msg_size, "%s", strerror(errno));
+            goto out;
+        }
+        if (got == 0)
+            break;
+        done += (size_t)got;
+    }
+    *data = w->buf;
+    *size = done;
+    status = FL_OK;
+out:
+    if (fd >= 0)
+        close(fd);
+    return status;
+}
+
+int fl_is_jpeg(const unsigned char *data, size_t size)
+{
+    return size >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF;
+}
+
+/* --------------------------------------------------------------- geometry */
+
+void fl_plan_geometry(const fl_image_plan *plan, const fl_sample_key *key, int width, int height,
+                      fl_sample_geometry *out)
+{
+    fl_rng rng;
+    fl_rng_init(&rng, key->seed, key->epoch, key->index);
+    memset(out, 0, sizeof *out);
+    out->src_w = width;
+    out->src_h = height;
+    out->scale_denom = 1;
+    fl_box whole = {0, 0, width, height};
+    out->box = whole;
+    out->out_w = width;
+    out->out_h = height;
+    if (plan->crop == FL_CROP_RANDOM_RESIZED) {
+        fl_random_resized_crop(&rng, width, height, plan->scale_lo, plan->scale_hi,
+                               plan->ratio_lo, plan->ratio_hi, &out->box);
+        out->hard_crop = 1; /* torchvision crops, then resizes the crop alone */
+        out->out_w = plan->out_w;
+        out->out_h = plan->out_h;
+    } else if (plan->crop == FL_CROP_RESIZE_CENTER) {
+        int rw = width, rh = height;
+        if (plan->resize > 0) {
+            fl_resize_short_side(width, height, plan->resize, plan->max_size, &rw, &rh);
+        } else if (plan->resize_w > 0) {
+            rw = plan->resize_w;
+            rh = plan->resize_h;
+        }
+        fl_box in_resized = {0, 0, rw, rh};
+        if (plan->crop_w > 0) {
+            /* CenterCrop of an image smaller than the crop: torchvision pads
+             * with zeros; here the image is stretched to the crop instead
+             * (documented), which keeps every output pixel real. */
+            int cw = plan->crop_w < rw ? plan->crop_w : rw;
+            int ch = plan->crop_h < rh ? plan->crop_h : rh;
+            fl_center_crop(rw, rh, cw, ch, &in_resized);
+        }
+        fl_box_unscale(&in_resized, width, height, rw, rh, &out->box);
+        out->out_w = plan->crop_w > 0 ? plan->crop_w : rw;
+        out->out_h = plan->crop_h > 0 ? plan->crop_h : rh;
+        /* Without resize, a center crop cuts pixels, as torchvision's does. */
+        out->hard_crop = plan->resize == 0 && plan->resize_w == 0;
+    }
+    out->flip = plan->flip_p > 0 && fl_rng_uniform(&rng) < plan->flip_p;
+    if (!plan->exact && plan->filter != FL_FILTER_NEAREST)
+        out->scale_denom = fl_jpeg_pick_scale((int)out->box.w, (int)out->box.h, out->out_w,
+                                              out->out_h);
+}
+
+/* How far beyond the box the filter reaches, in source pixels. */
+static double support_margin(const fl_image_plan *plan, const fl_sample_geometry *g)
+{
+    double radius = plan->filter == FL_FILTER_BICUBIC ? 2.0 : 1.0;
+    double sx = g->box.w / g->out_w, sy = g->box.h / g->out_h;
+    double s = sx > sy ? sx : sy;
+    if (plan->antialias && s > 1.0)
+        radius *= s;
+    return radius + 1.0;
+}
+
+/* ------------------------------------------------------------------- ops */
+
+/* Resamples box (bx, by, bw, bh; in the coordinates of `rgb`) into dst,
+ * honouring a hard crop by hiding the pixels outside it. */
+static int resample_box(fl_image_worker *w, const fl_image_plan *plan,
+                        const fl_sample_geometry *g, const unsigned char *rgb, int width,
+                        int height, size_t stride, double bx, double by, double bw, double bh,
+                        void *dst, char *msg, size_t msg_size)
+{
+    if (g->hard_crop) {
+        int x0 = (int)floor(bx), y0 = (int)floor(by);
+        int x1 = (int)ceil(bx + bw), y1 = (int)ceil(by + bh);
+        if (x0 < 0)
+            x0 = 0;
+        if (y0 < 0)
+            y0 = 0;
+        if (x1 > width)
+            x1 = width;
+        if (y1 > height)
+            y1 = height;
+        rgb += (size_t)y0 * stride + (size_t)x0 * 3;
+        width = x1 - x0;
+        height = y1 - y0;
+        bx -= x0;
+        by -= y0;
+        if (bw > width - bx)
+            bw = width - bx;
+        if (bh > height - by)
+            bh = height - by;
+    }
+    fl_resample_target target = {
+        .width = g->out_w,
+        .height = g->out_h,
+        .filter = plan->filter,
+        .antialias = plan->antialias,
+        .flip = g->flip,
+        .layout = plan->layout,
+        .dtype = plan->dtype,
+        .dst = dst,
+    };
+    for (int c = 0; c < 3; c++) {
+        target.scale[c] = plan->mul[c];
+        target.offset[c] = plan->add[c];
+    }
+    int rc = fl_resample(rgb, width, height, stride, bx, by, bw, bh, &target, w->scratch);
+    if (rc != FL_OK)
+        snprintf(msg, msg_size, "resampling failed: %s", fl_status_str(rc));
+    return rc;
+}
+
+int fl_pipeline_jpeg(fl_image_worker *w, const fl_image_plan *plan, const fl_sample_key *key,
+                     const unsigned char *data, size_t size, void *dst,
+                     fl_sample_geometry *geometry, char *msg, size_t msg_size)
+{
+    fl_jpeg_header header;
+    fl_sample_geometry local;
+    fl_sample_geometry *g = geometry ? geometry : &local;
+    if (size == 0) {
+        snprintf(msg, msg_size, "empty file");
+        return FL_ERR_DECODE;
+    }
+    int rc = fl_jpeg_read_header(w->jpeg, data, size, &header, msg, msg_size);
+    if (rc != FL_OK)
+        return rc;
+    if ((uint64_t)header.width * (uint64_t)header.height > plan->max_pixels) {
+        snprintf(msg, msg_size, "image of %d x %d pixels exceeds max_pixels=%llu", header.width,
+                 header.height, (unsigned long long)plan->max_pixels);
+        return FL_ERR_TOO_BIG;
+    }
+    fl_plan_geometry(plan, key, header.width, header.height, g);
+    if (!dst)
+        return FL_OK;
+
+    /* The region to decode: the box, plus the filter's reach unless the
+     * crop is hard; whole pixels inside the image. */
+    double margin = g->hard_crop ? 0.0 : support_margin(plan, g);
+    int x0 = (int)floor(g->box.x - margin), y0 = (int)floor(g->box.y - margin);
+    int x1 = (int)ceil(g->box.x + g->box.w + margin), y1 = (int)ceil(g->box.y + g->box.h + margin);
+    if (x0 < 0)
+        x0 = 0;
+    if (y0 < 0)
+        y0 = 0;
+    if (x1 > header.width)
+        x1 = header.width;
+    if (y1 > header.height)
+        y1 = header.height;
+    fl_jpeg_region region = {x0, y0, x1 - x0, y1 - y0, g->scale_denom};
+    fl_pixels px;
+    rc = fl_jpeg_decode(w->jpeg, data, size, &region, plan->max_pixels, &px, msg, msg_size);
+    if (rc != FL_OK)
+        return rc;
+    double d = g->scale_denom;
+    double bx = px.box_x + (g->box.x - x0) / d, by = px.box_y + (g->box.y - y0) / d;
+    double bw = g->box.w / d, bh = g->box.h / d;
+    /* Rounding at the scaled buffer's edges must not push the box out. */
+    if (bx + bw > px.width)
+        bw = px.width - bx;
+    if (by + bh > px.height)
+        bh = px.height - by;
+    return resample_box(w, plan, g, px.data, px.width, px.height, px.stride, bx, by, bw, bh, dst,
+                        msg, msg_size);
+}
+
+int fl_pipeline_pixels(fl_image_worker *w, const fl_image_plan *plan, const fl_sample_key *key,
+                       const unsigned char *rgb, int width, int height, size_t stride, void *dst,
+                       fl_sample_geometry *geometry, char *msg, size_t msg_size)
+{
+    fl_sample_geometry local;
+    fl_sample_geometry *g = geometry ? geometry : &local;
+    if ((uint64_t)width * (uint64_t)height > plan->max_pixels) {
+        snprintf(msg, msg_size, "image of %d x %d pixels exceeds max_pixels=%llu", width, height,
+                 (unsigned long long)plan->max_pixels);
+        return FL_ERR_TOO_BIG;
+    }
+    fl_plan_geometry(plan, key, width, height, g);
+    g->scale_denom = 1;
+    if (!dst)
+        return FL_OK;
+    return resample_box(w, plan, g, rgb, width, height, stride, g->box.x, g->box.y, g->box.w,
+                        g->box.h, dst, msg, msg_size);
+}
+
+int fl_decode_full(fl_image_worker *w, const unsigned char *data, size_t size,
+                   uint64_t max_pixels, const unsigned char **rgb, int *width, int *height,
+                   size_t *stride, char *msg, size_t msg_size)
+{
+    if (size == 0) {
+        snprintf(msg, msg_size, "empty file");
+        return FL_ERR_DECODE;
+    }
+    fl_pixels px;
+    int rc = fl_jpeg_decode(w->jpeg, data, size, NULL, max_pixels, &px, msg, msg_size);
+    if (rc != FL_OK)
+        return rc;
+    *rgb = px.data;
+    *width = px.width;
+    *height = px.height;
+    *stride = px.stride;
+    return FL_OK;
+}

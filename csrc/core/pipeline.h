@@ -1,0 +1,90 @@
+/* fastload core: the image pipeline — one sample from file to batch row.
+ *
+ * read the file → pick the crop box (the plan's rules, counter-based
+ * draws) → decode only the box, DCT-scaled when the output is much smaller
+ * → resample, flip, convert and normalise into the sample's row.  Each
+ * thread keeps its own decoder, resampling scratch and read buffer
+ * (fl_image_worker), so samples run in parallel with no shared state.
+ */
+#ifndef FL_PIPELINE_H
+#define FL_PIPELINE_H
+
+#include "augment.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum { FL_CROP_NONE = 0, FL_CROP_RANDOM_RESIZED = 1, FL_CROP_RESIZE_CENTER = 2 };
+
+/* A compiled transform chain (fastload/transforms.py, Plan). */
+typedef struct fl_image_plan {
+    int crop;                   /* FL_CROP_* */
+    int out_w, out_h;           /* output size; 0: the size depends on the image */
+    double scale_lo, scale_hi;  /* random-resized: area fraction */
+    double ratio_lo, ratio_hi;  /* random-resized: aspect ratio */
+    int resize;                 /* resize-center: short side, or 0 */
+    int resize_w, resize_h;     /* resize-center: exact size, or 0 */
+    int max_size;               /* resize-center: cap on the long side, or 0 */
+    int crop_w, crop_h;         /* resize-center: center crop, or 0 */
+    int filter, antialias;      /* FL_FILTER_*, and Pillow's antialiasing */
+    double flip_p;              /* probability of a horizontal flip */
+    int dtype, layout;          /* FL_DTYPE_*, FL_LAYOUT_* */
+    float mul[3], add[3];       /* per channel: out = value_0_255 * mul + add */
+    int exact;                  /* 1: never DCT-scale (decode="exact") */
+    uint64_t max_pixels;        /* larger images are refused */
+} fl_image_plan;
+
+/* Where a sample's random numbers come from. */
+typedef struct fl_sample_key {
+    uint64_t seed, epoch, index;
+} fl_sample_key;
+
+/* The geometry decided for one sample (also reported to tests). */
+typedef struct fl_sample_geometry {
+    int src_w, src_h;           /* the image */
+    fl_box box;                 /* source pixels resampled to the output */
+    int hard_crop;              /* 1: pixels outside the box take no part */
+    int out_w, out_h;
+    int flip;
+    int scale_denom;            /* DCT scaling used */
+} fl_sample_geometry;
+
+typedef struct fl_image_worker fl_image_worker;
+
+/* The calling thread's worker state, created on first use and freed when
+ * the thread exits.  NULL when out of memory. */
+fl_image_worker *fl_image_worker_get(void);
+
+/* Reads the whole file at `path` into the worker's buffer.  Returns FL_OK
+ * (setting *data and *size, valid until the next read on this thread) or
+ * FL_ERR_IO with strerror in msg and the errno in *err. */
+int fl_read_file(fl_image_worker *w, const char *path, const unsigned char **data, size_t *size,
+                 int *err, char *msg, size_t msg_size);
+
+/* Nonzero when the bytes start like a JPEG (SOI marker). */
+int fl_is_jpeg(const unsigned char *data, size_t size);
+
+/* Decides the geometry for an image of width x height. */
+void fl_plan_geometry(const fl_image_plan *plan, const fl_sample_key *key, int width, int height,
+                      fl_sample_geometry *out);
+
+/* JPEG bytes → the sample in `dst` (3 * out_w * out_h elements of the
+ * plan's dtype; out_w/out_h from the plan, or from *geometry when the plan
+ * leaves them to the image: call with dst NULL first to learn them).
+ * Returns FL_OK, FL_ERR_DECODE, FL_ERR_TOO_BIG, FL_ERR_NOMEM with msg. */
+int fl_pipeline_jpeg(fl_image_worker *w, const fl_image_plan *plan, const fl_sample_key *key,
+                     const unsigned char *data, size_t size, void *dst,
+                     fl_sample_geometry *geometry, char *msg, size_t msg_size);
+
+/* The same ops on pixels decoded elsewhere (RGB, rows `stride` bytes). */
+int fl_pipeline_pixels(fl_image_worker *w, const fl_image_plan *plan, const fl_sample_key *key,
+                       const unsigned char *rgb, int width, int height, size_t stride, void *dst,
+                       fl_sample_geometry *geometry, char *msg, size_t msg_size);
+
+/* Full decode to RGB HWC (for transforms written in Python): the pixels
+ * stay in the worker's decoder until its next decode. */
+int fl_decode_full(fl_image_worker *w, const unsigned char *data, size_t size,
+                   uint64_t max_pixels, const unsigned char **rgb, int *width, int *height,
+                   size_t *stride, char *msg, size_t msg_size);
+
+#endif /* FL_PIPELINE_H */
