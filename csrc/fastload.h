@@ -28,6 +28,7 @@ typedef struct fastload_state {
     PyTypeObject *SlotPool_type;
     PyTypeObject *SlotOwner_type;
     PyTypeObject *Engine_type;
+    PyTypeObject *ImageSource_type;
     PyObject *tensor_type; /* torch.Tensor once registered, else NULL */
 } fastload_state;
 
@@ -94,6 +95,9 @@ void fl__batch_out_clear(fl__batch_out *b);
 
 PyObject *fl__gather(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fl__gather_windows(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+
+/* image_source.c */
+extern PyType_Spec fl__ImageSource_spec;
 
 /* engine_type.c */
 extern PyType_Spec fl__Engine_spec;

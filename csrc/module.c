@@ -78,7 +78,8 @@ static int module_exec(PyObject *module)
     fastload_state *state = fl__state_of_module(module);
     if (add_type(module, &fl__SlotPool_spec, NULL, &state->SlotPool_type) < 0 ||
         add_type(module, &fl__SlotOwner_spec, NULL, &state->SlotOwner_type) < 0 ||
-        add_type(module, &fl__Engine_spec, NULL, &state->Engine_type) < 0)
+        add_type(module, &fl__Engine_spec, NULL, &state->Engine_type) < 0 ||
+        add_type(module, &fl__ImageSource_spec, NULL, &state->ImageSource_type) < 0)
         return -1;
     return fl__engine_module_exec(module);
 }
@@ -89,6 +90,7 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(state->SlotPool_type);
     Py_VISIT(state->SlotOwner_type);
     Py_VISIT(state->Engine_type);
+    Py_VISIT(state->ImageSource_type);
     Py_VISIT(state->tensor_type);
     return 0;
 }
@@ -99,6 +101,7 @@ static int module_clear(PyObject *module)
     Py_CLEAR(state->SlotPool_type);
     Py_CLEAR(state->SlotOwner_type);
     Py_CLEAR(state->Engine_type);
+    Py_CLEAR(state->ImageSource_type);
     Py_CLEAR(state->tensor_type);
     return 0;
 }

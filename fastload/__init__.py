@@ -6,7 +6,9 @@ processes, take the GIL only around your dataset code, and collate NumPy
 samples into reusable page-aligned buffers with the GIL released.
 """
 
+from . import transforms
 from .arrays import ArrayDataset, TokenDataset
+from .images import DecodeError, ImageFiles, ImageFolder
 from ._worker import WorkerInfo, get_worker_info
 from .collate import default_collate, default_convert
 from .dataloader import DataLoader
@@ -27,8 +29,11 @@ __all__ = [
     "ArrayDataset",
     "BatchSampler",
     "DataLoader",
+    "DecodeError",
     "Dataset",
     "DistributedSampler",
+    "ImageFiles",
+    "ImageFolder",
     "IterableDataset",
     "RandomSampler",
     "Sampler",

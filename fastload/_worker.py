@@ -140,12 +140,13 @@ class ExceptionWrapper:
 
 
 class _MapFetcher:
-    def __init__(self, dataset, auto_collation, collate_fn, stop_flag, native_batch):
+    def __init__(self, dataset, auto_collation, collate_fn, stop_flag, native_batch, epoch):
         self.dataset = dataset
         self.auto_collation = auto_collation
         self.collate_fn = collate_fn
         self.stop_flag = stop_flag
         self.native_batch = native_batch
+        self.epoch = epoch  # keys the random augmentation of native datasets
         self.position = None  # the sample index being read, for error messages
 
     def fetch(self, index):
@@ -155,7 +156,7 @@ class _MapFetcher:
         if self.native_batch is not None:
             # A native dataset reads and collates the whole batch in C.
             self.position = index
-            batch = self.native_batch(index)
+            batch = self.native_batch(index, epoch=self.epoch)
             self.position = None
             return batch
         getitems = getattr(self.dataset, "__getitems__", None)
@@ -202,11 +203,11 @@ class _IterableFetcher:
         return self.collate_fn(data)
 
 
-def make_fetcher(plan, stop_flag):
+def make_fetcher(plan, stop_flag, epoch=0):
     if plan.iterable:
         return _IterableFetcher(plan.dataset, plan.auto_collation, plan.collate_fn, plan.drop_last)
     return _MapFetcher(plan.dataset, plan.auto_collation, plan.collate_fn, stop_flag,
-                       plan.native_batch)
+                       plan.native_batch, epoch)
 
 
 class _Stopped(Exception):
@@ -271,7 +272,7 @@ class Worker:
             if epoch != self.epoch or self.fetcher is None:
                 # A new epoch on persistent workers: a fresh pass over the data.
                 self.epoch = epoch
-                self.fetcher = make_fetcher(self.plan, self.stop_flag)
+                self.fetcher = make_fetcher(self.plan, self.stop_flag, epoch)
             return _C.JOB_DONE, self.fetcher.fetch(index)
         except _Stopped:
             return _C.JOB_SKIPPED, None

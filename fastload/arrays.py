@@ -152,8 +152,9 @@ class ArrayDataset:
     def _gather(self, indices, pool, convert):
         return _C.gather(self.arrays, self._mapped, _index_array(indices), pool, convert)
 
-    def _native_batch(self, indices, pool, convert):
-        """The loader's batch path: the collated batch, in a slot of `pool`."""
+    def _native_batch(self, indices, pool, convert, seed, epoch):
+        """The loader's batch path: the collated batch, in a slot of `pool`
+        (the random key is unused: rows are rows)."""
         return self._gather(indices, pool, convert)
 
     def __repr__(self):
@@ -246,7 +247,7 @@ class TokenDataset:
         return _C.gather_windows(self.tokens, self._mapped, self.stride, self.block_size,
                                  _index_array(indices), pool, convert)
 
-    def _native_batch(self, indices, pool, convert):
+    def _native_batch(self, indices, pool, convert, seed, epoch):
         """The loader's batch path: [x, y] in a slot of `pool`."""
         return self._gather(indices, pool, convert)
 

@@ -320,10 +320,15 @@ class _BaseIter:
                 "pinned memory won't be used.",
                 stacklevel=3,
             )
-        self._native_batch = _native_batch(self, loader)
+        native = _native_batch(self)
+        self._native_batch = native  # bound to its pool and seed below
         # torch's order: the sampler iterator, then the base seed.
         self._sampler_iter = self._index_iter()
         self._base_seed = draw_seed(loader.generator)
+        if native is not None:
+            self._native_batch = functools.partial(
+                native, pool=loader._slot_pool, convert=self._collate_fn.to_output,
+                seed=self._base_seed)
         self._num_yielded = 0
 
     def __iter__(self):
@@ -392,7 +397,7 @@ class _SingleThreadIter(_BaseIter):
         return self._fetcher.fetch(index)
 
 
-def _native_batch(it, loader):
+def _native_batch(it):
     """A native dataset's batch function, when the loader collates with the
     default rules (which the native path reproduces)."""
     native = getattr(it._dataset, "_native_batch", None)
@@ -400,7 +405,7 @@ def _native_batch(it, loader):
         return None
     if not isinstance(it._collate_fn, _SlotCollate):
         return None
-    return functools.partial(native, pool=loader._slot_pool, convert=it._collate_fn.to_output)
+    return native
 
 
 def _fetch_plan(it, loader, num_workers):

@@ -1,0 +1,198 @@
+"""Image datasets decoded in C: ImageFolder and ImageFiles.
+
+``ImageFolder`` follows torchvision's: the classes are the sorted names of
+``root``'s sub-folders, ``class_to_idx`` maps them to indices, and sample i
+is ``(image, class_index)``.  Paths are stored compactly (one bytes blob
+and an offset array), not as a list of tuples that every worker copies;
+``samples`` is a read-only sequence view over them.
+
+Given a ``fastload.transforms.Compose`` whose output size is fixed, a
+DataLoader with the default collate decodes whole batches in C; any other
+callable runs in Python on the image decoded in C (an HWC uint8 NumPy
+array).
+"""
+
+import os
+
+import numpy as np
+
+from . import _C
+from ._random import draw_seed
+from .transforms import Compose, compile_plan
+
+__all__ = ["DecodeError", "ImageFiles", "ImageFolder", "IMG_EXTENSIONS"]
+
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+PILLOW_MAX_PIXELS = 178_956_970  # Pillow's decompression-bomb limit
+
+
+class DecodeError(OSError):
+    """A sample's file is not an image fastload can decode (corrupt,
+    truncated, not an image, too large); the message names it."""
+
+
+def _pillow_decode(path):
+    """Non-JPEG files: Pillow, with the GIL, to an HWC uint8 RGB array."""
+    from PIL import Image
+
+    with Image.open(path) as img:
+        return np.asarray(img.convert("RGB"))
+
+
+def _fallback():
+    try:
+        import PIL  # noqa: F401
+    except ImportError:
+        return None
+    return _pillow_decode
+
+
+class _Samples:
+    """``dataset.samples``: (path, class_index) pairs, built on access."""
+
+    def __init__(self, dataset):
+        self._dataset = dataset
+
+    def __len__(self):
+        return len(self._dataset)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return self._dataset.path(i), int(self._dataset._labels[i])
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+
+class ImageFiles:
+    """Images at ``paths`` with integer ``labels`` (default 0 each)."""
+
+    def __init__(self, paths, labels=None, transform=None, target_transform=None,
+                 decode="fast", on_error="raise", max_pixels=PILLOW_MAX_PIXELS):
+        paths = [os.fspath(p) for p in paths]
+        labels = np.zeros(len(paths), np.int64) if labels is None else np.asarray(labels, np.int64)
+        if labels.shape != (len(paths),):
+            raise ValueError(f"{len(paths)} paths but labels of shape {labels.shape}")
+        self._setup(paths, labels, transform, target_transform, decode, on_error, max_pixels)
+
+    def _setup(self, paths, labels, transform, target_transform, decode, on_error, max_pixels):
+        if decode not in ("fast", "exact"):
+            raise ValueError(f"decode must be 'fast' or 'exact', got {decode!r}")
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        encoded = [os.fsencode(p) for p in paths]
+        if any(b"\0" in p for p in encoded):
+            raise ValueError("a path contains a NUL byte")
+        lengths = np.fromiter((len(p) + 1 for p in encoded), np.int64, len(encoded))
+        self._offsets = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
+        self._paths = b"\0".join(encoded) + b"\0"
+        self._labels = labels
+        self.transform = transform
+        self.target_transform = target_transform
+        self.decode = decode
+        self.on_error = on_error
+        self.max_pixels = int(max_pixels)
+        self.skipped = []  # (index, path, message) of samples replaced (on_error="skip")
+        self._plan = transform.plan if isinstance(transform, Compose) else None
+        self._native = self._plan is not None and self._plan.output_shape() is not None
+        self._source = _C.ImageSource(
+            self._paths, self._offsets, self._labels,
+            self._plan.as_tuple() if self._plan is not None else None,
+            decode == "exact", self.max_pixels, on_error == "skip", _fallback(), DecodeError)
+        self._raw = _C.ImageSource(self._paths, self._offsets, self._labels, None,
+                                   decode == "exact", self.max_pixels, False, _fallback(),
+                                   DecodeError)
+
+    def __len__(self):
+        return len(self._offsets)
+
+    def path(self, index):
+        start = int(self._offsets[index])
+        end = self._paths.index(b"\0", start)
+        return os.fsdecode(self._paths[start:end])
+
+    @property
+    def samples(self):
+        return _Samples(self)
+
+    @property
+    def targets(self):
+        return self._labels.tolist()
+
+    def __getitem__(self, index):
+        index = _check_index(index, len(self))
+        target = int(self._labels[index])
+        if self._plan is not None:
+            image = self._source.sample(index, draw_seed(None), 0)
+        else:
+            image = self._raw.sample(index, 0, 0)
+            if self.transform is not None:
+                image = self.transform(image)
+        if self.target_transform is not None:
+            target = self.target_transform(target)
+        return image, target
+
+    @property
+    def _native_batch(self):
+        """The loader's batch path, when the transform is fused and fixes
+        the output size (else None: samples go through __getitem__)."""
+        if not self._native or self.target_transform is not None:
+            return None
+        return self._decode_batch
+
+    def _decode_batch(self, indices, pool, convert, seed, epoch):
+        batch, skipped = self._source.batch(indices, pool, convert, seed, epoch)
+        if skipped:
+            self.skipped.extend(skipped)  # list.extend holds the GIL: thread-safe
+        return batch
+
+
+class ImageFolder(ImageFiles):
+    """torchvision's ImageFolder, decoded in C."""
+
+    def __init__(self, root, transform=None, target_transform=None, extensions=None,
+                 is_valid_file=None, decode="fast", on_error="raise",
+                 max_pixels=PILLOW_MAX_PIXELS, allow_empty=False):
+        self.root = os.fspath(root)
+        if extensions is not None and is_valid_file is not None:
+            raise ValueError("Both extensions and is_valid_file cannot be None or not None "
+                             "at the same time")
+        self.classes, self.class_to_idx = self.find_classes(self.root)
+        if extensions is None and is_valid_file is None:
+            extensions = IMG_EXTENSIONS
+        exts = tuple(e.lower() for e in extensions) if extensions is not None else None
+        paths, labels = [], []
+        for name in self.classes:
+            found = []
+            for dirpath, _, files in os.walk(os.path.join(self.root, name), followlinks=True):
+                for f in files:
+                    full = os.path.join(dirpath, f)
+                    ok = (f.lower().endswith(exts) if exts is not None else is_valid_file(full))
+                    if ok:
+                        found.append(full)
+            found.sort()
+            if not found and not allow_empty:
+                msg = f"Found no valid file for the classes {name}. "
+                if extensions is not None:
+                    msg += f"Supported extensions are: {', '.join(extensions)}"
+                raise FileNotFoundError(msg)
+            paths.extend(found)
+            labels.extend([self.class_to_idx[name]] * len(found))
+        self.extensions = extensions
+        self._setup(paths, np.asarray(labels, np.int64), transform, target_transform, decode,
+                    on_error, max_pixels)
+
+    @staticmethod
+    def find_classes(directory):
+        classes = sorted(e.name for e in os.scandir(directory) if e.is_dir())
+        if not classes:
+            raise FileNotFoundError(f"Couldn't find any class folder in {directory}.")
+        return classes, {name: i for i, name in enumerate(classes)}
+
+
+def _check_index(index, length):
+    i = index.__index__()
+    if not -length <= i < length:
+        raise IndexError(f"index {i} is out of range for a dataset of {length} samples")
+    return i + length if i < 0 else i

@@ -1,0 +1,347 @@
+"""Image transforms with torchvision's names and arguments, run in C.
+
+A ``Compose`` of these, given to a fastload image dataset, compiles into one
+fused operation per sample: pick the crop box, decode only that region of
+the JPEG (scaled down in the DCT domain when the box is much larger than
+the output), resample to the output size, flip, convert and normalise,
+writing straight into the sample's row of the batch buffer.
+
+The chain must read as torchvision's usual pipelines do::
+
+    [RandomResizedCrop | Resize [CenterCrop] | CenterCrop]
+    [RandomHorizontalFlip]
+    [ToTensor | PILToTensor [ConvertImageDtype]]
+    [Normalize]
+
+Randomness (the crop box, the flip) comes from a counter-based generator
+keyed by (seed, epoch, sample index): the loader's generator fixes the seed,
+and the output is the same for any ``num_workers``.  Called directly on an
+image (an HWC uint8 array, or a PIL image) a transform draws its seed from
+torch's (or NumPy's) global generator, as torchvision's do.
+
+Any other callable given as a dataset's ``transform`` (a torchvision
+transform, a function) is called in the worker, with the GIL, on the image
+decoded in C.
+"""
+
+import numbers
+
+from ._random import draw_seed
+
+__all__ = [
+    "CenterCrop",
+    "Compose",
+    "ConvertImageDtype",
+    "InterpolationMode",
+    "Normalize",
+    "PILToTensor",
+    "RandomHorizontalFlip",
+    "RandomResizedCrop",
+    "Resize",
+    "ToTensor",
+]
+
+
+class InterpolationMode:
+    """torchvision's interpolation names (plain strings here)."""
+
+    NEAREST = "nearest"
+    BILINEAR = "bilinear"
+    BICUBIC = "bicubic"
+
+
+_FILTERS = {InterpolationMode.NEAREST: 0, InterpolationMode.BILINEAR: 1,
+            InterpolationMode.BICUBIC: 2}
+
+
+def _interpolation(value):
+    name = getattr(value, "value", value)  # torchvision's enum, or a string
+    if name not in _FILTERS:
+        raise ValueError(f"interpolation {value!r} is not one of {sorted(_FILTERS)}")
+    return name
+
+
+def _size_pair(size, name):
+    """An int or a 1- or 2-sequence, as torchvision takes it: (height, width)."""
+    if isinstance(size, numbers.Integral):
+        pair = (int(size), int(size))
+    elif isinstance(size, (tuple, list)) and len(size) in (1, 2):
+        pair = (int(size[0]), int(size[-1]))
+    else:
+        raise ValueError(f"{name}: size must be an int or a sequence of 1 or 2 ints, got {size!r}")
+    if min(pair) < 1:
+        raise ValueError(f"{name}: size must be positive, got {size!r}")
+    return pair
+
+
+class RandomResizedCrop:
+    """A random box of ``scale`` of the area and ``ratio`` aspect, resized to
+    ``size`` (torchvision's get_params rules)."""
+
+    def __init__(self, size, scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3.0),
+                 interpolation=InterpolationMode.BILINEAR, antialias=True):
+        self.size = _size_pair(size, "RandomResizedCrop")
+        if scale[0] > scale[1] or ratio[0] > ratio[1]:
+            raise ValueError("RandomResizedCrop: scale and ratio should be of kind (min, max)")
+        if not 0 < scale[0] or not 0 < ratio[0]:
+            raise ValueError("RandomResizedCrop: scale and ratio must be positive")
+        self.scale = (float(scale[0]), float(scale[1]))
+        self.ratio = (float(ratio[0]), float(ratio[1]))
+        self.interpolation = _interpolation(interpolation)
+        self.antialias = bool(antialias)
+
+    def __repr__(self):
+        return (f"RandomResizedCrop(size={self.size}, scale={self.scale}, ratio={self.ratio}, "
+                f"interpolation={self.interpolation}, antialias={self.antialias})")
+
+
+class Resize:
+    """An int size resizes the short side (the long side keeps the aspect,
+    capped by ``max_size``); a pair is the exact (height, width)."""
+
+    def __init__(self, size, interpolation=InterpolationMode.BILINEAR, max_size=None,
+                 antialias=True):
+        if isinstance(size, (tuple, list)) and len(size) == 1:
+            size = size[0]
+        if isinstance(size, numbers.Integral):
+            if size < 1:
+                raise ValueError(f"Resize: size must be positive, got {size}")
+            self.size = int(size)
+            if max_size is not None and max_size <= size:
+                raise ValueError(f"max_size = {max_size} must be strictly greater than the "
+                                 f"requested size for the smaller edge size = {size}")
+        else:
+            if max_size is not None:
+                raise ValueError("max_size is only supported when size is an int")
+            self.size = _size_pair(size, "Resize")
+        self.max_size = max_size
+        self.interpolation = _interpolation(interpolation)
+        self.antialias = bool(antialias)
+
+    def __repr__(self):
+        return (f"Resize(size={self.size}, interpolation={self.interpolation}, "
+                f"max_size={self.max_size}, antialias={self.antialias})")
+
+
+class CenterCrop:
+    """The centred box of ``size`` (height, width)."""
+
+    def __init__(self, size):
+        self.size = _size_pair(size, "CenterCrop")
+
+    def __repr__(self):
+        return f"CenterCrop(size={self.size})"
+
+
+class RandomHorizontalFlip:
+    """Mirrors the image with probability ``p``."""
+
+    def __init__(self, p=0.5):
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"RandomHorizontalFlip: p must be in [0, 1], got {p}")
+        self.p = float(p)
+
+    def __repr__(self):
+        return f"RandomHorizontalFlip(p={self.p})"
+
+
+class ToTensor:
+    """HWC uint8 -> CHW float32 in [0, 1]."""
+
+    def __repr__(self):
+        return "ToTensor()"
+
+
+class PILToTensor:
+    """HWC uint8 -> CHW uint8."""
+
+    def __repr__(self):
+        return "PILToTensor()"
+
+
+class ConvertImageDtype:
+    """uint8 -> float32 / float16 in [0, 1] (after PILToTensor)."""
+
+    def __init__(self, dtype):
+        name = str(dtype).replace("torch.", "")
+        name = {"float": "float32", "half": "float16"}.get(name, name)
+        if name not in ("float32", "float16", "uint8"):
+            raise ValueError(f"ConvertImageDtype: unsupported dtype {dtype}")
+        self.dtype = name
+
+    def __repr__(self):
+        return f"ConvertImageDtype({self.dtype})"
+
+
+class Normalize:
+    """(x - mean) / std per channel, on float output."""
+
+    def __init__(self, mean, std, inplace=False):
+        self.mean = tuple(float(m) for m in mean)
+        self.std = tuple(float(s) for s in std)
+        if len(self.mean) not in (1, 3) or len(self.std) not in (1, 3):
+            raise ValueError("Normalize: mean and std need 1 or 3 values (RGB images)")
+        if any(s == 0 for s in self.std):
+            raise ValueError(f"std evaluated to zero after conversion to float32, leading to "
+                             f"division by zero: {self.std}")
+        self.inplace = inplace
+
+    def __repr__(self):
+        return f"Normalize(mean={list(self.mean)}, std={list(self.std)})"
+
+
+class Compose:
+    """Transforms applied in order; compiles to one fused C operation.
+
+    ``channels_last=True`` lays each image out as HWC in memory; batches
+    then are (N, C, H, W) tensors in torch's channels_last memory format.
+    """
+
+    def __init__(self, transforms, channels_last=False):
+        self.transforms = list(transforms)
+        self.channels_last = bool(channels_last)
+        self.plan = compile_plan(self.transforms, self.channels_last)
+
+    def __repr__(self):
+        body = "".join(f"\n    {t!r}" for t in self.transforms)
+        return f"Compose({body}\n)"
+
+
+_GEOMETRY = (RandomResizedCrop, Resize, CenterCrop)
+
+
+class Plan:
+    """A compiled transform chain: what the C pipeline does per sample.
+
+    Fields (all plain numbers, read by the binding):
+    ``crop``: 0 none, 1 random-resized, 2 resize-then-center-crop (either
+    part may be absent); ``out_h``/``out_w`` (0: the decoded size, only
+    without geometry); ``scale``/``ratio`` (random-resized);
+    ``resize``/``resize_hw``/``max_size`` and ``crop_hw`` (the other kind);
+    ``filter``, ``antialias``; ``flip_p``; ``dtype`` ("uint8", "float32",
+    "float16"); ``layout`` ("CHW", "HWC"); ``mul``/``add``: per channel,
+    out = value_0_255 * mul + add; ``chw_output``: the transform converts to
+    a tensor (else the output is an HWC uint8 image, as PIL would hold it).
+    """
+
+    def __init__(self):
+        self.crop = 0
+        self.out_h = self.out_w = 0
+        self.scale = (0.0, 0.0)
+        self.ratio = (0.0, 0.0)
+        self.resize = 0            # short side, or 0
+        self.resize_hw = (0, 0)    # exact (height, width), or (0, 0)
+        self.max_size = 0
+        self.crop_hw = (0, 0)
+        self.filter = _FILTERS[InterpolationMode.BILINEAR]
+        self.antialias = True
+        self.flip_p = 0.0
+        self.dtype = "uint8"
+        self.layout = "HWC"
+        self.mul = (1.0, 1.0, 1.0)
+        self.add = (0.0, 0.0, 0.0)
+        self.tensor_output = False
+
+    def as_tuple(self):
+        """The flat form the C pipeline parses."""
+        return (self.crop, self.out_h, self.out_w, self.scale[0], self.scale[1],
+                self.ratio[0], self.ratio[1], self.resize, self.resize_hw[0], self.resize_hw[1],
+                self.max_size, self.crop_hw[0], self.crop_hw[1], self.filter, int(self.antialias),
+                self.flip_p, {"uint8": 0, "float32": 1, "float16": 2}[self.dtype],
+                0 if self.layout == "CHW" else 1, *self.mul, *self.add)
+
+    def output_shape(self):
+        """(C, H, W) or (H, W, C); None when it depends on the image."""
+        if not self.out_h:
+            return None
+        return (3, self.out_h, self.out_w) if self.layout == "CHW" else (self.out_h, self.out_w, 3)
+
+
+def compile_plan(transforms, channels_last=False):
+    """Checks the chain's order and folds it into a Plan; ValueError says
+    which transform is out of place."""
+    plan = Plan()
+    stage = 0  # 0 geometry, 1 flip, 2 tensor conversion, 3 dtype, 4 normalize
+
+    def out_of_place(t):
+        raise ValueError(
+            f"fastload.transforms.Compose cannot fuse {t!r} here: the order must be "
+            "[RandomResizedCrop | Resize [CenterCrop] | CenterCrop], [RandomHorizontalFlip], "
+            "[ToTensor | PILToTensor [ConvertImageDtype]], [Normalize]")
+
+    dtype = "uint8"
+    normalize = None
+    for t in transforms:
+        if isinstance(t, _GEOMETRY):
+            if stage > 0:
+                out_of_place(t)
+            if isinstance(t, RandomResizedCrop):
+                if plan.crop != 0:
+                    out_of_place(t)
+                plan.crop = 1
+                plan.out_h, plan.out_w = t.size
+                plan.scale, plan.ratio = t.scale, t.ratio
+                plan.filter, plan.antialias = _FILTERS[t.interpolation], t.antialias
+            elif isinstance(t, Resize):
+                if plan.crop != 0:
+                    out_of_place(t)
+                plan.crop = 2
+                if isinstance(t.size, int):
+                    plan.resize, plan.max_size = t.size, t.max_size or 0
+                else:
+                    plan.resize_hw = t.size
+                    plan.out_h, plan.out_w = t.size
+                plan.filter, plan.antialias = _FILTERS[t.interpolation], t.antialias
+            else:  # CenterCrop
+                if plan.crop == 1 or plan.crop_hw != (0, 0):
+                    out_of_place(t)
+                plan.crop = 2
+                plan.crop_hw = t.size
+                plan.out_h, plan.out_w = t.size
+        elif isinstance(t, RandomHorizontalFlip):
+            if stage > 1 or plan.flip_p:
+                out_of_place(t)
+            plan.flip_p = t.p
+            stage = 1
+        elif isinstance(t, (ToTensor, PILToTensor)):
+            if stage >= 2:
+                out_of_place(t)
+            dtype = "float32" if isinstance(t, ToTensor) else "uint8"
+            plan.tensor_output = True
+            stage = 2
+        elif isinstance(t, ConvertImageDtype):
+            if stage != 2:
+                out_of_place(t)
+            if t.dtype != "uint8":
+                dtype = t.dtype
+            stage = 3
+        elif isinstance(t, Normalize):
+            if stage not in (2, 3) or dtype == "uint8":
+                raise ValueError("Normalize needs a float image: put ToTensor (or PILToTensor "
+                                 "and ConvertImageDtype) before it")
+            normalize = t
+            stage = 4
+        else:
+            raise TypeError(
+                f"{type(t).__name__} is not a fastload transform; give the dataset a plain "
+                "callable instead (it then runs in Python on the decoded image)")
+    if plan.crop == 2 and plan.resize and not plan.crop_hw[0]:
+        plan.out_h = plan.out_w = 0  # Resize(int) alone: the size depends on the image
+    plan.dtype = dtype
+    plan.layout = "HWC" if (channels_last or not plan.tensor_output) else "CHW"
+    unit = 1.0 / 255.0 if dtype != "uint8" else 1.0
+    if normalize is not None:
+        mean = normalize.mean * (3 // len(normalize.mean))
+        std = normalize.std * (3 // len(normalize.std))
+        plan.mul = tuple(unit / s for s in std)
+        plan.add = tuple(-m / s for m, s in zip(mean, std))
+    else:
+        plan.mul = (unit,) * 3
+    return plan
+
+
+def crop_seed():
+    """A seed for a transform used outside a loader: from the global RNG,
+    as torchvision's transforms draw theirs."""
+    return draw_seed(None)
+
