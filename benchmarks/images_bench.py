@@ -1,0 +1,142 @@
+"""The ImageNet-style input pipeline: fastload against torch + Pillow.
+
+    python benchmarks/images_bench.py            # 2000 generated photos
+    python benchmarks/images_bench.py --quick    # 256 photos, fewer repetitions
+
+Over a generated ImageNet-like folder (benchmarks/imagenet_like.py: photo-
+like JPEGs, short side 200-600 px, quality 75-95, mixed subsampling), at
+batch 64 with ``num_workers`` 1 and 2, interleaved in this one process:
+
+* torch: torch's DataLoader over a torchvision-equivalent ImageFolder and
+  transforms written with Pillow and torch (benchmarks/pil_pipeline.py;
+  torchvision's own when it is installed);
+* fastload: ``fastload.ImageFolder`` with ``fastload.transforms``;
+* decode-only ceiling: libjpeg-turbo full decode of the same files on the
+  same number of fastload threads, nothing else (no crop, no resize).
+
+for the training transform (RandomResizedCrop(224) + RandomHorizontalFlip +
+ToTensor + Normalize) and the validation one (Resize(256) + CenterCrop(224)
++ ToTensor + Normalize).  Ratios are of medians; every batch's shape and
+dtype are checked and its values read.  Prints Markdown on stdout.
+"""
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import time
+
+try:
+    import fastload
+except ImportError:  # run from a checkout built in place
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import fastload
+
+import numpy as np
+import torch
+
+import imagenet_like
+import pil_pipeline
+from fastload import transforms as T
+from workloads import cpu_model
+
+BATCH = 64
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+FULL = dict(images=2000, reps=3)
+QUICK = dict(images=256, reps=2)
+
+
+def log(msg):
+    sys.stderr.write(f"\r\033[2K{msg}" if sys.stderr.isatty() else f"{msg}\n")
+    sys.stderr.flush()
+
+
+def fastload_transform(kind):
+    if kind == "train":
+        ops = [T.RandomResizedCrop(224), T.RandomHorizontalFlip()]
+    else:
+        ops = [T.Resize(256), T.CenterCrop(224)]
+    return T.Compose(ops + [T.ToTensor(), T.Normalize(MEAN, STD)])
+
+
+def count_decoded(batch):
+    """The ceiling's collate: the images were decoded; keep their count."""
+    return len(batch)
+
+
+def make_loaders(root, kind, workers):
+    torch_ds = pil_pipeline.image_folder(
+        root, pil_pipeline.train_transform() if kind == "train" else pil_pipeline.val_transform())
+    return {
+        "torch": torch.utils.data.DataLoader(torch_ds, batch_size=BATCH, shuffle=True,
+                                             num_workers=workers, persistent_workers=True),
+        "fastload": fastload.DataLoader(fastload.ImageFolder(root, transform=fastload_transform(kind)),
+                                        batch_size=BATCH, shuffle=True, num_workers=workers,
+                                        persistent_workers=True),
+        "decode only": fastload.DataLoader(fastload.ImageFolder(root), batch_size=BATCH,
+                                           num_workers=workers, persistent_workers=True,
+                                           collate_fn=count_decoded),
+    }
+
+
+def epoch(loader):
+    """Images per second over one epoch; checks and reads every batch."""
+    start = time.perf_counter()
+    n = 0
+    for batch in loader:
+        if isinstance(batch, int):  # the decode-only ceiling
+            n += batch
+            continue
+        images, labels = batch
+        if tuple(images.shape[1:]) != (3, 224, 224) or images.dtype != torch.float32:
+            raise AssertionError(f"batch {tuple(images.shape)} {images.dtype}")
+        if not torch.isfinite(images.sum()):
+            raise AssertionError("non-finite values in a batch")
+        n += len(labels)
+    return n / (time.perf_counter() - start)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--data", default=os.environ.get("FASTLOAD_BENCH_DATA",
+                                                         "/tmp/fastload-bench"))
+    args = parser.parse_args()
+    sizes = QUICK if args.quick else FULL
+    root = os.path.join(args.data, f"imagenet-like-{sizes['images']}")
+    log(f"making {root} (once)")
+    imagenet_like.make_image_folder(root, n_images=sizes["images"])
+    torch.set_num_threads(1)  # the main process only consumes; workers are single-threaded
+    rows = []
+    for kind in ("train", "val"):
+        for workers in (1, 2):
+            loaders = make_loaders(root, kind, workers)
+            rates = {name: [] for name in loaders}
+            for rep in range(sizes["reps"]):
+                for name, loader in loaders.items():
+                    log(f"{kind} num_workers={workers}: {name} {rep + 1}/{sizes['reps']}")
+                    if rep == 0:
+                        epoch(loader)  # untimed: workers up, files in the page cache
+                    rates[name].append(epoch(loader))
+            med = {name: statistics.median(r) for name, r in rates.items()}
+            rows.append((kind, workers, med))
+            del loaders
+            gc.collect()
+    log("done")
+    print("## Image pipeline: fastload vs torch DataLoader + Pillow\n")
+    print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; {sizes['images']} generated JPEGs, "
+          f"batch {BATCH}, shuffled; medians of {sizes['reps']} interleaved epochs; "
+          f"torchvision: {'yes' if pil_pipeline.torchvision_or_none() else 'no (Pillow equivalent)'}.\n")
+    print("| transform | workers | torch img/s | fastload img/s | decode-only img/s "
+          "| fastload vs torch | fastload vs decode-only |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for kind, workers, med in rows:
+        print(f"| {kind} | {workers} | {med['torch']:,.0f} | {med['fastload']:,.0f} | "
+              f"{med['decode only']:,.0f} | **{med['fastload'] / med['torch']:.2f}x** | "
+              f"{med['fastload'] / med['decode only']:.2f}x |")
+
+
+if __name__ == "__main__":
+    np.seterr(all="ignore")
+    main()

@@ -1,0 +1,29 @@
+"""A smoke run of images_bench.py on a small folder: every loader of both
+transforms delivers checked batches.  The numbers come from
+``python benchmarks/images_bench.py``."""
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("PIL")
+
+import images_bench  # noqa: E402
+import imagenet_like  # noqa: E402
+
+pytestmark = [
+    pytest.mark.filterwarnings(r"ignore:This DataLoader will create \d+ worker processes"),
+    pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork"),
+]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench-images")
+    return imagenet_like.make_image_folder(str(root), n_images=2 * images_bench.BATCH + 5,
+                                           n_classes=3, processes=1)
+
+
+@pytest.mark.parametrize("kind", ["train", "val"])
+def test_every_loader_delivers_checked_batches(folder, kind):
+    for name, loader in images_bench.make_loaders(folder, kind, workers=1).items():
+        assert images_bench.epoch(loader) > 0, name
