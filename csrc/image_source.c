@@ -475,9 +475,20 @@ static PyObject *ImageSource_sample(ImageSourceObject *self, PyObject *const *ar
     fl_sample_key key = {seed, epoch, (uint64_t)index};
     fl_sample_geometry g;
     const char *path = path_of(self, index);
-    /* First the geometry (dst NULL), to size the output; then the pixels. */
-    r.status = run_jpeg(self, w, path, &key, NULL, &g, &r);
-    if (r.status == NEEDS_FALLBACK)
+    const unsigned char *data = NULL;
+    size_t size = 0;
+    /* Read the file and decide the geometry (dst NULL) without the GIL, to
+     * size the output; then decode from the same bytes, which stay in this
+     * thread's buffer until its next read. */
+    Py_BEGIN_ALLOW_THREADS
+    r.status = fl_read_file(w, path, &data, &size, &r.err, r.msg, MSG_SIZE);
+    if (r.status == FL_OK && size > 0 && !fl_is_jpeg(data, size))
+        r.status = NEEDS_FALLBACK;
+    else if (r.status == FL_OK)
+        r.status = fl_pipeline_jpeg(w, &self->plan, &key, data, size, NULL, &g, r.msg, MSG_SIZE);
+    Py_END_ALLOW_THREADS
+    int jpeg = r.status != NEEDS_FALLBACK;
+    if (!jpeg)
         r.status = run_fallback(self, w, path, &key, NULL, &g, &r);
     if (r.status != FL_OK) {
         raise_sample_error(self, &r);
@@ -494,11 +505,13 @@ static PyObject *ImageSource_sample(ImageSourceObject *self, PyObject *const *ar
     if (!arr)
         return NULL;
     void *dst = PyArray_DATA((PyArrayObject *)arr);
-    Py_BEGIN_ALLOW_THREADS
-    r.status = run_jpeg(self, w, path, &key, dst, &g, &r);
-    Py_END_ALLOW_THREADS
-    if (r.status == NEEDS_FALLBACK)
+    if (jpeg) {
+        Py_BEGIN_ALLOW_THREADS
+        r.status = fl_pipeline_jpeg(w, &self->plan, &key, data, size, dst, &g, r.msg, MSG_SIZE);
+        Py_END_ALLOW_THREADS
+    } else {
         r.status = run_fallback(self, w, path, &key, dst, &g, &r);
+    }
     if (r.status != FL_OK) {
         Py_DECREF(arr);
         raise_sample_error(self, &r);
