@@ -267,6 +267,24 @@ static void raise_sample_error(ImageSourceObject *self, const sample_result *r)
 
 /* ----------------------------------------------------------------- batch */
 
+/* After a failed sample: with on_error="skip" (and tries left), records the
+ * failure and moves r to the next index, returning 1; else returns 0 and the
+ * batch fails with r's error.  Plain C: called with or without the GIL. */
+static int skip_to_next(const ImageSourceObject *self, sample_result *r, int tries,
+                        skip_record *skips, Py_ssize_t *n_skips, Py_ssize_t capacity)
+{
+    if (!self->skip || tries + 1 >= MAX_SKIPS_PER_SAMPLE || r->status == FL_ERR_NOMEM)
+        return 0;
+    if (*n_skips < capacity) {
+        skip_record *s = &skips[(*n_skips)++];
+        s->index = r->index;
+        s->status = r->status;
+        memcpy(s->msg, r->msg, MSG_SIZE);
+    }
+    r->index = (r->index + 1) % self->length;
+    return 1;
+}
+
 static PyObject *skipped_list(ImageSourceObject *self, const skip_record *skips, Py_ssize_t n)
 {
     PyObject *list = PyList_New(n);
@@ -368,17 +386,10 @@ static PyObject *ImageSource_batch(ImageSourceObject *self, PyObject *const *arg
                                  out.data[0] + (size_t)p * row_bytes, NULL, r);
             if (r->status == FL_OK || r->status == NEEDS_FALLBACK)
                 break;
-            if (!self->skip || tries + 1 >= MAX_SKIPS_PER_SAMPLE || r->status == FL_ERR_NOMEM) {
+            if (!skip_to_next(self, r, tries, skips, &n_skips, skip_capacity)) {
                 failed = 1;
                 break;
             }
-            if (n_skips < skip_capacity) {
-                skips[n_skips].index = r->index;
-                skips[n_skips].status = r->status;
-                memcpy(skips[n_skips].msg, r->msg, MSG_SIZE);
-                n_skips++;
-            }
-            r->index = (r->index + 1) % self->length;
         }
         label_out[p] = labels[r->index];
     }
@@ -402,17 +413,10 @@ static PyObject *ImageSource_batch(ImageSourceObject *self, PyObject *const *arg
                 r->status = run_fallback(self, w, path_of(self, r->index), &key, dst, NULL, r);
             if (r->status == FL_OK)
                 break;
-            if (!self->skip || tries + 1 >= MAX_SKIPS_PER_SAMPLE || r->status == FL_ERR_NOMEM) {
+            if (!skip_to_next(self, r, tries, skips, &n_skips, skip_capacity)) {
                 failed = 1;
                 break;
             }
-            if (n_skips < skip_capacity) {
-                skips[n_skips].index = r->index;
-                skips[n_skips].status = r->status;
-                memcpy(skips[n_skips].msg, r->msg, MSG_SIZE);
-                n_skips++;
-            }
-            r->index = (r->index + 1) % self->length;
         }
         label_out[p] = labels[r->index];
     }
@@ -451,49 +455,73 @@ PyDoc_STRVAR(sample_doc,
              "One transformed sample as a fresh array (its shape may depend on the\n"
              "image when the plan does not fix it).");
 
-static PyObject *ImageSource_sample(ImageSourceObject *self, PyObject *const *args,
-                                    Py_ssize_t nargs)
+/* Parses (index, seed, epoch) for sample() and geometry(). */
+static int sample_key(ImageSourceObject *self, PyObject *const *args, Py_ssize_t nargs,
+                      const char *name, fl_sample_key *key)
 {
     if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "sample() takes 3 arguments");
-        return NULL;
+        PyErr_Format(PyExc_TypeError, "%s() takes 3 arguments", name);
+        return -1;
     }
     long long index = PyLong_AsLongLong(args[0]);
-    unsigned long long seed = PyLong_AsUnsignedLongLongMask(args[1]);
-    unsigned long long epoch = PyLong_AsUnsignedLongLongMask(args[2]);
+    key->seed = PyLong_AsUnsignedLongLongMask(args[1]);
+    key->epoch = PyLong_AsUnsignedLongLongMask(args[2]);
     if (PyErr_Occurred())
-        return NULL;
+        return -1;
     if (index < 0 || index >= self->length) {
         PyErr_Format(PyExc_IndexError, "index %lld is out of range for a dataset of %lld samples",
                      index, (long long)self->length);
-        return NULL;
+        return -1;
     }
+    key->index = (uint64_t)index;
+    return 0;
+}
+
+/* One sample's file and geometry (its crop, flip and output size).  Reads
+ * the file and header without the GIL; the bytes stay in this thread's
+ * buffer (data, size) until its next read, so the decode can follow without
+ * reading again.  *jpeg is 0 when the Pillow fallback decoded it instead.
+ * Returns 0, or -1 with the sample's error raised. */
+static int prepare_sample(ImageSourceObject *self, fl_image_worker *w, const fl_sample_key *key,
+                          fl_sample_geometry *g, const unsigned char **data, size_t *size,
+                          int *jpeg, sample_result *r)
+{
+    const char *path = path_of(self, (int64_t)key->index);
+    r->index = (int64_t)key->index;
+    Py_BEGIN_ALLOW_THREADS
+    r->status = fl_read_file(w, path, data, size, &r->err, r->msg, MSG_SIZE);
+    if (r->status == FL_OK && *size > 0 && !fl_is_jpeg(*data, *size))
+        r->status = NEEDS_FALLBACK;
+    else if (r->status == FL_OK)
+        r->status = fl_pipeline_jpeg(w, &self->plan, key, *data, *size, NULL, g, r->msg,
+                                     MSG_SIZE);
+    Py_END_ALLOW_THREADS
+    *jpeg = r->status != NEEDS_FALLBACK;
+    if (!*jpeg)
+        r->status = run_fallback(self, w, path, key, NULL, g, r);
+    if (r->status != FL_OK) {
+        raise_sample_error(self, r);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *ImageSource_sample(ImageSourceObject *self, PyObject *const *args,
+                                    Py_ssize_t nargs)
+{
+    fl_sample_key key;
+    if (sample_key(self, args, nargs, "sample", &key) < 0)
+        return NULL;
     fl_image_worker *w = fl_image_worker_get();
     if (!w)
         return PyErr_NoMemory();
-    sample_result r = {.index = index};
-    fl_sample_key key = {seed, epoch, (uint64_t)index};
+    sample_result r = {0};
     fl_sample_geometry g;
-    const char *path = path_of(self, index);
     const unsigned char *data = NULL;
     size_t size = 0;
-    /* Read the file and decide the geometry (dst NULL) without the GIL, to
-     * size the output; then decode from the same bytes, which stay in this
-     * thread's buffer until its next read. */
-    Py_BEGIN_ALLOW_THREADS
-    r.status = fl_read_file(w, path, &data, &size, &r.err, r.msg, MSG_SIZE);
-    if (r.status == FL_OK && size > 0 && !fl_is_jpeg(data, size))
-        r.status = NEEDS_FALLBACK;
-    else if (r.status == FL_OK)
-        r.status = fl_pipeline_jpeg(w, &self->plan, &key, data, size, NULL, &g, r.msg, MSG_SIZE);
-    Py_END_ALLOW_THREADS
-    int jpeg = r.status != NEEDS_FALLBACK;
-    if (!jpeg)
-        r.status = run_fallback(self, w, path, &key, NULL, &g, &r);
-    if (r.status != FL_OK) {
-        raise_sample_error(self, &r);
+    int jpeg;
+    if (prepare_sample(self, w, &key, &g, &data, &size, &jpeg, &r) < 0)
         return NULL;
-    }
     npy_intp dims[3];
     if (self->plan.layout == FL_LAYOUT_CHW) {
         dims[0] = 3, dims[1] = g.out_h, dims[2] = g.out_w;
@@ -510,7 +538,7 @@ static PyObject *ImageSource_sample(ImageSourceObject *self, PyObject *const *ar
         r.status = fl_pipeline_jpeg(w, &self->plan, &key, data, size, dst, &g, r.msg, MSG_SIZE);
         Py_END_ALLOW_THREADS
     } else {
-        r.status = run_fallback(self, w, path, &key, dst, &g, &r);
+        r.status = run_fallback(self, w, path_of(self, r.index), &key, dst, &g, &r);
     }
     if (r.status != FL_OK) {
         Py_DECREF(arr);
@@ -523,38 +551,24 @@ static PyObject *ImageSource_sample(ImageSourceObject *self, PyObject *const *ar
 PyDoc_STRVAR(geometry_doc,
              "geometry(index, seed, epoch, /)\n--\n\n"
              "The crop decided for a sample: a dict with box (x, y, w, h in source\n"
-             "pixels), flip, scale_denom, size (w, h) and out (w, h).");
+             "pixels), flip, scale_denom, hard_crop, size (w, h) and out (w, h).");
 
 static PyObject *ImageSource_geometry(ImageSourceObject *self, PyObject *const *args,
                                       Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "geometry() takes 3 arguments");
+    fl_sample_key key;
+    if (sample_key(self, args, nargs, "geometry", &key) < 0)
         return NULL;
-    }
-    long long index = PyLong_AsLongLong(args[0]);
-    unsigned long long seed = PyLong_AsUnsignedLongLongMask(args[1]);
-    unsigned long long epoch = PyLong_AsUnsignedLongLongMask(args[2]);
-    if (PyErr_Occurred())
-        return NULL;
-    if (index < 0 || index >= self->length) {
-        PyErr_Format(PyExc_IndexError, "index %lld is out of range for a dataset of %lld samples",
-                     index, (long long)self->length);
-        return NULL;
-    }
     fl_image_worker *w = fl_image_worker_get();
     if (!w)
         return PyErr_NoMemory();
-    sample_result r = {.index = index};
-    fl_sample_key key = {seed, epoch, (uint64_t)index};
+    sample_result r = {0};
     fl_sample_geometry g;
-    r.status = run_jpeg(self, w, path_of(self, index), &key, NULL, &g, &r);
-    if (r.status == NEEDS_FALLBACK)
-        r.status = run_fallback(self, w, path_of(self, index), &key, NULL, &g, &r);
-    if (r.status != FL_OK) {
-        raise_sample_error(self, &r);
+    const unsigned char *data;
+    size_t size;
+    int jpeg;
+    if (prepare_sample(self, w, &key, &g, &data, &size, &jpeg, &r) < 0)
         return NULL;
-    }
     return Py_BuildValue("{s(dddd)sNsisis(ii)s(ii)}", "box", g.box.x, g.box.y, g.box.w,
                          g.box.h, "flip", PyBool_FromLong(g.flip), "scale_denom", g.scale_denom,
                          "hard_crop", g.hard_crop, "size", g.src_w, g.src_h, "out", g.out_w,
