@@ -275,3 +275,13 @@ def test_transform_order_is_checked():
         T.Compose([T.PILToTensor(), T.Normalize(MEAN, STD)])
     with pytest.raises(TypeError, match="not a fastload transform"):
         T.Compose([lambda x: x])
+
+
+def test_truncation_is_found_even_when_the_crop_is_above_the_cut(bad_files):
+    """A region decode stops after the box's last row; the missing
+    end-of-image marker still gives the truncation away, for every box."""
+    ds = fastload.ImageFiles([bad_files["truncated"]], transform=T.Compose(
+        [T.RandomResizedCrop(16, scale=(0.01, 0.02)), T.ToTensor()]))
+    for seed in range(20):
+        with pytest.raises(fastload.DecodeError, match="truncated.jpg .*premature end"):
+            ds._source.sample(0, seed, 0)

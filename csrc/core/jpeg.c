@@ -358,12 +358,13 @@ static int decode(fl_jpeg *dec, const unsigned char *data, size_t size,
     return FL_OK;
 }
 
-int fl_jpeg_decode(fl_jpeg *dec, const unsigned char *data, size_t size,
-                   const fl_jpeg_region *region, uint64_t max_pixels, fl_pixels *out,
-                   char *msg, size_t msg_size)
+/* The checks both entry points make before libjpeg sees the bytes; points
+ * the error manager at the caller's message buffer. */
+static int check_input(fl_jpeg *dec, const unsigned char *data, size_t size, int has_out,
+                       char *msg, size_t msg_size)
 {
     set_msg(msg, msg_size, "%s", "");
-    if (!dec || !out || (!data && size > 0)) {
+    if (!dec || !has_out || (!data && size > 0)) {
         set_msg(msg, msg_size, "invalid argument");
         return FL_ERR_INVALID;
     }
@@ -377,12 +378,22 @@ int fl_jpeg_decode(fl_jpeg *dec, const unsigned char *data, size_t size,
     }
     dec->err.msg = msg;
     dec->err.msg_size = msg_size;
+    return FL_OK;
+}
+
+int fl_jpeg_decode(fl_jpeg *dec, const unsigned char *data, size_t size,
+                   const fl_jpeg_region *region, uint64_t max_pixels, fl_pixels *out,
+                   char *msg, size_t msg_size)
+{
+    int rc = check_input(dec, data, size, out != NULL, msg, msg_size);
+    if (rc != FL_OK)
+        return rc;
     if (setjmp(dec->err.escape)) {
         /* Only dec survives the jump, and it was not modified after setjmp. */
         jpeg_abort_decompress(&dec->cinfo);
         return dec->err.status;
     }
-    int rc = decode(dec, data, size, region, max_pixels, out);
+    rc = decode(dec, data, size, region, max_pixels, out);
     jpeg_abort_decompress(&dec->cinfo);
     return rc;
 }
@@ -390,21 +401,9 @@ int fl_jpeg_decode(fl_jpeg *dec, const unsigned char *data, size_t size,
 int fl_jpeg_read_header(fl_jpeg *dec, const unsigned char *data, size_t size,
                         fl_jpeg_header *out, char *msg, size_t msg_size)
 {
-    set_msg(msg, msg_size, "%s", "");
-    if (!dec || !out || (!data && size > 0)) {
-        set_msg(msg, msg_size, "invalid argument");
-        return FL_ERR_INVALID;
-    }
-    if (size == 0) {
-        set_msg(msg, msg_size, "empty input: not a JPEG file");
-        return FL_ERR_DECODE;
-    }
-    if (size > ULONG_MAX) {
-        set_msg(msg, msg_size, "input of %zu bytes is too large", size);
-        return FL_ERR_TOO_BIG;
-    }
-    dec->err.msg = msg;
-    dec->err.msg_size = msg_size;
+    int rc = check_input(dec, data, size, out != NULL, msg, msg_size);
+    if (rc != FL_OK)
+        return rc;
     if (setjmp(dec->err.escape)) {
         jpeg_abort_decompress(&dec->cinfo);
         return dec->err.status;
@@ -418,6 +417,33 @@ int fl_jpeg_read_header(fl_jpeg *dec, const unsigned char *data, size_t size,
     out->progressive = ci->progressive_mode ? 1 : 0;
     jpeg_abort_decompress(ci);
     return FL_OK;
+}
+
+int fl_jpeg_complete(const unsigned char *data, size_t size)
+{
+    /* Walk the marker segments from SOI to the first SOS. */
+    size_t pos = 2;
+    while (pos + 4 <= size) {
+        if (data[pos] != 0xFF)
+            return 0;
+        unsigned char marker = data[pos + 1];
+        if (marker == 0xFF) { /* fill byte */
+            pos++;
+            continue;
+        }
+        size_t length = ((size_t)data[pos + 2] << 8) | data[pos + 3];
+        if (marker == 0xDA) { /* SOS: entropy data follows; EOI must end it */
+            size_t scan = pos + 2 + length;
+            for (size_t i = size - 1; i > scan; i--)
+                if (data[i] == 0xD9 && data[i - 1] == 0xFF)
+                    return 1;
+            return 0;
+        }
+        if (length < 2)
+            return 0;
+        pos += 2 + length;
+    }
+    return 0;
 }
 
 int fl_jpeg_pick_scale(int crop_w, int crop_h, int out_w, int out_h)

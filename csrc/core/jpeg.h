@@ -84,6 +84,14 @@ int fl_jpeg_decode(fl_jpeg *dec, const unsigned char *data, size_t size,
                    const fl_jpeg_region *region, uint64_t max_pixels, fl_pixels *out,
                    char *msg, size_t msg_size);
 
+/* Nonzero when the JPEG in data[0 .. size) has an end-of-image marker after
+ * its first scan.  A region decode stops reading after the box's last row,
+ * so a truncated file would otherwise pass whenever the box lies above the
+ * cut; this finds the truncation in O(1) for complete files (the marker is
+ * at the end) without decoding anything.  Segments before the scan are
+ * skipped by their lengths, so an EXIF thumbnail's marker does not count. */
+int fl_jpeg_complete(const unsigned char *data, size_t size);
+
 /* The largest d in {8, 4, 2, 1} with crop_w / d >= out_w and crop_h / d >=
  * out_h, checked exactly (crop_w >= out_w * d): the most DCT-domain
  * shrinking that still leaves the resize shrinking, never enlarging.

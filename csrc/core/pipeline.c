@@ -267,6 +267,10 @@ int fl_pipeline_jpeg(fl_image_worker *w, const fl_image_plan *plan, const fl_sam
     fl_plan_geometry(plan, key, header.width, header.height, g);
     if (!dst)
         return FL_OK;
+    if (!fl_jpeg_complete(data, size)) {
+        snprintf(msg, msg_size, "premature end of JPEG data (no end-of-image marker)");
+        return FL_ERR_DECODE;
+    }
 
     /* The region to decode: the box, plus the filter's reach unless the
      * crop is hard; whole pixels inside the image. */
