@@ -12,7 +12,11 @@ batch 64 with ``num_workers`` 1 and 2, interleaved in this one process:
   torchvision's own when it is installed);
 * fastload: ``fastload.ImageFolder`` with ``fastload.transforms``;
 * decode-only ceiling: libjpeg-turbo full decode of the same files on the
-  same number of fastload threads, nothing else (no crop, no resize).
+  same number of fastload threads, nothing else (no crop, no resize);
+* DALI's CPU pipeline with the same operations and as many threads, when
+  ``nvidia.dali`` can be imported (``pip install nvidia-dali-cuda130`` runs
+  on CPU alone).  SPDL needs FFmpeg's shared libraries, which pip does not
+  provide, so it is not included.
 
 for the training transform (RandomResizedCrop(224) + RandomHorizontalFlip +
 ToTensor + Normalize) and the validation one (Resize(256) + CenterCrop(224)
@@ -65,10 +69,56 @@ def count_decoded(batch):
     return len(batch)
 
 
+def dali_or_none():
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError:
+        return None
+    return nvidia.dali
+
+
+class DaliLoader:
+    """DALI's CPU pipeline for the same transform, iterated like a loader:
+    one epoch is ceil(n / BATCH) batches, delivered as torch tensors."""
+
+    def __init__(self, root, kind, threads, n_images):
+        from nvidia.dali import fn, pipeline_def, types
+
+        mean = [255 * m for m in MEAN]
+        std = [255 * s for s in STD]
+
+        @pipeline_def(device_id=None)
+        def pipeline():
+            jpegs, labels = fn.readers.file(file_root=root, random_shuffle=True, name="Reader")
+            if kind == "train":
+                images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB,
+                                                       random_area=[0.08, 1.0],
+                                                       random_aspect_ratio=[3 / 4, 4 / 3])
+                images = fn.resize(images, resize_x=224, resize_y=224,
+                                   interp_type=types.INTERP_LINEAR, antialias=True)
+                return fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
+                                                mean=mean, std=std,
+                                                mirror=fn.random.coin_flip(probability=0.5)), labels
+            images = fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
+            images = fn.resize(images, resize_shorter=256, interp_type=types.INTERP_LINEAR,
+                               antialias=True)
+            return fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
+                                            crop=(224, 224), mean=mean, std=std), labels
+
+        self.pipe = pipeline(batch_size=BATCH, num_threads=threads, prefetch_queue_depth=2, seed=0)
+        self.pipe.build()
+        self.batches = -(-n_images // BATCH)
+
+    def __iter__(self):
+        for _ in range(self.batches):
+            images, labels = self.pipe.run()
+            yield torch.from_numpy(np.asarray(images.as_tensor())), np.asarray(labels.as_tensor())
+
+
 def make_loaders(root, kind, workers):
     torch_ds = pil_pipeline.image_folder(
         root, pil_pipeline.train_transform() if kind == "train" else pil_pipeline.val_transform())
-    return {
+    loaders = {
         "torch": torch.utils.data.DataLoader(torch_ds, batch_size=BATCH, shuffle=True,
                                              num_workers=workers, persistent_workers=True),
         "fastload": fastload.DataLoader(fastload.ImageFolder(root, transform=fastload_transform(kind)),
@@ -78,6 +128,9 @@ def make_loaders(root, kind, workers):
                                            num_workers=workers, persistent_workers=True,
                                            collate_fn=count_decoded),
     }
+    if dali_or_none() is not None:
+        loaders["DALI"] = DaliLoader(root, kind, workers, len(torch_ds))
+    return loaders
 
 
 def epoch(loader):
@@ -128,13 +181,17 @@ def main():
     print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; {sizes['images']} generated JPEGs, "
           f"batch {BATCH}, shuffled; medians of {sizes['reps']} interleaved epochs; "
           f"torchvision: {'yes' if pil_pipeline.torchvision_or_none() else 'no (Pillow equivalent)'}.\n")
+    dali = dali_or_none()
+    print(f"DALI: {dali.__version__ + ' (CPU)' if dali else 'not installed'}.\n")
     print("| transform | workers | torch img/s | fastload img/s | decode-only img/s "
-          "| fastload vs torch | fastload vs decode-only |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+          "| DALI img/s | fastload vs torch | vs decode-only | vs DALI |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for kind, workers, med in rows:
-        print(f"| {kind} | {workers} | {med['torch']:,.0f} | {med['fastload']:,.0f} | "
-              f"{med['decode only']:,.0f} | **{med['fastload'] / med['torch']:.2f}x** | "
-              f"{med['fastload'] / med['decode only']:.2f}x |")
+        fl, dali_rate = med["fastload"], med.get("DALI")
+        dali_cells = (f"{dali_rate:,.0f}", f"{fl / dali_rate:.2f}x") if dali_rate else ("n/a",) * 2
+        print(f"| {kind} | {workers} | {med['torch']:,.0f} | {fl:,.0f} | "
+              f"{med['decode only']:,.0f} | {dali_cells[0]} | **{fl / med['torch']:.2f}x** | "
+              f"{fl / med['decode only']:.2f}x | {dali_cells[1]} |")
 
 
 if __name__ == "__main__":
