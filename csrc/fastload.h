@@ -98,6 +98,7 @@ PyObject *fl__gather_windows(PyObject *module, PyObject *const *args, Py_ssize_t
 
 /* image_source.c */
 extern PyType_Spec fl__ImageSource_spec;
+PyObject *fl__transform_image(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 /* engine_type.c */
 extern PyType_Spec fl__Engine_spec;

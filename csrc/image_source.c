@@ -575,6 +575,72 @@ static PyObject *ImageSource_geometry(ImageSourceObject *self, PyObject *const *
                          g.out_h);
 }
 
+/* ------------------------------------------------- transforms on an image */
+
+PyObject *fl__transform_image(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "transform_image(plan, image, seed, max_pixels) "
+                                         "takes 4 arguments");
+        return NULL;
+    }
+    fl_image_plan plan = {0};
+    if (parse_plan(args[0], &plan) < 0)
+        return NULL;
+    PyArrayObject *image = (PyArrayObject *)args[1];
+    if (!PyArray_Check(args[1]) || PyArray_NDIM(image) != 3 || PyArray_DIM(image, 2) != 3 ||
+        PyArray_TYPE(image) != NPY_UINT8 || PyArray_STRIDE(image, 2) != 1 ||
+        PyArray_STRIDE(image, 1) != 3 || PyArray_STRIDE(image, 0) < 3 * PyArray_DIM(image, 1)) {
+        PyErr_SetString(PyExc_TypeError, "transform_image: image must be an HWC uint8 RGB array "
+                                         "with contiguous rows");
+        return NULL;
+    }
+    fl_sample_key key = {PyLong_AsUnsignedLongLongMask(args[2]), 0, 0};
+    plan.max_pixels = PyLong_AsUnsignedLongLong(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    fl_image_worker *w = fl_image_worker_get();
+    if (!w)
+        return PyErr_NoMemory();
+    const unsigned char *rgb = PyArray_DATA(image);
+    int width = (int)PyArray_DIM(image, 1), height = (int)PyArray_DIM(image, 0);
+    size_t stride = (size_t)PyArray_STRIDE(image, 0);
+    char msg[MSG_SIZE];
+    fl_sample_geometry g;
+    if (width < 1 || height < 1) {
+        PyErr_SetString(PyExc_ValueError, "transform_image: the image is empty");
+        return NULL;
+    }
+    int rc = fl_pipeline_pixels(w, &plan, &key, rgb, width, height, stride, NULL, &g, msg,
+                                MSG_SIZE);
+    if (rc != FL_OK) {
+        PyErr_Format(PyExc_ValueError, "cannot transform the image: %s", msg);
+        return NULL;
+    }
+    npy_intp dims[3];
+    if (plan.layout == FL_LAYOUT_CHW) {
+        dims[0] = 3, dims[1] = g.out_h, dims[2] = g.out_w;
+    } else {
+        dims[0] = g.out_h, dims[1] = g.out_w, dims[2] = 3;
+    }
+    PyObject *out = PyArray_NewFromDescr(&PyArray_Type, plan_descr(&plan), 3, dims, NULL, NULL, 0,
+                                         NULL);
+    if (!out)
+        return NULL;
+    void *dst = PyArray_DATA((PyArrayObject *)out);
+    /* `image` is held by the caller for the call. */
+    Py_BEGIN_ALLOW_THREADS
+    rc = fl_pipeline_pixels(w, &plan, &key, rgb, width, height, stride, dst, &g, msg, MSG_SIZE);
+    Py_END_ALLOW_THREADS
+    if (rc != FL_OK) {
+        Py_DECREF(out);
+        PyErr_Format(PyExc_ValueError, "cannot transform the image: %s", msg);
+        return NULL;
+    }
+    return out;
+}
+
 static PyMethodDef ImageSource_methods[] = {
     {"batch", (PyCFunction)(void (*)(void))ImageSource_batch, METH_FASTCALL, batch_doc},
     {"sample", (PyCFunction)(void (*)(void))ImageSource_sample, METH_FASTCALL, sample_doc},

@@ -46,6 +46,10 @@ static PyMethodDef module_methods[] = {
      "For window i (starting at token i * stride) of the 1-d `tokens`, the\n"
      "inputs tokens[s:s+block] and targets tokens[s+1:s+block+1], widened to\n"
      "int64: returns [x, y], each (len(indices), block), as gather() does."},
+    {"transform_image", (PyCFunction)(void (*)(void))fl__transform_image, METH_FASTCALL,
+     "transform_image(plan, image, seed, max_pixels, /)\n--\n\n"
+     "Runs a compiled transform plan (fastload.transforms) on an HWC uint8 RGB\n"
+     "array, its random draws keyed by `seed`; returns a fresh array."},
     {"set_tensor_type", (PyCFunction)fl__set_tensor_type, METH_O,
      "set_tensor_type(type, /)\n--\n\nRegisters torch.Tensor so collate() can read tensors."},
     {"yield_to_consumer", (PyCFunction)fl__yield_to_consumer, METH_NOARGS,

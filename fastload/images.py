@@ -125,6 +125,8 @@ class ImageFiles:
         target = int(self._labels[index])
         if self._plan is not None:
             image = self._source.sample(index, draw_seed(None), 0)
+            if self._plan.tensor_output and self._plan.layout == "HWC":
+                image = _nchw_view(image)
         else:
             image = self._raw.sample(index, 0, 0)
             if self.transform is not None:
@@ -145,6 +147,8 @@ class ImageFiles:
         batch, skipped = self._source.batch(indices, pool, convert, seed, epoch)
         if skipped:
             self.skipped.extend(skipped)  # list.extend holds the GIL: thread-safe
+        if self._plan.tensor_output and self._plan.layout == "HWC":
+            batch[0] = _nchw_view(batch[0])  # channels_last: NCHW shape over NHWC memory
         return batch
 
 
@@ -189,6 +193,13 @@ class ImageFolder(ImageFiles):
         if not classes:
             raise FileNotFoundError(f"Couldn't find any class folder in {directory}.")
         return classes, {name: i for i, name in enumerate(classes)}
+
+
+def _nchw_view(images):
+    """(..., H, W, C) memory seen as (..., C, H, W): torch's channels_last."""
+    n = images.ndim
+    order = (*range(n - 3), n - 1, n - 3, n - 2)
+    return images.permute(*order) if hasattr(images, "permute") else images.transpose(order)
 
 
 def _check_index(index, length):

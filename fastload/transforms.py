@@ -26,7 +26,11 @@ decoded in C.
 
 import numbers
 
+import numpy as np
+
+from . import _C
 from ._random import draw_seed
+from ._torch import torch
 
 __all__ = [
     "CenterCrop",
@@ -61,6 +65,32 @@ def _interpolation(value):
     return name
 
 
+PILLOW_MAX_PIXELS = 178_956_970  # Pillow's decompression-bomb limit
+
+
+def _rgb_array(image):
+    """A PIL image, or an HWC (or HW grayscale) uint8 array, as HWC RGB."""
+    if hasattr(image, "convert") and hasattr(image, "mode"):  # PIL.Image.Image
+        return np.asarray(image.convert("RGB"))
+    array = np.asarray(image)
+    if array.dtype != np.uint8:
+        raise TypeError(f"expected a PIL image or a uint8 array, got dtype {array.dtype}")
+    if array.ndim == 2:
+        array = np.repeat(array[:, :, None], 3, axis=2)
+    if array.ndim != 3 or array.shape[2] != 3:
+        raise TypeError(f"expected an HWC RGB image, got shape {array.shape}")
+    if array.strides[2] != 1 or array.strides[1] != 3:
+        array = np.ascontiguousarray(array)
+    return array
+
+
+class _Transform:
+    """Calling a transform on one image runs it alone (as Compose([t]))."""
+
+    def __call__(self, image):
+        return Compose([self])(image)
+
+
 def _size_pair(size, name):
     """An int or a 1- or 2-sequence, as torchvision takes it: (height, width)."""
     if isinstance(size, numbers.Integral):
@@ -74,7 +104,7 @@ def _size_pair(size, name):
     return pair
 
 
-class RandomResizedCrop:
+class RandomResizedCrop(_Transform):
     """A random box of ``scale`` of the area and ``ratio`` aspect, resized to
     ``size`` (torchvision's get_params rules)."""
 
@@ -95,7 +125,7 @@ class RandomResizedCrop:
                 f"interpolation={self.interpolation}, antialias={self.antialias})")
 
 
-class Resize:
+class Resize(_Transform):
     """An int size resizes the short side (the long side keeps the aspect,
     capped by ``max_size``); a pair is the exact (height, width)."""
 
@@ -123,7 +153,7 @@ class Resize:
                 f"max_size={self.max_size}, antialias={self.antialias})")
 
 
-class CenterCrop:
+class CenterCrop(_Transform):
     """The centred box of ``size`` (height, width)."""
 
     def __init__(self, size):
@@ -133,7 +163,7 @@ class CenterCrop:
         return f"CenterCrop(size={self.size})"
 
 
-class RandomHorizontalFlip:
+class RandomHorizontalFlip(_Transform):
     """Mirrors the image with probability ``p``."""
 
     def __init__(self, p=0.5):
@@ -145,21 +175,21 @@ class RandomHorizontalFlip:
         return f"RandomHorizontalFlip(p={self.p})"
 
 
-class ToTensor:
+class ToTensor(_Transform):
     """HWC uint8 -> CHW float32 in [0, 1]."""
 
     def __repr__(self):
         return "ToTensor()"
 
 
-class PILToTensor:
+class PILToTensor(_Transform):
     """HWC uint8 -> CHW uint8."""
 
     def __repr__(self):
         return "PILToTensor()"
 
 
-class ConvertImageDtype:
+class ConvertImageDtype(_Transform):
     """uint8 -> float32 / float16 in [0, 1] (after PILToTensor)."""
 
     def __init__(self, dtype):
@@ -173,7 +203,7 @@ class ConvertImageDtype:
         return f"ConvertImageDtype({self.dtype})"
 
 
-class Normalize:
+class Normalize(_Transform):
     """(x - mean) / std per channel, on float output."""
 
     def __init__(self, mean, std, inplace=False):
@@ -201,6 +231,21 @@ class Compose:
         self.transforms = list(transforms)
         self.channels_last = bool(channels_last)
         self.plan = compile_plan(self.transforms, self.channels_last)
+
+    def __call__(self, image):
+        """Transforms one image (PIL, or an HWC uint8 array): a torch tensor
+        when the chain converts to a tensor and torch is installed, else a
+        NumPy array (HWC uint8 when there is no tensor conversion, where
+        torchvision would return a PIL image).  The random draws come from
+        a seed taken from the global RNG."""
+        out = _C.transform_image(self.plan.as_tuple(), _rgb_array(image), crop_seed(),
+                                 PILLOW_MAX_PIXELS)
+        if self.plan.tensor_output:
+            if torch is not None:
+                out = torch.from_numpy(out)
+            if self.channels_last:
+                out = out.permute(2, 0, 1) if torch is not None else out.transpose(2, 0, 1)
+        return out
 
     def __repr__(self):
         body = "".join(f"\n    {t!r}" for t in self.transforms)

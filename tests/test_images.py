@@ -135,7 +135,9 @@ def test_output_layouts_and_dtypes(test_images):
     norm = fastload.ImageFiles([path], transform=T.Compose(
         base + [T.ToTensor(), T.Normalize(MEAN, STD)]))[0][0]
     assert chw.shape == (3, 32, 32) and chw.dtype == np.float32
-    np.testing.assert_allclose(hwc, chw.transpose(1, 2, 0), atol=1e-6)
+    # channels_last: the same (C, H, W) values over HWC memory
+    assert hwc.shape == chw.shape and hwc.base is not None and hwc.base.shape == (32, 32, 3)
+    np.testing.assert_allclose(hwc, chw, atol=1e-6)
     assert u8.dtype == np.uint8 and np.abs(u8 / 255.0 - chw).max() <= 0.5 / 255 + 1e-6
     assert f16.dtype == np.float16 and np.abs(f16 - chw).max() < 1e-3
     expected = (chw - np.array(MEAN)[:, None, None]) / np.array(STD)[:, None, None]
@@ -285,3 +287,35 @@ def test_truncation_is_found_even_when_the_crop_is_above_the_cut(bad_files):
     for seed in range(20):
         with pytest.raises(fastload.DecodeError, match="truncated.jpg .*premature end"):
             ds._source.sample(0, seed, 0)
+
+
+def test_channels_last_batches_are_nchw_views(folder):
+    torch = pytest.importorskip("torch")
+    tf = T.Compose([T.Resize(40), T.CenterCrop(32), T.ToTensor()], channels_last=True)
+    images, _ = next(iter(fastload.DataLoader(fastload.ImageFolder(folder, transform=tf),
+                                              batch_size=4)))
+    assert images.shape == (4, 3, 32, 32)
+    assert images.is_contiguous(memory_format=torch.channels_last)
+    plain = fastload.ImageFolder(folder, transform=T.Compose([T.Resize(40), T.CenterCrop(32),
+                                                              T.ToTensor()]))
+    reference, _ = next(iter(fastload.DataLoader(plain, batch_size=4)))
+    assert torch.equal(images, reference)
+
+
+def test_transforms_called_on_an_image(test_images):
+    torch = pytest.importorskip("torch")
+    path = next(p for p, d in test_images if d.startswith("641x479"))
+    with Image.open(path) as img:
+        img.load()
+        tf = T.Compose([T.Resize(72), T.CenterCrop(64), T.ToTensor()])
+        out = tf(img)
+        assert isinstance(out, torch.Tensor) and out.shape == (3, 64, 64)
+        ds = fastload.ImageFiles([path], transform=tf, decode="exact")
+        geometry = ds._source.geometry(0, 0, 0)
+        assert psnr(out.numpy().transpose(1, 2, 0), pil_reference(path, geometry)) >= 38
+        assert T.RandomResizedCrop(32)(img).shape == (32, 32, 3)  # HWC uint8, no tensor step
+        assert T.PILToTensor()(np.asarray(img)).dtype == torch.uint8
+        gray = T.Compose([T.CenterCrop(8), T.ToTensor()])(np.zeros((10, 10), np.uint8))
+        assert gray.shape == (3, 8, 8)
+    with pytest.raises(TypeError, match="uint8"):
+        T.ToTensor()(np.zeros((4, 4, 3), np.float32))
