@@ -85,7 +85,8 @@ class ImageFiles:
         if any(b"\0" in p for p in encoded):
             raise ValueError("a path contains a NUL byte")
         lengths = np.fromiter((len(p) + 1 for p in encoded), np.int64, len(encoded))
-        self._offsets = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
+        self._offsets = np.zeros(len(encoded), np.int64)
+        self._offsets[1:] = np.cumsum(lengths)[:-1]
         self._paths = b"\0".join(encoded) + b"\0"
         self._labels = labels
         self.transform = transform
@@ -166,23 +167,25 @@ class ImageFolder(ImageFiles):
         if extensions is None and is_valid_file is None:
             extensions = IMG_EXTENSIONS
         exts = tuple(e.lower() for e in extensions) if extensions is not None else None
-        paths, labels = [], []
+        paths, labels, empty = [], [], []
+        # torchvision's order: classes sorted; in each, the folders of
+        # os.walk sorted by path, and the files of each folder sorted.
         for name in self.classes:
-            found = []
-            for dirpath, _, files in os.walk(os.path.join(self.root, name), followlinks=True):
-                for f in files:
+            before = len(paths)
+            walk = sorted(os.walk(os.path.join(self.root, name), followlinks=True))
+            for dirpath, _, files in walk:
+                for f in sorted(files):
                     full = os.path.join(dirpath, f)
-                    ok = (f.lower().endswith(exts) if exts is not None else is_valid_file(full))
-                    if ok:
-                        found.append(full)
-            found.sort()
-            if not found and not allow_empty:
-                msg = f"Found no valid file for the classes {name}. "
-                if extensions is not None:
-                    msg += f"Supported extensions are: {', '.join(extensions)}"
-                raise FileNotFoundError(msg)
-            paths.extend(found)
-            labels.extend([self.class_to_idx[name]] * len(found))
+                    if f.lower().endswith(exts) if exts is not None else is_valid_file(full):
+                        paths.append(full)
+            labels.extend([self.class_to_idx[name]] * (len(paths) - before))
+            if len(paths) == before:
+                empty.append(name)
+        if empty and not allow_empty:
+            msg = f"Found no valid file for the classes {', '.join(sorted(empty))}. "
+            if extensions is not None:
+                msg += f"Supported extensions are: {', '.join(extensions)}"
+            raise FileNotFoundError(msg)
         self.extensions = extensions
         self._setup(paths, np.asarray(labels, np.int64), transform, target_transform, decode,
                     on_error, max_pixels)

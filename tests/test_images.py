@@ -81,6 +81,17 @@ def test_folder_follows_torchvision_rules(folder):
     assert len(ours) == len(theirs) == 60
 
 
+def test_nested_folders_in_torchvision_order(tmp_path):
+    for rel in ["a/z.jpg", "a/sub/x.jpg", "a/sub/deeper/y.JPG", "a/b.png", "b/k.jpeg",
+                "b/notes.txt", "c/q.jpg"]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"")
+    ours = fastload.ImageFolder(tmp_path)
+    classes, class_to_idx = pil_pipeline.find_classes(str(tmp_path))
+    assert ours.classes == classes
+    assert list(ours.samples) == pil_pipeline.make_dataset(str(tmp_path), class_to_idx)
+
+
 def test_folder_filters_and_errors(tmp_path):
     for name in ("b", "a"):
         (tmp_path / name).mkdir()
@@ -94,8 +105,10 @@ def test_folder_filters_and_errors(tmp_path):
     assert len(ds) == 4
     with pytest.raises(ValueError, match="Both extensions and is_valid_file"):
         fastload.ImageFolder(tmp_path, extensions=(".jpg",), is_valid_file=lambda p: True)
-    with pytest.raises(FileNotFoundError, match="Found no valid file for the classes a"):
+    with pytest.raises(FileNotFoundError, match="Found no valid file for the classes a, b. "
+                                                "Supported extensions are: .png"):
         fastload.ImageFolder(tmp_path, extensions=(".png",))
+    assert len(fastload.ImageFolder(tmp_path, extensions=(".png",), allow_empty=True)) == 0
     with pytest.raises(FileNotFoundError, match="Couldn't find any class folder"):
         fastload.ImageFolder(tmp_path / "a")
 
