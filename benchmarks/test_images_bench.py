@@ -27,3 +27,12 @@ def folder(tmp_path_factory):
 def test_every_loader_delivers_checked_batches(folder, kind):
     for name, loader in images_bench.make_loaders(folder, kind, workers=1).items():
         assert images_bench.epoch(loader) > 0, name
+
+
+def test_scan_benchmark_builds_the_same_dataset(tmp_path):
+    import scan_bench
+
+    root = scan_bench.make_files(str(tmp_path), 50, n_classes=7)
+    built = {name: build(root) for name, build in scan_bench.BUILDERS.items()}
+    assert list(built["fastload"].samples) == list(built["torchvision rules"].samples)
+    assert len(built["fastload"]) == 50

@@ -81,13 +81,14 @@ class ImageFiles:
             raise ValueError(f"decode must be 'fast' or 'exact', got {decode!r}")
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-        encoded = [os.fsencode(p) for p in paths]
-        if any(b"\0" in p for p in encoded):
+        encoded = [p if isinstance(p, bytes) else os.fsencode(p) for p in paths]
+        blob = b"\0".join(encoded) + b"\0"
+        if blob.count(b"\0") != (len(encoded) or 1):  # one terminator a path
             raise ValueError("a path contains a NUL byte")
-        lengths = np.fromiter((len(p) + 1 for p in encoded), np.int64, len(encoded))
+        lengths = np.fromiter(map(len, encoded), np.int64, len(encoded)) + 1
         self._offsets = np.zeros(len(encoded), np.int64)
         self._offsets[1:] = np.cumsum(lengths)[:-1]
-        self._paths = b"\0".join(encoded) + b"\0"
+        self._paths = blob
         self._labels = labels
         self.transform = transform
         self.target_transform = target_transform
@@ -166,18 +167,23 @@ class ImageFolder(ImageFiles):
         self.classes, self.class_to_idx = self.find_classes(self.root)
         if extensions is None and is_valid_file is None:
             extensions = IMG_EXTENSIONS
-        exts = tuple(e.lower() for e in extensions) if extensions is not None else None
+        exts = (tuple(os.fsencode(e.lower()) for e in extensions)
+                if extensions is not None else None)
         paths, labels, empty = [], [], []
         # torchvision's order: classes sorted; in each, the folders of
         # os.walk sorted by path, and the files of each folder sorted.
+        # Walking with bytes paths spares an encoding per file.
         for name in self.classes:
             before = len(paths)
-            walk = sorted(os.walk(os.path.join(self.root, name), followlinks=True))
+            walk = sorted(os.walk(os.fsencode(os.path.join(self.root, name)), followlinks=True))
             for dirpath, _, files in walk:
+                prefix = dirpath + b"/"
                 for f in sorted(files):
-                    full = os.path.join(dirpath, f)
-                    if f.lower().endswith(exts) if exts is not None else is_valid_file(full):
-                        paths.append(full)
+                    if exts is not None:
+                        if f.lower().endswith(exts):
+                            paths.append(prefix + f)
+                    elif is_valid_file(os.fsdecode(prefix + f)):
+                        paths.append(prefix + f)
             labels.extend([self.class_to_idx[name]] * (len(paths) - before))
             if len(paths) == before:
                 empty.append(name)

@@ -332,3 +332,16 @@ def test_transforms_called_on_an_image(test_images):
         assert gray.shape == (3, 8, 8)
     with pytest.raises(TypeError, match="uint8"):
         T.ToTensor()(np.zeros((4, 4, 3), np.float32))
+
+
+def test_image_files_arguments():
+    with pytest.raises(ValueError, match="NUL byte"):
+        fastload.ImageFiles(["a\0b.jpg"])
+    with pytest.raises(ValueError, match="2 paths but labels of shape"):
+        fastload.ImageFiles(["a.jpg", "b.jpg"], labels=[1])
+    with pytest.raises(ValueError, match="decode must be"):
+        fastload.ImageFiles(["a.jpg"], decode="slow")
+    with pytest.raises(ValueError, match="on_error must be"):
+        fastload.ImageFiles(["a.jpg"], on_error="ignore")
+    ds = fastload.ImageFiles([b"/x/a.jpg", "/x/b.jpg"], labels=[3, 4])
+    assert list(ds.samples) == [("/x/a.jpg", 3), ("/x/b.jpg", 4)] and ds.targets == [3, 4]
