@@ -27,18 +27,19 @@
 #include <stdarg.h>
 #include <stdio.h> /* jpeglib.h needs FILE and size_t */
 #include <stdlib.h>
-#include <string.h>
 
 #include <jpeglib.h>
 #include <jerror.h>
 
 /* Pixels of context kept on each side of the box, at the decoded scale,
  * beyond what the box needs.  jpeg_crop_scanline treats the crop's left and
- * right edges as image edges, and fancy (triangle) chroma upsampling there
- * replicates the edge chroma sample instead of blending in its neighbour;
- * the 2x upsamplers are wrong in at most the outermost pixel on each side.
- * Two pixels keep those inexact columns out of the box and out of a
- * bilinear filter's reach at the box edge. */
+ * right edges as image edges: fancy (triangle) chroma upsampling there
+ * replicates the edge chroma sample instead of blending in its neighbour,
+ * which makes the outermost pixel on each side differ from a whole-image
+ * decode, and a crop under two chroma samples wide falls back to plain
+ * replication altogether.  Two pixels on each side avoid both, so the
+ * pixels inside the box are exactly those of a whole-image decode (tests/c
+ * checks this for every sampling and scale). */
 #define EDGE_MARGIN 2
 
 /* Progressive files may hold any number of scans, and each costs a pass
@@ -232,14 +233,19 @@ static int ceil_div(int a, int b)
 
 /* Skips rows at the top of the output.  jpeg_skip_scanlines does the work
  * without colour conversion (and, for single-scan images, without the
- * inverse DCT of whole iMCU rows). */
+ * inverse DCT of whole iMCU rows).  We call it once, from row 0, which is
+ * the case its known bugs spare (libjpeg-turbo #915 needs a skip starting
+ * inside a row group); releases before 2.0.6 had worse ones (segfaults and
+ * hangs with some upsampling and progressive combinations), so there the
+ * rows are read and dropped instead. */
 static void skip_rows(fl_jpeg *dec, JDIMENSION n)
 {
     j_decompress_ptr ci = &dec->cinfo;
     JDIMENSION target = ci->output_scanline + n;
+#if defined(LIBJPEG_TURBO_VERSION_NUMBER) && LIBJPEG_TURBO_VERSION_NUMBER >= 2000006
     jpeg_skip_scanlines(ci, n);
-    /* jpeg_skip_scanlines reads and discards rows itself where it must; if
-     * it ever stops short, finish by reading. */
+#endif
+    /* Whatever is left (everything, on old releases) is read and dropped. */
     while (ci->output_scanline < target) {
         JSAMPROW row = dec->row;
         if (jpeg_read_scanlines(ci, &row, 1) != 1)

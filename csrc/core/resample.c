@@ -1,19 +1,29 @@
 /* fastload core: see resample.h.
  *
  * A call builds one coefficient table per axis (in double, as Pillow does,
- * stored as float), then produces the output row by row.  Each output row
- * needs a window of source rows; every source row entering a window is
- * filtered horizontally once, into a ring of float rows that holds exactly
- * one window, so the intermediate image never exists in full and the ring
- * stays in cache whatever the image size.  The vertical filter over the ring
- * gives the output row in float, and one last loop clips, scales, offsets,
- * converts and stores it in the requested layout.
+ * stored as float), then produces the output row by row, in one of the two
+ * orders Pillow uses (see vertical_first):
+ *
+ * - Horizontal first.  Each output row needs a window of source rows; every
+ *   source row entering a window is filtered horizontally once, into a ring
+ *   of float rows that holds exactly one window, so the intermediate image
+ *   never exists in full and the ring stays in cache whatever the image
+ *   size.  The vertical filter over the ring gives the output row.
+ * - Vertical first.  Each output row's window of source rows is filtered
+ *   vertically into one float row, which the horizontal filter turns into
+ *   the output row.
+ *
+ * Either way one last loop clips, scales, offsets, converts and stores the
+ * row in the requested layout.  Intermediate values stay in float: only the
+ * clipping of Pillow's 8-bit intermediate image is reproduced, not its
+ * rounding, hence results within one level of Pillow's.
  *
  * Every window of an axis has the same number of taps (short windows at the
  * image edges are moved inwards and padded with zero weights), so the inner
- * loops have no per-pixel branches.  Pixels are filtered horizontally as
- * four floats (R, G, B and a zero), which gcc turns into one SSE operation
- * per tap; the vertical filter runs over contiguous planes.
+ * loops have no per-pixel branches, and the hot loops are compiled once per
+ * tap count so that gcc unrolls and vectorises them: a horizontal tap is
+ * one 4-float SSE/NEON operation on R, G, B and a spare lane, a vertical
+ * one runs over contiguous floats or bytes.
  */
 #include "resample.h"
 
@@ -22,7 +32,6 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 /* ------------------------------------------------------------------------ */
 /* Scratch                                                                  */
@@ -41,7 +50,7 @@ enum {
     BUF_PIXELS, /* float[3 * src_w + 1]: one source row */
     BUF_RING,   /* float[taps_y * 4 * out_w]: horizontally filtered rows, RGB0 */
     BUF_ACC,    /* float[4 * out_w]: one output row before conversion */
-    BUF_ROWS,   /* const float *[taps_y]: the ring rows of one window */
+    BUF_ROWS,   /* taps_y pointers: the rows of one vertical window */
     BUF_COUNT
 };
 
@@ -359,6 +368,37 @@ static void filter_column(const float *const *rows, const float *weights, int ta
     }
 }
 
+/* The vertical pass straight from the source (the vertical-first order):
+ * px[j] = sum over t of weights[t] * rows[t][j] for samples j = lo .. hi - 1,
+ * clipped like an 8-bit intermediate when `clip`, then the zero after the
+ * row that filter_row expects. */
+FL_INLINE void vertical_row_body(const unsigned char *const *restrict rows,
+                                 const float *restrict weights, int taps, size_t lo, size_t hi,
+                                 int clip, float *restrict px)
+{
+    for (size_t j = lo; j < hi; j++) {
+        float s = 0.0f;
+        for (int t = 0; t < taps; t++)
+            s += weights[t] * rows[t][j];
+        px[j] = clip ? clip255(s) : s;
+    }
+    px[hi] = 0.0f;
+}
+
+static void vertical_row(const unsigned char *const *rows, const float *weights, int taps,
+                         size_t lo, size_t hi, int clip, float *px)
+{
+    switch (taps * 2 + !!clip) {
+#define FL_TAPS_CASE(k)                                                                        \
+    case 2 * k: vertical_row_body(rows, weights, k, lo, hi, 0, px); break;                     \
+    case 2 * k + 1: vertical_row_body(rows, weights, k, lo, hi, 1, px); break;
+    FL_TAPS_CASE(1) FL_TAPS_CASE(2) FL_TAPS_CASE(3) FL_TAPS_CASE(4)
+    FL_TAPS_CASE(5) FL_TAPS_CASE(6) FL_TAPS_CASE(7) FL_TAPS_CASE(8)
+#undef FL_TAPS_CASE
+    default: vertical_row_body(rows, weights, taps, lo, hi, clip, px); break;
+    }
+}
+
 /* ------------------------------------------------------------------------ */
 /* Output conversion                                                        */
 
@@ -506,6 +546,18 @@ static int valid_target(const fl_resample_target *t)
     return 1;
 }
 
+/* Which pass runs first.  The order matters only through the clipping of
+ * the intermediate values (filters with negative lobes) and, in Pillow,
+ * their rounding to 8 bits; following Pillow keeps bicubic results within
+ * one level of it.  Pillow 13 resizes vertically first when the height
+ * shrinks by more than twice what the width does (python-pillow/Pillow
+ * #9549); earlier versions always go horizontally first.  The rule looks at
+ * the source image's size, not the box's, as Pillow's does. */
+static int vertical_first(int src_w, int src_h, int out_w, int out_h)
+{
+    return out_h < src_h && (long long)src_h - out_h > 2 * ((long long)src_w - out_w);
+}
+
 /* The box may overshoot the image by a rounding error; a real overshoot is
  * refused, as Pillow refuses it. */
 #define BOX_SLACK 1e-6
@@ -528,8 +580,9 @@ int fl_resample(const unsigned char *src, int src_w, int src_h, size_t src_strid
     fl_axis ay = plan_axis(src_h, box_y, box_h, out_h, t->filter, t->antialias);
     int taps_x = axis_taps(&ax), taps_y = axis_taps(&ay);
 
+    int vfirst = vertical_first(src_w, src_h, out_w, out_h);
     fl_buf *b = scratch->bufs;
-    size_t ring_row = (size_t)4 * out_w; /* floats in one ring slot */
+    size_t ring_row = (size_t)4 * out_w; /* floats in one output-width row */
     int rc;
     if ((rc = reserve(&b[BUF_XFIRST], sizeof(int) * (size_t)out_w)) != FL_OK ||
         (rc = reserve(&b[BUF_XW], sizeof(float) * (size_t)out_w * taps_x)) != FL_OK ||
@@ -537,9 +590,9 @@ int fl_resample(const unsigned char *src, int src_w, int src_h, size_t src_strid
         (rc = reserve(&b[BUF_YFIRST], sizeof(int) * (size_t)out_h)) != FL_OK ||
         (rc = reserve(&b[BUF_YW], sizeof(float) * (size_t)out_h * taps_y)) != FL_OK ||
         (rc = reserve(&b[BUF_PIXELS], sizeof(float) * (3 * (size_t)src_w + 1))) != FL_OK ||
-        (rc = reserve(&b[BUF_RING], sizeof(float) * ring_row * taps_y)) != FL_OK ||
+        (rc = reserve(&b[BUF_RING], vfirst ? 0 : sizeof(float) * ring_row * taps_y)) != FL_OK ||
         (rc = reserve(&b[BUF_ACC], sizeof(float) * ring_row)) != FL_OK ||
-        (rc = reserve(&b[BUF_ROWS], sizeof(float *) * (size_t)taps_y)) != FL_OK)
+        (rc = reserve(&b[BUF_ROWS], sizeof(void *) * (size_t)taps_y)) != FL_OK)
         return rc;
 
     int *xfirst = b[BUF_XFIRST].data, *yfirst = b[BUF_YFIRST].data;
@@ -563,9 +616,33 @@ int fl_resample(const unsigned char *src, int src_w, int src_h, size_t src_strid
             col_hi = xfirst[i] + taps_x;
     }
 
-    /* Source row r lives in ring slot r % taps_y while it is in a window.
-     * Windows only move down, so each row is filtered once, and the row a
-     * new one overwrites (r - taps_y) is above the current window. */
+    if (taps_x == 1 && taps_y == 1) {
+        /* NEAREST or a plain copy: a gather per output row. */
+        for (int y = 0; y < out_h; y++) {
+            pick_row(src + (size_t)yfirst[y] * src_stride, xfirst, out_w, acc);
+            store_row(t, y, acc);
+        }
+        return FL_OK;
+    }
+    if (vfirst) {
+        /* Each output row: its vertical window straight from the source
+         * rows into one float row, then the horizontal filter. */
+        const unsigned char **rows = b[BUF_ROWS].data;
+        for (int y = 0; y < out_h; y++) {
+            for (int j = 0; j < taps_y; j++)
+                rows[j] = src + (size_t)(yfirst[y] + j) * src_stride;
+            vertical_row(rows, yw + (size_t)y * taps_y, taps_y, 3 * (size_t)col_lo,
+                         3 * (size_t)col_hi, clip, px);
+            filter_row(px, xfirst, xw4, taps_x, out_w, 0, acc);
+            store_row(t, y, acc);
+        }
+        return FL_OK;
+    }
+
+    /* Horizontal first.  Source row r lives in ring slot r % taps_y while
+     * it is in a window.  Windows only move down, so each row is filtered
+     * once, and the row a new one overwrites (r - taps_y) is above the
+     * current window. */
     const float **rows = b[BUF_ROWS].data;
     int next_row = yfirst[0]; /* first source row not yet filtered */
     for (int y = 0; y < out_h; y++) {

@@ -5,11 +5,13 @@
  * by tests/c/jpeg_check.py, which compares the results with Pillow.  Built
  * with -DFL_CHECK_MAIN it is also a command-line tool:
  *
- *   jpeg_check fuzz FILE...   mutate each JPEG (every truncation, bit flips,
- *                             byte runs, a huge SOF size) and decode the
- *                             results whole and by region; must not crash or
- *                             print, under ASan/UBSan included.  Prints one
- *                             summary line per file on stdout.
+ *   jpeg_check fuzz [-n N] FILE...
+ *                             mutate each JPEG (up to 400 truncations, 3N bit
+ *                             flip sets and N overwritten runs; N = 100) and
+ *                             decode the results whole and by region at each
+ *                             scale, resampling what decodes; must not crash
+ *                             or print, under ASan/UBSan included.  Prints
+ *                             one summary line per file on stdout.
  *   jpeg_check bench FILE X Y W H OUT_W OUT_H
  *                             times a full decode, a region decode at the
  *                             scale fl_jpeg_pick_scale picks, and the
@@ -139,6 +141,11 @@ CHK_EXPORT int chk_pipeline(const unsigned char *data, size_t size, int x, int y
                        scratch());
 }
 
+CHK_EXPORT int chk_complete(const unsigned char *data, size_t size)
+{
+    return fl_jpeg_complete(data, size);
+}
+
 CHK_EXPORT void chk_half_array(const float *in, size_t n, uint16_t *out)
 {
     for (size_t i = 0; i < n; i++)
@@ -162,8 +169,9 @@ CHK_EXPORT const char *chk_status_str(int status)
  * ycck nonzero, transformed to YCCK).  h0, v0 are the first component's
  * sampling factors, the others get 1x1.  progressive: 0 sequential, 1
  * libjpeg's standard progression, 2 a script of every AC coefficient band
- * alone refined bit by bit (947 scans for three components).  Returns the
- * JPEG's size, or 0 on error or if it does not fit in cap. */
+ * alone refined bit by bit (947 scans for three components); plus 4 for
+ * arithmetic coding.  Returns the JPEG's size, or 0 on error or if it does
+ * not fit in cap. */
 typedef struct enc_err {
     struct jpeg_error_mgr pub;
     jmp_buf escape;
@@ -238,9 +246,10 @@ static size_t encode(const unsigned char *pixels, int w, int h, int components, 
     jpeg_set_quality(&c, quality, TRUE);
     c.comp_info[0].h_samp_factor = h0;
     c.comp_info[0].v_samp_factor = v0;
-    if (progressive == 1) {
+    c.arith_code = (progressive & 4) ? TRUE : FALSE;
+    if ((progressive & 3) == 1) {
         jpeg_simple_progression(&c);
-    } else if (progressive == 2) {
+    } else if ((progressive & 3) == 2) {
         int count;
         many_scans(scans, c.num_components, &count);
         c.scan_info = scans;
@@ -350,7 +359,7 @@ static int try_all(const unsigned char *data, size_t size, counts *c, int *bad_m
     return first;
 }
 
-static int fuzz_file(const char *path)
+static int fuzz_file(const char *path, int rounds)
 {
     size_t size;
     unsigned char *orig = read_file(path, &size);
@@ -372,7 +381,7 @@ static int fuzz_file(const char *path)
         free(cut);
     }
     /* Bit flips: 1 to 8 random bits each time. */
-    for (int i = 0; i < 300; i++) {
+    for (int i = 0; i < 3 * rounds; i++) {
         memcpy(buf, orig, size);
         int flips = 1 + (int)(rng() % 8);
         for (int k = 0; k < flips; k++) {
@@ -382,7 +391,7 @@ static int fuzz_file(const char *path)
         try_all(buf, size, &c, &bad_msg);
     }
     /* Runs of random bytes written over the data. */
-    for (int i = 0; i < 100; i++) {
+    for (int i = 0; i < rounds; i++) {
         memcpy(buf, orig, size);
         size_t at = (size_t)(rng() % size), len = 1 + (size_t)(rng() % 64);
         for (size_t k = at; k < size && k < at + len; k++)
@@ -484,16 +493,20 @@ static int bench(int argc, char **argv)
 int main(int argc, char **argv)
 {
     if (argc >= 3 && strcmp(argv[1], "fuzz") == 0) {
-        int rc = 0;
-        for (int i = 2; i < argc; i++)
-            rc |= fuzz_file(argv[i]);
+        int rc = 0, first = 2, rounds = 100;
+        if (argc >= 5 && strcmp(argv[2], "-n") == 0) {
+            rounds = atoi(argv[3]);
+            first = 4;
+        }
+        for (int i = first; i < argc; i++)
+            rc |= fuzz_file(argv[i], rounds);
         fl_jpeg_free(decoder());
         fl_resample_scratch_free(scratch());
         return rc;
     }
     if (argc >= 2 && strcmp(argv[1], "bench") == 0)
         return bench(argc, argv);
-    fprintf(stderr, "usage: jpeg_check fuzz FILE... | bench FILE X Y W H OUT_W OUT_H\n");
+    fprintf(stderr, "usage: jpeg_check fuzz [-n N] FILE... | bench FILE X Y W H OUT_W OUT_H\n");
     return 2;
 }
 
