@@ -345,3 +345,14 @@ def test_image_files_arguments():
         fastload.ImageFiles(["a.jpg"], on_error="ignore")
     ds = fastload.ImageFiles([b"/x/a.jpg", "/x/b.jpg"], labels=[3, 4])
     assert list(ds.samples) == [("/x/a.jpg", 3), ("/x/b.jpg", 4)] and ds.targets == [3, 4]
+
+
+def test_non_jpeg_without_pillow_is_a_clear_error(test_images, monkeypatch):
+    import fastload.images
+
+    png = next(p for p, d in test_images if p.endswith(".png"))
+    monkeypatch.setattr(fastload.images, "_fallback", lambda: None)
+    ds = fastload.ImageFiles([png], transform=T.Compose([T.CenterCrop(8), T.ToTensor()]))
+    with pytest.raises(fastload.DecodeError, match=r"rgb_200x150.png \(sample index 0\): not a "
+                                                   "JPEG, and Pillow is not installed"):
+        ds[0]
