@@ -575,6 +575,52 @@ static PyObject *ImageSource_geometry(ImageSourceObject *self, PyObject *const *
                          g.out_h);
 }
 
+/* ------------------------------------------------------------ decode only */
+
+PyDoc_STRVAR(decode_only_doc,
+             "decode_only(indices, /)\n--\n\n"
+             "Reads and fully decodes the JPEGs `indices` into this thread's reused\n"
+             "decoder buffer and nothing else (no crop, resize or copy out), with\n"
+             "the GIL released: the decode ceiling the pipeline is measured\n"
+             "against.  Returns the number of images decoded; raises for the first\n"
+             "that fails.");
+
+static PyObject *ImageSource_decode_only(ImageSourceObject *self, PyObject *indices)
+{
+    int64_t *idx = NULL;
+    Py_ssize_t n;
+    if (fl__convert_indices(indices, self->length, &idx, &n) < 0)
+        return NULL;
+    fl_image_worker *w = fl_image_worker_get();
+    if (!w) {
+        PyMem_RawFree(idx);
+        return PyErr_NoMemory();
+    }
+    sample_result r = {0};
+    Py_ssize_t done = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (; done < n; done++) {
+        const unsigned char *data, *rgb;
+        size_t size, stride;
+        int width, height;
+        r.index = idx[done];
+        r.status = fl_read_file(w, path_of(self, r.index), &data, &size, &r.err, r.msg,
+                                MSG_SIZE);
+        if (r.status == FL_OK)
+            r.status = fl_decode_full(w, data, size, self->plan.max_pixels, &rgb, &width,
+                                      &height, &stride, r.msg, MSG_SIZE);
+        if (r.status != FL_OK)
+            break;
+    }
+    Py_END_ALLOW_THREADS
+    PyMem_RawFree(idx);
+    if (r.status != FL_OK) {
+        raise_sample_error(self, &r);
+        return NULL;
+    }
+    return PyLong_FromSsize_t(done);
+}
+
 /* ------------------------------------------------- transforms on an image */
 
 PyObject *fl__transform_image(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -646,6 +692,7 @@ static PyMethodDef ImageSource_methods[] = {
     {"sample", (PyCFunction)(void (*)(void))ImageSource_sample, METH_FASTCALL, sample_doc},
     {"geometry", (PyCFunction)(void (*)(void))ImageSource_geometry, METH_FASTCALL,
      geometry_doc},
+    {"decode_only", (PyCFunction)ImageSource_decode_only, METH_O, decode_only_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -356,3 +356,10 @@ def test_non_jpeg_without_pillow_is_a_clear_error(test_images, monkeypatch):
     with pytest.raises(fastload.DecodeError, match=r"rgb_200x150.png \(sample index 0\): not a "
                                                    "JPEG, and Pillow is not installed"):
         ds[0]
+
+
+def test_decode_only_counts_and_names_bad_files(bad_files):
+    ds = fastload.ImageFiles([bad_files["good"], bad_files["truncated"]])
+    assert ds._raw.decode_only([0, 0, -2]) == 3
+    with pytest.raises(fastload.DecodeError, match=r"truncated.jpg \(sample index 1\)"):
+        ds._raw.decode_only([0, 1])
