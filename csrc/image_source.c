@@ -310,6 +310,16 @@ static PyArray_Descr *plan_descr(const fl_image_plan *plan)
     return PyArray_DescrFromType(type);
 }
 
+/* The shape of one image in the plan's layout. */
+static void image_dims(const fl_image_plan *plan, int width, int height, npy_intp *dims)
+{
+    if (plan->layout == FL_LAYOUT_CHW) {
+        dims[0] = 3, dims[1] = height, dims[2] = width;
+    } else {
+        dims[0] = height, dims[1] = width, dims[2] = 3;
+    }
+}
+
 static size_t plan_sample_bytes(const fl_image_plan *plan)
 {
     size_t item = plan->dtype == FL_DTYPE_FLOAT32 ? 4 : plan->dtype == FL_DTYPE_FLOAT16 ? 2 : 1;
@@ -360,11 +370,7 @@ static PyObject *ImageSource_batch(ImageSourceObject *self, PyObject *const *arg
     }
     Py_ssize_t skip_capacity = (n > 0 ? n : 1) * 4;
     dims[0][0] = dims[1][0] = n;
-    if (self->plan.layout == FL_LAYOUT_CHW) {
-        dims[0][1] = 3, dims[0][2] = self->plan.out_h, dims[0][3] = self->plan.out_w;
-    } else {
-        dims[0][1] = self->plan.out_h, dims[0][2] = self->plan.out_w, dims[0][3] = 3;
-    }
+    image_dims(&self->plan, self->plan.out_w, self->plan.out_h, &dims[0][1]);
     if (fl__batch_out_alloc(&out, state, args[1], 2, descrs, ndims, dims) < 0)
         goto done;
 
@@ -523,11 +529,7 @@ static PyObject *ImageSource_sample(ImageSourceObject *self, PyObject *const *ar
     if (prepare_sample(self, w, &key, &g, &data, &size, &jpeg, &r) < 0)
         return NULL;
     npy_intp dims[3];
-    if (self->plan.layout == FL_LAYOUT_CHW) {
-        dims[0] = 3, dims[1] = g.out_h, dims[2] = g.out_w;
-    } else {
-        dims[0] = g.out_h, dims[1] = g.out_w, dims[2] = 3;
-    }
+    image_dims(&self->plan, g.out_w, g.out_h, dims);
     PyObject *arr = PyArray_NewFromDescr(&PyArray_Type, plan_descr(&self->plan), 3, dims, NULL,
                                          NULL, 0, NULL);
     if (!arr)
@@ -665,11 +667,7 @@ PyObject *fl__transform_image(PyObject *module, PyObject *const *args, Py_ssize_
         return NULL;
     }
     npy_intp dims[3];
-    if (plan.layout == FL_LAYOUT_CHW) {
-        dims[0] = 3, dims[1] = g.out_h, dims[2] = g.out_w;
-    } else {
-        dims[0] = g.out_h, dims[1] = g.out_w, dims[2] = 3;
-    }
+    image_dims(&plan, g.out_w, g.out_h, dims);
     PyObject *out = PyArray_NewFromDescr(&PyArray_Type, plan_descr(&plan), 3, dims, NULL, NULL, 0,
                                          NULL);
     if (!out)
