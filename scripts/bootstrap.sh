@@ -10,7 +10,9 @@ import os, sysconfig
 assert os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
 PY
 python3 -c "import ensurepip, venv" >/dev/null 2>&1 || need_apt+=(python3-venv)
-for pkg in libturbojpeg0-dev libjpeg62-turbo-dev; do
+command -v make >/dev/null 2>&1 || need_apt+=(make)
+# FASTLOAD_EXTRA_PACKAGES: what a caller needs beyond the build (the tests: clang).
+for pkg in libturbojpeg0-dev libjpeg62-turbo-dev ${FASTLOAD_EXTRA_PACKAGES:-}; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then

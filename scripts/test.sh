@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs what is missing, then runs the whole test suite twice: on the
 # optimised build, and on an AddressSanitizer + UndefinedBehaviorSanitizer
-# build with warnings as errors.  Extra arguments go to pytest.
+# build with warnings as errors; then each fuzz target briefly
+# (FUZZ_SECONDS, default 30).  Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+FASTLOAD_EXTRA_PACKAGES="clang"  # libFuzzer
 . scripts/bootstrap.sh
 
 export PYTHONDEVMODE=1
@@ -26,4 +28,13 @@ LD_PRELOAD="$asan_rt:$ubsan_rt" PYTHONMALLOC=malloc \
 
 echo "fastload: restoring the optimised build"
 python setup.py -q build_ext --inplace --force --build-temp build/release
-exit $status
+[ $status -eq 0 ] || exit $status
+
+echo "fastload: fuzzing each target for ${FUZZ_SECONDS:-30} s (libFuzzer, ASan + UBSan)"
+mkdir -p build
+if ! make -s -C fuzz fuzz FUZZ_SECONDS="${FUZZ_SECONDS:-30}" > build/fuzz.log 2>&1; then
+    tail -n 60 build/fuzz.log
+    echo "fastload: the fuzzer failed or found a crash (the input is in fuzz/crashes)"
+    exit 1
+fi
+grep -E "^(Done|stat::number_of_executed_units|stat::new_units_added)" build/fuzz.log

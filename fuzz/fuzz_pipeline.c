@@ -1,0 +1,114 @@
+/* libFuzzer target: untrusted bytes through the whole image pipeline.
+ *
+ * The first PARAM_BYTES bytes of an input choose a transform plan (crop
+ * kind, output size, scale and ratio ranges, filter, flip, dtype, layout,
+ * exact or DCT-scaled decode) and a random key; the rest is the file.  The
+ * pipeline (csrc/core/pipeline.c) then does what a worker does: JPEG
+ * header, crop box, completeness check, region decode, resample into the
+ * output.  Images are capped at MAX_PIXELS so a run explores parsers rather
+ * than allocating; every output byte is read, so a sanitizer sees any that
+ * were left uninitialised.
+ *
+ * Built by fuzz/Makefile with clang -fsanitize=fuzzer, or with any compiler
+ * and fuzz/replay.c as a plain program that runs files (the corpus and
+ * every crash ever found) through the same function.
+ */
+#include "core/pipeline.h"
+#include "core/resample.h"
+#include "core/status.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PARAM_BYTES 16
+#define MAX_PIXELS (1u << 20) /* 1 MP: enough for every decoder path */
+#define MAX_OUT 96            /* output side, pixels */
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static double unit(uint8_t byte)
+{
+    return byte / 255.0;
+}
+
+static void plan_from(const uint8_t *p, fl_image_plan *plan, fl_sample_key *key)
+{
+    memset(plan, 0, sizeof *plan);
+    plan->crop = p[0] % 3;
+    plan->out_w = 1 + p[1] % MAX_OUT;
+    plan->out_h = 1 + p[2] % MAX_OUT;
+    plan->scale_lo = 0.01 + 0.5 * unit(p[3]);
+    plan->scale_hi = plan->scale_lo + 0.5 * unit(p[4]);
+    plan->ratio_lo = 0.25 + unit(p[5]);
+    plan->ratio_hi = plan->ratio_lo + 2.0 * unit(p[6]);
+    if (plan->crop == FL_CROP_RESIZE_CENTER) {
+        plan->resize = p[7] & 1 ? 1 + p[8] % MAX_OUT : 0;
+        plan->max_size = p[7] & 2 ? plan->resize + 1 + p[9] % 8 : 0;
+        if (!plan->resize && (p[7] & 4)) {
+            plan->resize_w = 1 + p[8] % MAX_OUT;
+            plan->resize_h = 1 + p[9] % MAX_OUT;
+        }
+        plan->crop_w = p[7] & 8 ? 1 + p[10] % MAX_OUT : 0;
+        plan->crop_h = plan->crop_w ? 1 + p[11] % MAX_OUT : 0;
+        plan->out_w = plan->crop_w;
+        plan->out_h = plan->crop_h;
+    } else if (plan->crop == FL_CROP_NONE) {
+        plan->out_w = plan->out_h = 0; /* the image's own size */
+    }
+    plan->filter = p[12] % 3;
+    plan->antialias = p[12] & 4 ? 1 : 0;
+    plan->flip_p = unit(p[13]);
+    plan->dtype = (p[14] & 3) % 3;
+    plan->layout = (p[14] >> 2) & 1;
+    plan->exact = (p[14] >> 3) & 1;
+    for (int c = 0; c < 3; c++) {
+        plan->mul[c] = plan->dtype == FL_DTYPE_UINT8 ? 1.0f : 1.0f / 255.0f;
+        plan->add[c] = 0.0f;
+    }
+    plan->max_pixels = MAX_PIXELS;
+    key->seed = p[15];
+    key->epoch = p[15] >> 4;
+    key->index = p[3] ^ p[10];
+}
+
+static size_t element_size(int dtype)
+{
+    return dtype == FL_DTYPE_FLOAT32 ? 4 : dtype == FL_DTYPE_FLOAT16 ? 2 : 1;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < PARAM_BYTES)
+        return 0;
+    fl_image_plan plan;
+    fl_sample_key key;
+    plan_from(data, &plan, &key);
+    data += PARAM_BYTES;
+    size -= PARAM_BYTES;
+
+    fl_image_worker *w = fl_image_worker_get();
+    if (!w)
+        abort(); /* out of memory before anything ran: not the input's doing */
+    char msg[256];
+    fl_sample_geometry g;
+    if (fl_pipeline_jpeg(w, &plan, &key, data, size, NULL, &g, msg, sizeof msg) != FL_OK)
+        return 0;
+    if (g.out_w < 1 || g.out_h < 1 || (uint64_t)g.out_w * g.out_h > MAX_PIXELS)
+        return 0; /* a resize plan can ask for big outputs; not what is explored */
+    size_t bytes = (size_t)g.out_w * g.out_h * 3 * element_size(plan.dtype);
+    unsigned char *out = malloc(bytes);
+    if (!out)
+        return 0;
+    if (fl_pipeline_jpeg(w, &plan, &key, data, size, out, &g, msg, sizeof msg) == FL_OK) {
+        /* Read every output byte: uninitialised memory becomes a report. */
+        volatile unsigned char sink = 0;
+        unsigned char acc = 0;
+        for (size_t i = 0; i < bytes; i++)
+            acc ^= out[i];
+        sink = acc;
+        (void)sink;
+    }
+    free(out);
+    return 0;
+}
