@@ -12,6 +12,7 @@ callable runs in Python on the image decoded in C (an HWC uint8 NumPy
 array).
 """
 
+import collections
 import os
 
 import numpy as np
@@ -24,6 +25,7 @@ __all__ = ["DecodeError", "ImageFiles", "ImageFolder", "IMG_EXTENSIONS"]
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 PILLOW_MAX_PIXELS = 178_956_970  # Pillow's decompression-bomb limit
+SKIP_RECORDS = 1000  # failures remembered in dataset.skipped
 
 
 class DecodeError(OSError):
@@ -95,7 +97,10 @@ class ImageFiles:
         self.decode = decode
         self.on_error = on_error
         self.max_pixels = int(max_pixels)
-        self.skipped = []  # (index, path, message) of samples replaced (on_error="skip")
+        # on_error="skip": how many failed reads were replaced, and the most
+        # recent (index, path, message) records (bounded: jobs run for days).
+        self.skipped_count = 0
+        self.skipped = collections.deque(maxlen=SKIP_RECORDS)
         self._plan = transform.plan if isinstance(transform, Compose) else None
         self._native = self._plan is not None and self._plan.output_shape() is not None
         self._source = _C.ImageSource(
@@ -147,8 +152,9 @@ class ImageFiles:
 
     def _decode_batch(self, indices, pool, convert, seed, epoch):
         batch, skipped = self._source.batch(indices, pool, convert, seed, epoch)
-        if skipped:
-            self.skipped.extend(skipped)  # list.extend holds the GIL: thread-safe
+        if skipped:  # the GIL is held here: the two updates are not torn
+            self.skipped_count += len(skipped)
+            self.skipped.extend(skipped)
         if self._plan.tensor_output and self._plan.layout == "HWC":
             batch[0] = _nchw_view(batch[0])  # channels_last: NCHW shape over NHWC memory
         return batch

@@ -250,6 +250,7 @@ def test_skip_replaces_bad_samples_and_reports_them(bad_files):
     assert {os.path.basename(p) for _, p, _ in ds.skipped} == {
         os.path.basename(bad_files[k]) for k in kinds}
     assert {i for i, _, _ in ds.skipped} == set(range(1, 1 + len(kinds)))
+    assert ds.skipped_count == len(ds.skipped) >= len(kinds)
 
 
 # ------------------------------------------------------------ other paths
