@@ -287,6 +287,8 @@ class Worker:
             return _C.JOB_RETIRE, None
         except Exception:
             position = getattr(self.fetcher, "position", None)
+            if hasattr(position, "tolist"):  # a native batch's index array
+                position = position.tolist()
             where = self.where if position is None else f"{self.where} (sample index {position!r})"
             return _C.JOB_DONE, ExceptionWrapper(sys.exc_info(), where)
 
