@@ -364,3 +364,13 @@ def test_decode_only_counts_and_names_bad_files(bad_files):
     assert ds._raw.decode_only([0, 0, -2]) == 3
     with pytest.raises(fastload.DecodeError, match=r"truncated.jpg \(sample index 1\)"):
         ds._raw.decode_only([0, 1])
+
+
+def test_resize_of_an_extreme_aspect_ratio_keeps_a_pixel(tmp_path):
+    # Resize(5, max_size=6) of a 1000 x 3 image: the short side rounds to 0
+    # (found by fuzzing: a NaN crop box); it is kept at one pixel.
+    path = tmp_path / "strip.jpg"
+    Image.fromarray(np.full((3, 1000, 3), 128, np.uint8)).save(path, quality=90)
+    out = fastload.ImageFiles([str(path)], transform=T.Compose(
+        [T.Resize(5, max_size=6), T.ToTensor()]))[0][0]
+    assert out.shape == (3, 1, 6) and np.isfinite(out).all()

@@ -50,6 +50,12 @@ void fl_resize_short_side(int width, int height, int size, int max_size, int *ou
         new_short = (int)((long long)max_size * new_short / new_long);
         new_long = max_size;
     }
+    /* An extreme aspect ratio can round a side to nothing; keep a pixel
+     * (torchvision would fail to resize to zero). */
+    if (new_short < 1)
+        new_short = 1;
+    if (new_long < 1)
+        new_long = 1;
     if (width <= height) {
         *out_w = new_short;
         *out_h = new_long;

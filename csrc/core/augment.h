@@ -26,7 +26,7 @@ void fl_random_resized_crop(fl_rng *rng, int width, int height, double scale_lo,
 /* Resize(size) for an int size: the short side becomes `size` and the long
  * side int(size * long / short) (truncated, as torchvision does), capped by
  * `max_size` when it is > 0 (then the long side is max_size and the short
- * side scales down).  Writes the resized width and height. */
+ * side scales down).  Writes the resized width and height, each at least 1. */
 void fl_resize_short_side(int width, int height, int size, int max_size, int *out_w, int *out_h);
 
 /* CenterCrop(crop_w x crop_h) of a width x height image: torchvision's
