@@ -35,16 +35,9 @@ static void resolve(void)
     }
 }
 
-int open(const char *path, int flags, ...)
+static int faulty_open(const char *path, int flags, mode_t mode)
 {
     resolve();
-    mode_t mode = 0;
-    if (flags & O_CREAT) {
-        va_list ap;
-        va_start(ap, flags);
-        mode = (mode_t)va_arg(ap, int);
-        va_end(ap);
-    }
     if (strstr(path, "fault-eacces")) {
         errno = EACCES;
         return -1;
@@ -57,17 +50,23 @@ int open(const char *path, int flags, ...)
     return fd;
 }
 
-int open64(const char *path, int flags, ...)
-{
-    mode_t mode = 0;
-    if (flags & O_CREAT) {
-        va_list ap;
-        va_start(ap, flags);
-        mode = (mode_t)va_arg(ap, int);
-        va_end(ap);
+/* open and open64 (what _FILE_OFFSET_BITS=64 builds call) take a mode only
+ * with O_CREAT. */
+#define OPEN_WRAPPER(name)                                                  \
+    int name(const char *path, int flags, ...)                             \
+    {                                                                       \
+        mode_t mode = 0;                                                    \
+        if (flags & O_CREAT) {                                              \
+            va_list ap;                                                     \
+            va_start(ap, flags);                                            \
+            mode = (mode_t)va_arg(ap, int);                                 \
+            va_end(ap);                                                     \
+        }                                                                   \
+        return faulty_open(path, flags, mode);                              \
     }
-    return open(path, flags, mode);
-}
+
+OPEN_WRAPPER(open)
+OPEN_WRAPPER(open64)
 
 ssize_t read(int fd, void *buf, size_t count)
 {
