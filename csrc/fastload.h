@@ -3,8 +3,10 @@
  * The binding converts between Python objects and the core (csrc/core/),
  * which never sees a PyObject.  Files: module.c (module init and state),
  * slot_pool.c (SlotPool and SlotOwner types: batch memory and its lifetime),
+ * image_source.c (ImageSource: the native decode path of the image datasets),
  * collate.c (GIL-free collation of NumPy-compatible samples into a slot),
  * gather.c (GIL-free row and token-window gathers for the array datasets),
+ * cuda.c (what the run-time-loaded CUDA driver reports),
  * engine_type.c (the Engine type: worker threads that run a Python fetch).
  */
 #ifndef FASTLOAD_H
@@ -99,6 +101,9 @@ PyObject *fl__gather_windows(PyObject *module, PyObject *const *args, Py_ssize_t
 /* image_source.c */
 extern PyType_Spec fl__ImageSource_spec;
 PyObject *fl__transform_image(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+
+/* cuda.c */
+PyObject *fl__cuda_driver(PyObject *module, PyObject *unused);
 
 /* engine_type.c */
 extern PyType_Spec fl__Engine_spec;

@@ -50,6 +50,10 @@ static PyMethodDef module_methods[] = {
      "transform_image(plan, image, seed, max_pixels, /)\n--\n\n"
      "Runs a compiled transform plan (fastload.transforms) on an HWC uint8 RGB\n"
      "array, its random draws keyed by `seed`; returns a fresh array."},
+    {"cuda_driver", (PyCFunction)fl__cuda_driver, METH_NOARGS,
+     "cuda_driver()\n--\n\n"
+     "Loads the CUDA driver once (libcuda.so.1, or $FASTLOAD_LIBCUDA) and\n"
+     "returns {'available': bool, 'device_count': int, 'error': str or None}."},
     {"set_tensor_type", (PyCFunction)fl__set_tensor_type, METH_O,
      "set_tensor_type(type, /)\n--\n\nRegisters torch.Tensor so collate() can read tensors."},
     {"yield_to_consumer", (PyCFunction)fl__yield_to_consumer, METH_NOARGS,

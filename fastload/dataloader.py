@@ -19,7 +19,7 @@ import multiprocessing
 import warnings
 import weakref
 
-from . import _C
+from . import _C, cuda
 from ._random import draw_seed
 from ._torch import torch
 from ._worker import ExceptionWrapper, FetchPlan, StopFlag, Worker, make_fetcher
@@ -94,6 +94,12 @@ class DataLoader:
         if output == "torch" and torch is None:
             raise ValueError("output='torch' needs torch installed; use output='numpy'")
         if not (device is None or str(device) == "cpu"):
+            if str(device).startswith("cuda"):
+                cuda.check_device(device)  # RuntimeError without a driver or device
+                raise NotImplementedError(
+                    f"device={device!r}: fastload does not upload batches to the GPU yet; "
+                    "use pin_memory=True and batch.to(device, non_blocking=True)"
+                )
             raise ValueError(
                 f"device={device!r} is not supported: batches are delivered on the CPU "
                 "(device=None or 'cpu')"
