@@ -19,12 +19,12 @@ import numpy as np
 
 from . import _C
 from ._random import draw_seed
-from .transforms import Compose, compile_plan
+from .arrays import _check_index
+from .transforms import PILLOW_MAX_PIXELS, Compose, _nchw_view
 
 __all__ = ["DecodeError", "ImageFiles", "ImageFolder", "IMG_EXTENSIONS"]
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
-PILLOW_MAX_PIXELS = 178_956_970  # Pillow's decompression-bomb limit
 SKIP_RECORDS = 1000  # failures remembered in dataset.skipped
 
 
@@ -208,17 +208,3 @@ class ImageFolder(ImageFiles):
         if not classes:
             raise FileNotFoundError(f"Couldn't find any class folder in {directory}.")
         return classes, {name: i for i, name in enumerate(classes)}
-
-
-def _nchw_view(images):
-    """(..., H, W, C) memory seen as (..., C, H, W): torch's channels_last."""
-    n = images.ndim
-    order = (*range(n - 3), n - 1, n - 3, n - 2)
-    return images.permute(*order) if hasattr(images, "permute") else images.transpose(order)
-
-
-def _check_index(index, length):
-    i = index.__index__()
-    if not -length <= i < length:
-        raise IndexError(f"index {i} is out of range for a dataset of {length} samples")
-    return i + length if i < 0 else i

@@ -84,6 +84,13 @@ def _rgb_array(image):
     return array
 
 
+def _nchw_view(images):
+    """(..., H, W, C) memory seen as (..., C, H, W): torch's channels_last."""
+    n = images.ndim
+    order = (*range(n - 3), n - 1, n - 3, n - 2)
+    return images.permute(*order) if hasattr(images, "permute") else images.transpose(order)
+
+
 class _Transform:
     """Calling a transform on one image runs it alone (as Compose([t]))."""
 
@@ -244,7 +251,7 @@ class Compose:
             if torch is not None:
                 out = torch.from_numpy(out)
             if self.channels_last:
-                out = out.permute(2, 0, 1) if torch is not None else out.transpose(2, 0, 1)
+                out = _nchw_view(out)
         return out
 
     def __repr__(self):
