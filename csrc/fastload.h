@@ -73,6 +73,10 @@ PyObject *fl__set_tensor_type(PyObject *module, PyObject *type);
  * torch do.  Returns 0, or -1 with IndexError naming the first bad index. */
 int fl__convert_indices(PyObject *obj, int64_t count, int64_t **out, Py_ssize_t *n_out);
 
+/* Raises IndexError: "index I is out of range for a dataset of N samples".
+ * Returns -1. */
+int fl__index_error(long long index, int64_t count);
+
 #define FL__MAX_BATCH_ARRAYS 32
 
 /* Where a batch goes: either one slot from a pool holding every output

@@ -23,7 +23,7 @@
 
 /* ----------------------------------------------------------------- indices */
 
-static int index_error(long long index, int64_t count)
+int fl__index_error(long long index, int64_t count)
 {
     PyErr_Format(PyExc_IndexError, "index %lld is out of range for a dataset of %lld samples",
                  index, (long long)count);
@@ -96,7 +96,7 @@ int fl__convert_indices(PyObject *obj, int64_t count, int64_t **out, Py_ssize_t 
         if (v < 0)
             v += count;
         if (v < 0 || v >= count) {
-            index_error((long long)idx[i], count);
+            fl__index_error((long long)idx[i], count);
             goto fail;
         }
         idx[i] = v;

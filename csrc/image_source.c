@@ -474,11 +474,8 @@ static int sample_key(ImageSourceObject *self, PyObject *const *args, Py_ssize_t
     key->epoch = PyLong_AsUnsignedLongLongMask(args[2]);
     if (PyErr_Occurred())
         return -1;
-    if (index < 0 || index >= self->length) {
-        PyErr_Format(PyExc_IndexError, "index %lld is out of range for a dataset of %lld samples",
-                     index, (long long)self->length);
-        return -1;
-    }
+    if (index < 0 || index >= self->length)
+        return fl__index_error(index, self->length);
     key->index = (uint64_t)index;
     return 0;
 }
