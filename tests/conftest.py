@@ -57,3 +57,26 @@ def thread_baseline():
         return h.native_thread_count()
 
     return take
+
+
+# gcc's AddressSanitizer runtime can deadlock a process that forks while other
+# threads allocate (its allocator and stack-depot locks are not fork-safe), and
+# torch's DataLoader forks a worker process per worker.  Those runs check
+# torch, not fastload's C code, so the sanitizer run (scripts/test.sh sets
+# FASTLOAD_SANITIZER_RUN) skips the tests that fork torch workers; the plain
+# run executes them all.
+if os.environ.get("FASTLOAD_SANITIZER_RUN"):
+    @pytest.fixture(autouse=True)
+    def _no_torch_worker_processes(monkeypatch):
+        try:
+            from torch.utils.data import DataLoader
+        except ImportError:
+            return
+        get_iterator = DataLoader._get_iterator
+
+        def in_process_only(loader):
+            if loader.num_workers > 0:
+                pytest.skip("forks torch worker processes (not under the sanitizer)")
+            return get_iterator(loader)
+
+        monkeypatch.setattr(DataLoader, "_get_iterator", in_process_only)

@@ -48,7 +48,7 @@ def test_in_order_delivery_round_robin_and_named_threads():
     log = []
     delays = {0: 0.05, 1: 0.0, 2: 0.02, 3: 0.0}
     engine = _C.Engine([Recorder(log, delay=lambda r: delays.get(r, 0)) for _ in range(2)], 4)
-    assert sorted(n for n in thread_names() if n.startswith("fastload-w")) >= ["fastload-w0", "fastload-w1"]
+    assert {"fastload-w0", "fastload-w1"} <= set(thread_names())  # others may still be exiting
     for i in range(4):
         assert engine.submit(i) == 0
     with pytest.raises(RuntimeError):
