@@ -7,6 +7,8 @@
  * collate.c (GIL-free collation of NumPy-compatible samples into a slot),
  * gather.c (GIL-free row and token-window gathers for the array datasets),
  * cuda.c (what the run-time-loaded CUDA driver reports),
+ * upload.c (CudaStream and CudaEvent: host-to-device copies of batches),
+ * device_array.c (DeviceArray: uploaded memory, exported through DLPack),
  * engine_type.c (the Engine type: worker threads that run a Python fetch).
  */
 #ifndef FASTLOAD_H
@@ -22,6 +24,7 @@
 #endif
 #include <numpy/arrayobject.h>
 
+#include "core/cuda.h"
 #include "core/slots.h"
 
 /* Per-module state (multi-phase init); every field is a strong reference
@@ -31,6 +34,9 @@ typedef struct fastload_state {
     PyTypeObject *SlotOwner_type;
     PyTypeObject *Engine_type;
     PyTypeObject *ImageSource_type;
+    PyTypeObject *CudaStream_type;
+    PyTypeObject *CudaEvent_type;
+    PyTypeObject *DeviceArray_type;
     PyObject *tensor_type; /* torch.Tensor once registered, else NULL */
 } fastload_state;
 
@@ -108,6 +114,48 @@ PyObject *fl__transform_image(PyObject *module, PyObject *const *args, Py_ssize_
 
 /* cuda.c */
 PyObject *fl__cuda_driver(PyObject *module, PyObject *unused);
+
+/* upload.c */
+typedef struct CudaStreamObject {
+    PyObject_HEAD
+    fl_cu_stream stream; /* owned: destroyed with the object */
+    int device;
+} CudaStreamObject;
+
+typedef struct CudaEventObject {
+    PyObject_HEAD
+    fl_cu_event event; /* owned */
+    int device;
+} CudaEventObject;
+
+extern PyType_Spec fl__CudaStream_spec;
+extern PyType_Spec fl__CudaEvent_spec;
+
+/* Raises RuntimeError "<what> on cuda:<device> failed: <driver's text>";
+ * returns -1. */
+int fl__cuda_raise(const fl_cuda *cuda, fl_cu_result rc, const char *what, int device);
+/* Makes `stream` wait for `event` on the GPU; -1 with an exception set. */
+int fl__cuda_wait_event(CudaEventObject *event, fl_cu_stream stream);
+
+/* device_array.c */
+struct fl_device_block;
+
+typedef struct DeviceArrayObject {
+    PyObject_HEAD
+    struct fl_device_block *block; /* one reference: the memory */
+    PyArray_Descr *descr;
+    int ndim;
+    npy_intp dims[NPY_MAXDIMS];
+    PyObject *ready;  /* CudaEvent: the upload is done */
+    PyObject *stream; /* CudaStream that uploaded it */
+} DeviceArrayObject;
+
+extern PyType_Spec fl__DeviceArray_spec;
+
+/* A DeviceArray owning `slot` (released here on failure). */
+PyObject *fl__DeviceArray_new(fastload_state *state, fl_slot *slot, int device,
+                              PyArray_Descr *descr, int ndim, const npy_intp *dims,
+                              PyObject *ready, PyObject *stream);
 
 /* engine_type.c */
 extern PyType_Spec fl__Engine_spec;

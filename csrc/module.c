@@ -87,7 +87,10 @@ static int module_exec(PyObject *module)
     if (add_type(module, &fl__SlotPool_spec, NULL, &state->SlotPool_type) < 0 ||
         add_type(module, &fl__SlotOwner_spec, NULL, &state->SlotOwner_type) < 0 ||
         add_type(module, &fl__Engine_spec, NULL, &state->Engine_type) < 0 ||
-        add_type(module, &fl__ImageSource_spec, NULL, &state->ImageSource_type) < 0)
+        add_type(module, &fl__ImageSource_spec, NULL, &state->ImageSource_type) < 0 ||
+        add_type(module, &fl__CudaStream_spec, NULL, &state->CudaStream_type) < 0 ||
+        add_type(module, &fl__CudaEvent_spec, NULL, &state->CudaEvent_type) < 0 ||
+        add_type(module, &fl__DeviceArray_spec, NULL, &state->DeviceArray_type) < 0)
         return -1;
     return fl__engine_module_exec(module);
 }
@@ -99,6 +102,9 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(state->SlotOwner_type);
     Py_VISIT(state->Engine_type);
     Py_VISIT(state->ImageSource_type);
+    Py_VISIT(state->CudaStream_type);
+    Py_VISIT(state->CudaEvent_type);
+    Py_VISIT(state->DeviceArray_type);
     Py_VISIT(state->tensor_type);
     return 0;
 }
@@ -110,6 +116,9 @@ static int module_clear(PyObject *module)
     Py_CLEAR(state->SlotOwner_type);
     Py_CLEAR(state->Engine_type);
     Py_CLEAR(state->ImageSource_type);
+    Py_CLEAR(state->CudaStream_type);
+    Py_CLEAR(state->CudaEvent_type);
+    Py_CLEAR(state->DeviceArray_type);
     Py_CLEAR(state->tensor_type);
     return 0;
 }

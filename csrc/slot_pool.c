@@ -8,24 +8,46 @@
  */
 #include "fastload.h"
 
+#include "core/cuda_memory.h"
 #include "core/status.h"
+
+#include <string.h>
 
 /* ---------------------------------------------------------------- SlotPool */
 
 static PyObject *SlotPool_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"max_free", NULL};
+    static char *kwlist[] = {"max_free", "memory", "device", NULL};
     Py_ssize_t max_free = 16;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|n:SlotPool", kwlist, &max_free))
+    const char *memory = "host";
+    int device = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|n$si:SlotPool", kwlist, &max_free, &memory,
+                                     &device))
         return NULL;
     if (max_free < 0) {
         PyErr_SetString(PyExc_ValueError, "SlotPool: max_free must be >= 0");
         return NULL;
     }
+    fl_slot_allocator cuda_memory, *allocator = NULL;
+    if (strcmp(memory, "pinned") == 0 || strcmp(memory, "device") == 0) {
+        const char *why = NULL;
+        if (!fl_cuda_get(&why)) {
+            PyErr_Format(PyExc_RuntimeError, "SlotPool(memory='%s') needs CUDA: %s", memory,
+                         why);
+            return NULL;
+        }
+        cuda_memory = memory[0] == 'p' ? fl_cuda_pinned_allocator(device)
+                                       : fl_cuda_device_allocator(device);
+        allocator = &cuda_memory;
+    } else if (strcmp(memory, "host") != 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "SlotPool: memory must be 'host', 'pinned' or 'device', not '%s'", memory);
+        return NULL;
+    }
     SlotPoolObject *self = (SlotPoolObject *)type->tp_alloc(type, 0);
     if (!self)
         return NULL;
-    self->pool = fl_slot_pool_new((size_t)max_free, NULL);
+    self->pool = fl_slot_pool_new((size_t)max_free, allocator);
     if (!self->pool) {
         Py_DECREF(self);
         return PyErr_NoMemory();
@@ -56,8 +78,10 @@ static PyMethodDef SlotPool_methods[] = {
 };
 
 static PyType_Slot SlotPool_slots[] = {
-    {Py_tp_doc, "SlotPool(max_free=16)\n--\n\n"
-                "Page-aligned batch buffers, recycled; at most max_free kept idle."},
+    {Py_tp_doc, "SlotPool(max_free=16, *, memory='host', device=0)\n--\n\n"
+                "Batch buffers, recycled; at most max_free kept idle.  memory: 'host'\n"
+                "(page-aligned), 'pinned' (page-locked by the CUDA driver) or 'device'\n"
+                "(memory of CUDA device `device`, for uploads)."},
     {Py_tp_new, SlotPool_new},
     {Py_tp_dealloc, SlotPool_dealloc},
     {Py_tp_methods, SlotPool_methods},

@@ -16,11 +16,13 @@ generators give the same batches in the same order.
 import atexit
 import functools
 import multiprocessing
+import re
 import warnings
 import weakref
 
 from . import _C, cuda
 from ._random import draw_seed
+from ._upload import DeviceIter
 from ._torch import torch
 from ._worker import ExceptionWrapper, FetchPlan, StopFlag, Worker, make_fetcher
 from .collate import (
@@ -54,9 +56,19 @@ class DataLoader:
 
     Takes torch's arguments with torch's meaning, plus:
 
-    * ``device``: None or "cpu" (where batches are delivered).
+    * ``device``: None or "cpu" (batches on the host), or "cuda" / "cuda:N":
+      batches arrive on that GPU, uploaded on fastload's own stream from
+      page-locked slots (torch CUDA tensors; ``fastload._C.DeviceArray``
+      objects, which export DLPack and ``__cuda_array_interface__``, with
+      ``output="numpy"``).
+    * ``normalize_on_device``: with ``device="cuda"`` and an image dataset
+      whose transform ends in ToTensor/Normalize, upload uint8 images (4x
+      fewer bytes) and convert and normalize them on the GPU.
     * ``output``: "auto" (torch tensors when torch is installed, NumPy arrays
       otherwise), "torch" or "numpy".
+
+    With ``pin_memory=True`` (or a CUDA ``device``) and a CUDA driver, batch
+    slots are page-locked once by the driver and reused.
 
     ``num_workers`` worker *threads* (not processes) load batches; the
     dataset is shared by them, not copied.  ``multiprocessing_context`` is
@@ -69,7 +81,7 @@ class DataLoader:
                  num_workers=0, collate_fn=None, pin_memory=False, drop_last=False, timeout=0,
                  worker_init_fn=None, multiprocessing_context=None, generator=None, *,
                  prefetch_factor=None, persistent_workers=False, pin_memory_device="",
-                 in_order=True, device=None, output="auto"):
+                 in_order=True, device=None, output="auto", normalize_on_device=False):
         if num_workers < 0:
             raise ValueError(
                 "num_workers option should be non-negative; use num_workers=0 to disable "
@@ -93,17 +105,14 @@ class DataLoader:
             raise ValueError(f"output should be one of {_OUTPUTS}, but got output={output!r}")
         if output == "torch" and torch is None:
             raise ValueError("output='torch' needs torch installed; use output='numpy'")
+        device_index = None
         if not (device is None or str(device) == "cpu"):
-            if str(device).startswith("cuda"):
-                cuda.check_device(device)  # RuntimeError without a driver or device
-                raise NotImplementedError(
-                    f"device={device!r}: fastload does not upload batches to the GPU yet; "
-                    "use pin_memory=True and batch.to(device, non_blocking=True)"
-                )
-            raise ValueError(
-                f"device={device!r} is not supported: batches are delivered on the CPU "
-                "(device=None or 'cpu')"
-            )
+            if not str(device).startswith("cuda"):
+                raise ValueError(f"device={device!r} is not supported: use None, 'cpu', "
+                                 "'cuda' or 'cuda:N'")
+            device_index = cuda.check_device(device)  # RuntimeError without a driver or device
+        if normalize_on_device and device_index is None:
+            raise ValueError("normalize_on_device=True needs device='cuda'")
 
         self.dataset = dataset
         self.num_workers = num_workers
@@ -116,6 +125,9 @@ class DataLoader:
         self.in_order = in_order
         self.device = device
         self.output = ("torch" if torch is not None else "numpy") if output == "auto" else output
+        self.normalize_on_device = normalize_on_device
+        if normalize_on_device and self.output != "torch":
+            raise ValueError("normalize_on_device=True needs torch (output='torch')")
 
         if is_iterable_dataset(dataset):
             self._dataset_kind = "iterable"
@@ -176,7 +188,11 @@ class DataLoader:
         # Batch buffers outlive iterators (epochs reuse warm pages) and even
         # the loader (a held batch keeps its slot).
         in_flight = max(1, num_workers * (prefetch_factor or 0))
-        self._slot_pool = _C.SlotPool(max_free=2 * in_flight + 2)
+        pinned = (pin_memory or device_index is not None) and cuda.is_available()
+        self._slot_pool = _C.SlotPool(
+            max_free=2 * in_flight + 2, memory="pinned" if pinned else "host",
+            device=device_index if device_index is not None else _pin_device(pin_memory_device))
+        self._upload = _Upload(self, device_index, in_flight) if device_index is not None else None
         self._IterableDataset_len_called = None
         self._iterator = None
         self._initialized = True
@@ -230,6 +246,10 @@ class DataLoader:
     # -- iteration ----------------------------------------------------------
 
     def __iter__(self):
+        host = self._host_iter()
+        return host if self._upload is None else self._upload.start(host)
+
+    def _host_iter(self):
         if self.persistent_workers and self.num_workers > 0:
             if self._iterator is None:
                 self._iterator = _ThreadedIter(self)
@@ -250,6 +270,43 @@ class DataLoader:
                     length = -(-length // self.batch_size)
             return length
         return len(self._index_sampler)
+
+
+def _pin_device(pin_memory_device):
+    """The device whose context page-locks the slots (any: they are portable)."""
+    match = re.fullmatch(r"cuda:(\d+)", str(pin_memory_device or ""))
+    return int(match.group(1)) if match else 0
+
+
+class _Upload:
+    """A loader's upload stage: its stream and device pool, shared by epochs,
+    and the running DeviceIter (one at a time: a new epoch stops the last)."""
+
+    def __init__(self, loader, device_index, in_flight):
+        self.stream = _C.CudaStream(device_index)
+        self.depth = max(2, in_flight)
+        self.pool = _C.SlotPool(max_free=self.depth + 2, memory="device", device=device_index)
+        self.to_torch = loader.output == "torch"
+        self.normalize = None
+        self.native_batch = None
+        if loader.normalize_on_device:
+            split = getattr(loader.dataset, "_uint8_batches", None)
+            split = split() if split is not None else None
+            if split is None:
+                raise ValueError(
+                    "normalize_on_device=True needs a fastload image dataset whose transform "
+                    "is a fastload.transforms.Compose ending in ToTensor (and Normalize)")
+            self.native_batch, *self.normalize = split
+        self._running = None
+
+    def start(self, host_iter):
+        running = self._running and self._running()
+        if running is not None:
+            running.close()  # before a persistent host iterator is reused
+        it = DeviceIter(host_iter, self.stream, self.pool, self.depth, self.to_torch,
+                        self.normalize)
+        self._running = weakref.ref(it)
+        return it
 
 
 # --------------------------------------------------------------- collation
@@ -319,14 +376,18 @@ class _BaseIter:
         self._num_workers = loader.num_workers
         self._timeout = loader.timeout
         self._collate_fn = _effective_collate(loader)
-        self._pin_memory = loader.pin_memory and _accelerator_available()
-        if loader.pin_memory and not self._pin_memory:
+        # Slots are page-locked already when fastload has the driver; other
+        # batches (a custom collate_fn's) are pinned by torch, which returns
+        # pinned tensors as they are.  An upload needs neither.
+        self._pin_memory = (loader.pin_memory and loader._upload is None
+                            and _accelerator_available())
+        if loader.pin_memory and not (self._pin_memory or cuda.is_available()):
             warnings.warn(
                 "'pin_memory' argument is set as true but no accelerator is found, then device "
                 "pinned memory won't be used.",
                 stacklevel=3,
             )
-        native = _native_batch(self)
+        native = _native_batch(self, loader)
         self._native_batch = native  # bound to its pool and seed below
         # torch's order: the sampler iterator, then the base seed.
         self._sampler_iter = self._index_iter()
@@ -403,10 +464,12 @@ class _SingleThreadIter(_BaseIter):
         return self._fetcher.fetch(index)
 
 
-def _native_batch(it):
+def _native_batch(it, loader):
     """A native dataset's batch function, when the loader collates with the
     default rules (which the native path reproduces)."""
     native = getattr(it._dataset, "_native_batch", None)
+    if native is not None and loader._upload is not None and loader._upload.native_batch:
+        native = loader._upload.native_batch  # uint8, normalized on the device
     if native is None or it._iterable or not it._auto_collation:
         return None
     if not isinstance(it._collate_fn, _SlotCollate):

@@ -13,6 +13,8 @@ array).
 """
 
 import collections
+import copy
+import functools
 import os
 
 import numpy as np
@@ -150,8 +152,24 @@ class ImageFiles:
             return None
         return self._decode_batch
 
-    def _decode_batch(self, indices, pool, convert, seed, epoch):
-        batch, skipped = self._source.batch(indices, pool, convert, seed, epoch)
+    def _uint8_batches(self):
+        """For normalize_on_device: (batch function, mul, add, dtype) where
+        the function decodes the same crops as uint8 and ``image * mul + add``
+        per channel, in float32 then cast to ``dtype``, gives the float
+        output; None when the transform does not end in a float tensor."""
+        plan = self._plan
+        if self._native_batch is None or not plan.tensor_output or plan.dtype == "uint8":
+            return None
+        raw = copy.copy(plan)
+        raw.dtype, raw.mul, raw.add = "uint8", (1.0, 1.0, 1.0), (0.0, 0.0, 0.0)
+        source = _C.ImageSource(self._paths, self._offsets, self._labels, raw.as_tuple(),
+                                self.decode == "exact", self.max_pixels,
+                                self.on_error == "skip", _fallback(), DecodeError)
+        return (functools.partial(self._decode_batch, source=source), plan.mul, plan.add,
+                plan.dtype)
+
+    def _decode_batch(self, indices, pool, convert, seed, epoch, source=None):
+        batch, skipped = (source or self._source).batch(indices, pool, convert, seed, epoch)
         if skipped:  # the GIL is held here: the two updates are not torn
             self.skipped_count += len(skipped)
             self.skipped.extend(skipped)

@@ -60,8 +60,7 @@ def test_no_driver():
 
 def test_driver_with_a_device(fake_driver):
     lines = run(FASTLOAD_LIBCUDA=fake_driver["ok"], FAKE_CUDA_DEVICES="2")
-    assert lines[0] == "True 2"
-    assert lines[1].startswith("NotImplementedError: device='cuda': fastload does not upload")
+    assert lines == ["True 2"]  # the loader was made
     lines = run("cuda:2", FASTLOAD_LIBCUDA=fake_driver["ok"], FAKE_CUDA_DEVICES="2")
     assert lines[1] == "RuntimeError: device='cuda:2': the CUDA driver reports 2 device(s)"
 

@@ -6,12 +6,20 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 static fl_cuda driver;
 static const fl_cuda *loaded;
 static const char *failure;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static char failure_text[512];
+static pid_t loaded_by; /* the process that ran cuInit */
+
+/* Primary contexts, retained once per device and never released: pointers
+ * into them (pinned slots, device buffers) may live until exit. */
+#define MAX_DEVICES 64
+static pthread_mutex_t contexts_lock = PTHREAD_MUTEX_INITIALIZER;
+static fl_cu_context contexts[MAX_DEVICES];
 
 /* The driver exports some entry points under versioned names (_v2): those
  * are the current ABI, and the plain names are kept for old binaries. */
@@ -29,6 +37,19 @@ static const struct {
     {"cuCtxPopCurrent_v2", offsetof(fl_cuda, ctx_pop_current)},
     {"cuMemHostAlloc", offsetof(fl_cuda, mem_host_alloc)},
     {"cuMemFreeHost", offsetof(fl_cuda, mem_free_host)},
+    {"cuMemAlloc_v2", offsetof(fl_cuda, mem_alloc)},
+    {"cuMemFree_v2", offsetof(fl_cuda, mem_free)},
+    {"cuMemGetInfo_v2", offsetof(fl_cuda, mem_get_info)},
+    {"cuMemcpyHtoDAsync_v2", offsetof(fl_cuda, memcpy_htod_async)},
+    {"cuStreamCreate", offsetof(fl_cuda, stream_create)},
+    {"cuStreamDestroy_v2", offsetof(fl_cuda, stream_destroy)},
+    {"cuStreamSynchronize", offsetof(fl_cuda, stream_synchronize)},
+    {"cuStreamWaitEvent", offsetof(fl_cuda, stream_wait_event)},
+    {"cuEventCreate", offsetof(fl_cuda, event_create)},
+    {"cuEventDestroy_v2", offsetof(fl_cuda, event_destroy)},
+    {"cuEventRecord", offsetof(fl_cuda, event_record)},
+    {"cuEventQuery", offsetof(fl_cuda, event_query)},
+    {"cuEventSynchronize", offsetof(fl_cuda, event_synchronize)},
 };
 
 static void load(void)
@@ -67,15 +88,45 @@ static void load(void)
          * pointers are never used again. */
         return;
     }
+    loaded_by = getpid();
     loaded = &driver;
 }
 
 const fl_cuda *fl_cuda_get(const char **why)
 {
     pthread_once(&once, load);
+    if (loaded && getpid() != loaded_by) {
+        if (why)
+            *why = "CUDA was initialised before this process was forked; "
+                   "a forked child cannot use it";
+        return NULL;
+    }
     if (!loaded && why)
         *why = failure;
     return loaded;
+}
+
+fl_cu_result fl_cuda_enter(const fl_cuda *cuda, int ordinal)
+{
+    if (ordinal < 0 || ordinal >= MAX_DEVICES)
+        return 101; /* CUDA_ERROR_INVALID_DEVICE */
+    pthread_mutex_lock(&contexts_lock);
+    fl_cu_result rc = 0;
+    if (!contexts[ordinal]) {
+        fl_cu_device device;
+        rc = cuda->device_get(&device, ordinal);
+        if (rc == 0)
+            rc = cuda->primary_ctx_retain(&contexts[ordinal], device);
+    }
+    fl_cu_context ctx = contexts[ordinal];
+    pthread_mutex_unlock(&contexts_lock);
+    return rc != 0 ? rc : cuda->ctx_push_current(ctx);
+}
+
+void fl_cuda_leave(const fl_cuda *cuda)
+{
+    fl_cu_context popped;
+    cuda->ctx_pop_current(&popped);
 }
 
 const char *fl_cuda_error_string(const fl_cuda *cuda, fl_cu_result error)

@@ -14,6 +14,18 @@
 typedef int fl_cu_result;   /* CUresult: 0 is CUDA_SUCCESS */
 typedef int fl_cu_device;   /* CUdevice */
 typedef void *fl_cu_context; /* CUcontext */
+typedef unsigned long long fl_cu_deviceptr; /* CUdeviceptr */
+typedef void *fl_cu_stream; /* CUstream */
+typedef void *fl_cu_event;  /* CUevent */
+
+#define FL_CU_ERROR_NOT_READY 600
+#define FL_CU_ERROR_OUT_OF_MEMORY 2
+#define FL_CU_MEMHOSTALLOC_PORTABLE 0x01 /* pinned for every context */
+#define FL_CU_STREAM_NON_BLOCKING 0x1    /* no implicit sync with stream 0 */
+#define FL_CU_EVENT_DISABLE_TIMING 0x2
+/* The special stream handles of the driver API (and of DLPack's stream=). */
+#define FL_CU_STREAM_LEGACY ((fl_cu_stream)0x1)
+#define FL_CU_STREAM_PER_THREAD ((fl_cu_stream)0x2)
 
 /* The resolved driver: function pointers with the driver's signatures. */
 typedef struct fl_cuda {
@@ -27,12 +39,35 @@ typedef struct fl_cuda {
     fl_cu_result (*ctx_pop_current)(fl_cu_context *ctx);
     fl_cu_result (*mem_host_alloc)(void **ptr, size_t bytes, unsigned int flags);
     fl_cu_result (*mem_free_host)(void *ptr);
+    fl_cu_result (*mem_alloc)(fl_cu_deviceptr *ptr, size_t bytes);
+    fl_cu_result (*mem_free)(fl_cu_deviceptr ptr);
+    fl_cu_result (*mem_get_info)(size_t *free_bytes, size_t *total_bytes);
+    fl_cu_result (*memcpy_htod_async)(fl_cu_deviceptr dst, const void *src, size_t bytes,
+                                      fl_cu_stream stream);
+    fl_cu_result (*stream_create)(fl_cu_stream *stream, unsigned int flags);
+    fl_cu_result (*stream_destroy)(fl_cu_stream stream);
+    fl_cu_result (*stream_synchronize)(fl_cu_stream stream);
+    fl_cu_result (*stream_wait_event)(fl_cu_stream stream, fl_cu_event event, unsigned int flags);
+    fl_cu_result (*event_create)(fl_cu_event *event, unsigned int flags);
+    fl_cu_result (*event_destroy)(fl_cu_event event);
+    fl_cu_result (*event_record)(fl_cu_event event, fl_cu_stream stream);
+    fl_cu_result (*event_query)(fl_cu_event event);
+    fl_cu_result (*event_synchronize)(fl_cu_event event);
 } fl_cuda;
 
 /* Opens and initialises the driver once (thread-safe); later calls return
  * the same answer.  Returns the driver, or NULL with the reason in *why (a
- * static string: no library, a missing entry point, or cuInit's error). */
+ * static string: no library, a missing entry point, or cuInit's error).  In
+ * a child forked after the driver was initialised it returns NULL: CUDA
+ * state does not survive fork(). */
 const fl_cuda *fl_cuda_get(const char **why);
+
+/* Makes device `ordinal`'s primary context (retained on first use and kept
+ * for the life of the process: the context torch, CuPy and JAX use) current
+ * on this thread.  Returns 0, or the driver's error.  Pair with
+ * fl_cuda_leave. */
+fl_cu_result fl_cuda_enter(const fl_cuda *cuda, int ordinal);
+void fl_cuda_leave(const fl_cuda *cuda);
 
 /* The driver's name for an error code ("CUDA_ERROR_OUT_OF_MEMORY: out of
  * memory" style), or a generic text when the driver cannot say. */

@@ -100,6 +100,8 @@ fl_slot_pool *fl_slot_pool_new(size_t max_free, const fl_slot_allocator *allocat
 
 static void destroy_slot(fl_slot_pool *pool, fl_slot *slot)
 {
+    if (slot->fence && pool->allocator.free_fence)
+        pool->allocator.free_fence(slot->fence, pool->allocator.ctx);
     pool->allocator.free(slot->data, slot->capacity, pool->allocator.ctx);
     free(slot);
 }
@@ -192,6 +194,21 @@ void fl_slot_release(fl_slot *slot)
     if (!keep)
         destroy_slot(pool, slot);
     unref(pool);
+}
+
+void fl_slot_pool_trim(fl_slot_pool *pool)
+{
+    pthread_mutex_lock(&pool->lock);
+    fl_slot *s = pool->free_list;
+    pool->live -= pool->n_free;
+    pool->free_list = NULL;
+    pool->n_free = 0;
+    pthread_mutex_unlock(&pool->lock);
+    while (s) {
+        fl_slot *next = s->next;
+        destroy_slot(pool, s);
+        s = next;
+    }
 }
 
 void fl_slot_pool_counts(fl_slot_pool *pool, size_t *live, size_t *free_listed)

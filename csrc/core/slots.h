@@ -19,16 +19,22 @@
 typedef struct fl_slot_pool fl_slot_pool;
 
 /* Where slot memory comes from.  The default is posix_memalign at page size;
- * a pinned-memory allocator can be plugged in instead. */
+ * CUDA's page-locked host memory or device memory can be plugged in instead
+ * (cuda_memory.h). */
 typedef struct fl_slot_allocator {
     void *(*alloc)(size_t bytes, void *ctx); /* page-aligned memory or NULL */
     void (*free)(void *data, size_t bytes, void *ctx);
+    void (*free_fence)(void *fence, void *ctx); /* may be NULL: see fl_slot.fence */
     void *ctx;
 } fl_slot_allocator;
 
 typedef struct fl_slot {
     void *data;           /* page-aligned, `capacity` bytes */
     size_t capacity;
+    /* Allocator-specific, owned by the slot and kept across reuse: for device
+     * memory, a CUDA event recorded when the last reader let go, which the
+     * next writer waits for.  NULL until someone sets it. */
+    void *fence;
     fl_slot_pool *pool;   /* holds a reference while the slot is acquired */
     struct fl_slot *next; /* free-list link; guarded by the pool's lock */
 } fl_slot;
@@ -47,6 +53,9 @@ int fl_slot_acquire(fl_slot_pool *pool, size_t bytes, fl_slot **out);
 
 /* Returns a slot to its pool (or frees it when the free list is full). */
 void fl_slot_release(fl_slot *slot);
+
+/* Frees every slot on the free list: the retry after an allocation failed. */
+void fl_slot_pool_trim(fl_slot_pool *pool);
 
 /* Counters for tests and stats: slots allocated and not freed (in use or
  * free-listed), and those on the free list. */

@@ -1,0 +1,114 @@
+/* fastload core: see cuda_memory.h. */
+#include "cuda_memory.h"
+
+#include <stdint.h>
+
+static _Thread_local fl_cu_result alloc_error;
+
+fl_cu_result fl_cuda_alloc_error(void)
+{
+    return alloc_error;
+}
+
+static int ordinal_of(void *ctx)
+{
+    return (int)(intptr_t)ctx;
+}
+
+/* The driver, entered into the context of `ctx`'s device; NULL (with
+ * alloc_error set) when that is impossible, e.g. in a forked child. */
+static const fl_cuda *enter(void *ctx)
+{
+    const fl_cuda *cuda = fl_cuda_get(NULL);
+    if (!cuda) {
+        alloc_error = 0;
+        return NULL;
+    }
+    fl_cu_result rc = fl_cuda_enter(cuda, ordinal_of(ctx));
+    if (rc != 0) {
+        alloc_error = rc;
+        return NULL;
+    }
+    return cuda;
+}
+
+static void *pinned_alloc(size_t bytes, void *ctx)
+{
+    const fl_cuda *cuda = enter(ctx);
+    if (!cuda)
+        return NULL;
+    void *p = NULL;
+    alloc_error = cuda->mem_host_alloc(&p, bytes, FL_CU_MEMHOSTALLOC_PORTABLE);
+    fl_cuda_leave(cuda);
+    return alloc_error == 0 ? p : NULL;
+}
+
+static void pinned_free(void *data, size_t bytes, void *ctx)
+{
+    (void)bytes;
+    const fl_cuda *cuda = enter(ctx);
+    if (!cuda)
+        return;
+    cuda->mem_free_host(data);
+    fl_cuda_leave(cuda);
+}
+
+static void *device_alloc(size_t bytes, void *ctx)
+{
+    const fl_cuda *cuda = enter(ctx);
+    if (!cuda)
+        return NULL;
+    fl_cu_deviceptr p = 0;
+    alloc_error = cuda->mem_alloc(&p, bytes);
+    fl_cuda_leave(cuda);
+    return alloc_error == 0 ? (void *)(size_t)p : NULL;
+}
+
+static void device_free(void *data, size_t bytes, void *ctx)
+{
+    (void)bytes;
+    const fl_cuda *cuda = enter(ctx);
+    if (!cuda)
+        return;
+    cuda->mem_free((fl_cu_deviceptr)(size_t)data);
+    fl_cuda_leave(cuda);
+}
+
+static void device_free_fence(void *fence, void *ctx)
+{
+    const fl_cuda *cuda = enter(ctx);
+    if (!cuda)
+        return;
+    cuda->event_destroy(fence);
+    fl_cuda_leave(cuda);
+}
+
+fl_slot_allocator fl_cuda_pinned_allocator(int ordinal)
+{
+    return (fl_slot_allocator){.alloc = pinned_alloc, .free = pinned_free,
+                               .ctx = (void *)(intptr_t)ordinal};
+}
+
+fl_slot_allocator fl_cuda_device_allocator(int ordinal)
+{
+    return (fl_slot_allocator){.alloc = device_alloc, .free = device_free,
+                               .free_fence = device_free_fence,
+                               .ctx = (void *)(intptr_t)ordinal};
+}
+
+fl_cu_result fl_cuda_fence(const fl_cuda *cuda, fl_slot *slot, fl_cu_stream stream)
+{
+    if (!slot->fence) {
+        fl_cu_event event = NULL;
+        fl_cu_result rc = cuda->event_create(&event, FL_CU_EVENT_DISABLE_TIMING);
+        if (rc != 0)
+            return rc;
+        slot->fence = event;
+    }
+    return cuda->event_record(slot->fence, stream);
+}
+
+fl_cu_result fl_cuda_after_fence(const fl_cuda *cuda, const fl_slot *slot, fl_cu_stream stream)
+{
+    return slot->fence ? cuda->stream_wait_event(stream, slot->fence, 0) : 0;
+}

@@ -1,0 +1,186 @@
+"""The upload stage of ``DataLoader(device="cuda")``.
+
+One thread owns one non-blocking CUDA stream.  It takes each host batch as
+the loader finishes it (already in page-locked slots), enqueues one
+``cuMemcpyHtoDAsync`` per array into device buffers from the loader's device
+pool, records an event, and queues the device batch for the training loop;
+then it goes on to the next batch, so uploads overlap decoding and compute.
+The host batch is kept until its event completes, then let go, and its slot
+returns to the host pool.
+
+The consumer turns device arrays into torch tensors with
+``torch.from_dlpack`` in its own thread: the DLPack exchange makes the
+consumer's current stream wait for the batch's event on the GPU, so the loop
+never reads a buffer before its copy is done and the host never blocks.
+At most ``depth`` uploaded batches wait in the queue: the prefetch bound
+holds for device memory too.
+"""
+
+import collections
+import queue
+import threading
+
+import numpy as np
+
+from . import _C
+from ._torch import torch
+
+
+_POLL_S = 0.05  # how often a blocked upload thread checks for close()
+
+
+class DeviceIter:
+    """Iterates device batches uploaded from ``host_iter``'s batches."""
+
+    def __init__(self, host_iter, stream, pool, depth, to_torch, normalize=None):
+        self._host = host_iter
+        self._stream = stream
+        self._pool = pool
+        self._to_torch = to_torch
+        self._normalize = normalize  # (mul, add, dtype) for the image array, or None
+        self._ready = queue.Queue(maxsize=max(1, depth))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fastload-upload", daemon=True)
+        self._thread.start()
+
+    def __iter__(self):
+        return self
+
+    def __len__(self):
+        return len(self._host)
+
+    def __next__(self):
+        if self._thread is None:
+            raise StopIteration
+        item = self._ready.get()
+        if item[0] == "end":
+            self.close()
+            raise StopIteration
+        if item[0] == "error":
+            self.close()
+            raise item[1]
+        _, structure, arrays = item
+        return _rebuild(structure, iter([self._output(i, *a) for i, a in enumerate(arrays)]))
+
+    def _output(self, position, array, permutation):
+        if not self._to_torch:
+            return array  # C-contiguous: a channels_last batch stays NHWC
+        tensor = torch.from_dlpack(array)  # the current stream waits for the upload
+        if permutation is not None:
+            tensor = tensor.permute(*permutation)
+        if self._normalize is not None and position == 0:
+            tensor = _normalize(tensor, *self._normalize)
+        return tensor
+
+    def close(self):
+        """Stops the upload thread and waits for it (its current batch, if
+        it is waiting for one, finishes first)."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._stop.set()
+        while thread.is_alive():
+            try:  # unblock a thread waiting to queue a batch
+                self._ready.get(timeout=_POLL_S)
+            except queue.Empty:
+                pass
+        thread.join()
+
+    def __del__(self):
+        self.close()
+
+    # -- the upload thread ----------------------------------------------------
+
+    def _run(self):
+        in_flight = collections.deque()  # (event, host batch) until the copy is done
+        try:
+            for batch in self._host:
+                structure, leaves = _flatten(batch)
+                hosts, permutations = zip(*map(_host_array, leaves)) if leaves else ((), ())
+                arrays, event = self._stream.upload(hosts, self._pool)
+                in_flight.append((event, batch))
+                if not self._put(("batch", structure, list(zip(arrays, permutations))),
+                                 in_flight):
+                    return
+            self._put(("end",), in_flight)
+        except BaseException as error:  # the consumer re-raises it
+            self._put(("error", error), in_flight)
+        finally:
+            for event, _ in in_flight:  # host memory is read until then
+                event.synchronize()
+
+    def _put(self, item, in_flight):
+        while not self._stop.is_set():
+            _release_done(in_flight)
+            try:
+                self._ready.put(item, timeout=_POLL_S)
+                _release_done(in_flight)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+
+def _release_done(in_flight):
+    while in_flight and in_flight[0][0].query():
+        in_flight.popleft()
+
+
+def _normalize(images, mul, add, dtype):
+    """uint8 (N, 3, H, W) images to ``images * mul + add`` per channel,
+    computed in float32 as the host pipeline computes it, then cast to
+    ``dtype``; a channels_last batch keeps its memory format."""
+    mul = torch.tensor(mul, dtype=torch.float32, device=images.device).view(1, 3, 1, 1)
+    add = torch.tensor(add, dtype=torch.float32, device=images.device).view(1, 3, 1, 1)
+    return images.to(torch.float32).mul_(mul).add_(add).to(getattr(torch, dtype))
+
+
+def _host_array(leaf):
+    """(C-contiguous array to upload, permutation that restores the leaf's
+    shape on the device or None).  A channels_last image batch (an NCHW
+    view over NHWC memory) is uploaded as its NHWC memory, not copied."""
+    array = leaf.numpy() if torch is not None and isinstance(leaf, torch.Tensor) else leaf
+    if array.ndim == 4 and not array.flags.c_contiguous:
+        nhwc = array.transpose(0, 2, 3, 1)
+        if nhwc.flags.c_contiguous:
+            return nhwc, (0, 3, 1, 2)
+    return np.ascontiguousarray(array), None
+
+
+def _is_array(x):
+    return isinstance(x, np.ndarray) or (torch is not None and isinstance(x, torch.Tensor))
+
+
+def _flatten(batch):
+    """(structure, array leaves): the structure rebuilds the batch around
+    new leaves; anything that is not an array is kept as it is."""
+    leaves = []
+
+    def walk(x):
+        if _is_array(x):
+            leaves.append(x)
+            return _LEAF
+        if isinstance(x, dict):
+            return (type(x), [(k, walk(v)) for k, v in x.items()])
+        if isinstance(x, (list, tuple)):
+            return (type(x), [walk(v) for v in x])
+        return (None, x)
+
+    return walk(batch), leaves
+
+
+_LEAF = object()
+
+
+def _rebuild(structure, leaves):
+    if structure is _LEAF:
+        return next(leaves)
+    kind, content = structure
+    if kind is None:
+        return content
+    if issubclass(kind, dict):
+        return kind((k, _rebuild(v, leaves)) for k, v in content)
+    items = [_rebuild(v, leaves) for v in content]
+    if issubclass(kind, tuple) and hasattr(kind, "_fields"):
+        return kind(*items)
+    return kind(items)

@@ -1,0 +1,283 @@
+"""Pinned slots and the upload stage, driven through a fake CUDA driver
+(tests/c/fake_libcuda.c): its "device memory" is host memory, so uploaded
+batches can be read back through the pointers fastload exports, and its
+counters show what fastload asked of the driver.  The same behaviour on a
+real GPU is checked by tests/test_cuda_gpu.py (marked ``gpu``).
+
+Each case runs in a fresh process: the driver is loaded once per process.
+"""
+
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from fl_helpers import fastload_only
+from test_cuda_driver import CC, ROOT, fake_driver  # noqa: F401 (fixture)
+
+pytestmark = fastload_only
+
+PRELUDE = """
+import ctypes, os, sys, warnings
+import numpy as np
+import fastload
+from fastload import _C
+warnings.simplefilter("error")
+
+_fake = ctypes.CDLL(os.environ["FASTLOAD_LIBCUDA"])
+COUNTERS = ("device_bytes", "device_buffers", "pinned_buffers", "copies", "stream_waits",
+            "last_wait_stream", "event_records", "last_record_stream", "live_streams",
+            "live_events")
+
+def counters():
+    out = (ctypes.c_longlong * len(COUNTERS))()
+    _fake.fake_cuda_counters(out)
+    return dict(zip(COUNTERS, out))
+
+def read_back(array):
+    # The fake's device memory is host memory: read it through the CUDA
+    # Array Interface, as a GPU consumer would find it.
+    cai = array.__cuda_array_interface__
+    assert cai["version"] == 3 and cai["strides"] is None
+    dtype = np.dtype(cai["typestr"])
+    count = int(np.prod(cai["shape"], dtype=np.int64))
+    raw = (ctypes.c_char * (count * dtype.itemsize)).from_address(cai["data"][0])
+    return np.frombuffer(raw, dtype=dtype).reshape(cai["shape"]).copy()
+
+ROWS = np.arange(40 * 6, dtype=np.float32).reshape(40, 6)
+LABELS = np.arange(40, dtype=np.int64) * 3
+"""
+
+
+def run_case(body, fake_driver, **env):  # noqa: F811 (the fixture)
+    script = PRELUDE + textwrap.dedent(body) + "\nprint('ok')\n"
+    environment = dict(os.environ, PYTHONPATH=str(ROOT), FASTLOAD_LIBCUDA=fake_driver["ok"],
+                       **env)
+    result = subprocess.run([sys.executable, "-c", script], env=environment,
+                            capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines()[-1] == "ok", result.stdout
+    return result.stdout.splitlines()[:-1]
+
+
+def test_pin_memory_slots_are_page_locked_by_the_driver(fake_driver):  # noqa: F811
+    run_case("""
+        ds = fastload.ArrayDataset(ROWS, LABELS)
+        for workers in (0, 2):
+            plain = fastload.DataLoader(ds, batch_size=8, num_workers=workers, output="numpy")
+            pinned = fastload.DataLoader(ds, batch_size=8, num_workers=workers,
+                                         pin_memory=True, output="numpy")  # no warning
+            for a, b in zip(plain, pinned):
+                assert all(np.array_equal(x, y) for x, y in zip(a, b))
+        assert counters()["pinned_buffers"] > 0
+        del plain, pinned, a, b
+        import gc; gc.collect()
+    """, fake_driver)
+
+
+def test_device_batches_equal_the_host_batches(fake_driver):  # noqa: F811
+    run_case("""
+        import torch
+        ds = fastload.ArrayDataset(ROWS, LABELS)
+        for workers in (0, 2):
+            kwargs = dict(batch_size=7, shuffle=True, num_workers=workers, output="numpy")
+            host = fastload.DataLoader(ds, generator=torch.Generator().manual_seed(3), **kwargs)
+            dev = fastload.DataLoader(ds, generator=torch.Generator().manual_seed(3),
+                                      device="cuda", **kwargs)
+            assert len(dev) == len(host)
+            for epoch in range(2):
+                n = 0
+                for expected, got in zip(host, dev):
+                    assert isinstance(got, list) and len(got) == 2
+                    for e, g in zip(expected, got):
+                        assert isinstance(g, _C.DeviceArray), type(g)
+                        assert g.shape == e.shape and g.dtype == e.dtype and g.device == 0
+                        assert np.array_equal(read_back(g), e)
+                    n += 1
+                assert n == len(host)
+        assert counters()["copies"] > 0
+    """, fake_driver)
+
+
+def test_structures_and_python_datasets_upload_every_array(fake_driver):  # noqa: F811
+    run_case("""
+        class Samples:
+            def __len__(self):
+                return 10
+            def __getitem__(self, i):
+                return {"x": np.full((2, 3), i, np.float32), "id": i, "name": f"s{i}"}
+        loader = fastload.DataLoader(Samples(), batch_size=4, device="cuda", output="numpy")
+        batches = list(loader)
+        assert [len(read_back(b["x"])) for b in batches] == [4, 4, 2]
+        assert np.array_equal(read_back(batches[2]["x"]), np.float32([[[8] * 3] * 2, [[9] * 3] * 2]))
+        assert np.array_equal(read_back(batches[1]["id"]), [4, 5, 6, 7])
+        assert batches[0]["name"] == ["s0", "s1", "s2", "s3"]  # not arrays: left on the host
+    """, fake_driver)
+
+
+def test_dlpack_export_waits_on_the_consumer_stream(fake_driver):  # noqa: F811
+    run_case("""
+        loader = fastload.DataLoader(fastload.ArrayDataset(ROWS), batch_size=8, device="cuda",
+                                     output="numpy")
+        (x,) = next(iter(loader))
+        assert x.__dlpack_device__() == (2, 0)
+        before = counters()["stream_waits"]
+        capsule = x.__dlpack__(stream=12345)
+        assert "dltensor" in repr(capsule)
+        c = counters()
+        assert c["stream_waits"] == before + 1 and c["last_wait_stream"] == 12345
+        x.__dlpack__(stream=-1)  # the consumer synchronises itself
+        assert counters()["stream_waits"] == before + 1
+        x.__dlpack__()  # None: the legacy default stream
+        assert counters()["last_wait_stream"] == 1
+        for bad, error in (({"stream": 0}, ValueError), ({"copy": True}, BufferError),
+                           ({"dl_device": (2, 1)}, BufferError), ({"dl_device": (1, 0)}, BufferError)):
+            try:
+                x.__dlpack__(**bad)
+            except error:
+                pass
+            else:
+                raise AssertionError(f"{bad} was accepted")
+        x.__dlpack__(dl_device=(2, 0), max_version=(1, 0))
+        assert "DeviceArray(shape=(8, 6)" in repr(x)
+    """, fake_driver)
+
+
+def test_released_buffers_are_fenced_on_the_last_reader_stream(fake_driver):  # noqa: F811
+    run_case("""
+        import gc
+        loader = fastload.DataLoader(fastload.ArrayDataset(ROWS), batch_size=8, device="cuda",
+                                     output="numpy")
+        (x,) = next(iter(loader))
+        capsule = x.__dlpack__(stream=777)
+        del x
+        gc.collect()
+        records = counters()["event_records"]
+        del capsule  # an unconsumed capsule still owns its tensor: this frees the buffer
+        c = counters()
+        assert c["event_records"] == records + 1 and c["last_record_stream"] == 777
+    """, fake_driver)
+
+
+def test_device_memory_stays_flat_over_100_epochs(fake_driver):  # noqa: F811
+    run_case("""
+        ds = fastload.ArrayDataset(ROWS, LABELS)
+        loader = fastload.DataLoader(ds, batch_size=8, shuffle=True, num_workers=2,
+                                     persistent_workers=True, device="cuda", output="numpy")
+        peak = []
+        for epoch in range(100):
+            for batch in loader:
+                read_back(batch[0])
+            del batch
+            peak.append(counters()["device_buffers"])
+        assert max(peak[5:]) <= max(peak[:5]), peak
+        assert counters()["live_streams"] == 1
+    """, fake_driver)
+
+
+def test_out_of_device_memory_names_the_bytes(fake_driver):  # noqa: F811
+    run_case("""
+        loader = fastload.DataLoader(fastload.ArrayDataset(ROWS), batch_size=40, device="cuda",
+                                     output="numpy")
+        try:
+            next(iter(loader))
+        except MemoryError as e:
+            assert "CUDA out of memory: cannot allocate" in str(e) and "on cuda:0" in str(e), e
+        else:
+            raise AssertionError("no MemoryError")
+        assert counters()["device_buffers"] == 0
+    """, fake_driver, FAKE_CUDA_MEMORY="1000")
+
+
+def test_worker_errors_reach_the_loop_through_the_upload_stage(fake_driver):  # noqa: F811
+    run_case("""
+        class Broken:
+            def __len__(self):
+                return 12
+            def __getitem__(self, i):
+                if i == 9:
+                    raise KeyError(f"sample {i} is missing")
+                return np.float32(i)
+        for workers in (0, 2):
+            loader = fastload.DataLoader(Broken(), batch_size=4, num_workers=workers,
+                                         device="cuda", output="numpy")
+            it = iter(loader)
+            assert read_back(next(it)).tolist() == [0, 1, 2, 3]
+            try:
+                for _ in it:
+                    pass
+            except KeyError as e:
+                assert "sample 9 is missing" in str(e), e
+            else:
+                raise AssertionError("the error was lost")
+            it = iter(loader)  # the next epoch works
+            assert read_back(next(it)).tolist() == [0, 1, 2, 3]
+            del it  # dropped mid-epoch: the upload thread stops
+        import threading, time
+        for _ in range(100):
+            if not any(t.name == "fastload-upload" for t in threading.enumerate()):
+                break
+            time.sleep(0.05)
+        assert not any(t.name == "fastload-upload" for t in threading.enumerate())
+    """, fake_driver)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_child_forked_after_cuda_use_gets_a_clear_error(fake_driver):  # noqa: F811
+    run_case("""
+        loader = fastload.DataLoader(fastload.ArrayDataset(ROWS), batch_size=8, device="cuda",
+                                     pin_memory=True, output="numpy")
+        held = next(iter(loader))
+        pid = os.fork()
+        if pid == 0:
+            code = 3
+            try:
+                del held  # frees a device buffer: never calls the driver here
+                fastload.DataLoader(fastload.ArrayDataset(ROWS), device="cuda")
+            except RuntimeError as e:
+                code = 0 if "forked" in str(e) else 4
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+        assert read_back(held[0]).shape == (8, 6)  # the parent is unaffected
+    """, fake_driver)
+
+
+def test_normalize_on_device_needs_a_float_image_transform(fake_driver):  # noqa: F811
+    lines = run_case("""
+        for kwargs in ({}, {"device": "cuda", "output": "numpy"}):
+            try:
+                fastload.DataLoader(range(4), normalize_on_device=True, **kwargs)
+            except ValueError as e:
+                print(e)
+        try:
+            fastload.DataLoader(range(4), device="cuda", normalize_on_device=True)
+        except ValueError as e:
+            print(e)
+    """, fake_driver)
+    assert lines == ["normalize_on_device=True needs device='cuda'",
+                     "normalize_on_device=True needs torch (output='torch')",
+                     "normalize_on_device=True needs a fastload image dataset whose transform "
+                     "is a fastload.transforms.Compose ending in ToTensor (and Normalize)"]
+
+
+def test_pin_memory_without_a_driver_warns_once_and_changes_nothing():
+    script = PRELUDE.split("_fake =")[0] + textwrap.dedent("""
+        ds = fastload.ArrayDataset(np.arange(40 * 6, dtype=np.float32).reshape(40, 6))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            pinned = [b[0] for b in fastload.DataLoader(ds, batch_size=8, pin_memory=True,
+                                                        output="numpy")]
+        assert len(caught) == 1 and "pin_memory" in str(caught[0].message), caught
+        plain = [b[0] for b in fastload.DataLoader(ds, batch_size=8, output="numpy")]
+        assert all(np.array_equal(a, b) for a, b in zip(pinned, plain))
+        print("ok")
+    """)
+    environment = dict(os.environ, PYTHONPATH=str(ROOT), FASTLOAD_LIBCUDA="no-such-libcuda.so")
+    result = subprocess.run([sys.executable, "-c", script], env=environment,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
