@@ -73,8 +73,12 @@ def test_pin_memory_slots_are_page_locked_by_the_driver(fake_driver):  # noqa: F
             for a, b in zip(plain, pinned):
                 assert all(np.array_equal(x, y) for x, y in zip(a, b))
         assert counters()["pinned_buffers"] > 0
-        del plain, pinned, a, b
-        import gc; gc.collect()
+        # A freed pinned batch is fenced on the legacy default stream (a
+        # non-blocking copy from it may still be queued); reuse waits for it.
+        records = counters()["event_records"]
+        del a, b
+        c = counters()
+        assert c["event_records"] > records and c["last_record_stream"] == 1
     """, fake_driver)
 
 

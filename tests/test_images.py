@@ -374,3 +374,32 @@ def test_resize_of_an_extreme_aspect_ratio_keeps_a_pixel(tmp_path):
     out = fastload.ImageFiles([str(path)], transform=T.Compose(
         [T.Resize(5, max_size=6), T.ToTensor()]))[0][0]
     assert out.shape == (3, 1, 6) and np.isfinite(out).all()
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_uint8_split_for_normalize_on_device(folder, channels_last):
+    """normalize_on_device uploads the uint8 form of the same crops and
+    applies the fused normalisation on the device; done here on CPU
+    tensors, it equals the float pipeline up to the 8-bit quantisation."""
+    torch = pytest.importorskip("torch")
+    from fastload._upload import _normalize
+
+    ds = fastload.ImageFolder(folder, transform=T.Compose(
+        [T.RandomResizedCrop(40), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)],
+        channels_last=channels_last))
+    batch_uint8, mul, add, dtype = ds._uint8_batches()
+    indices = np.arange(12)
+    args = dict(pool=None, convert=torch.from_numpy, seed=5, epoch=1)
+    images, labels = ds._native_batch(indices, **args)
+    raw, raw_labels = batch_uint8(indices, **args)
+    assert raw.dtype == torch.uint8 and raw.shape == images.shape and torch.equal(labels, raw_labels)
+    normalized = _normalize(raw, mul, add, dtype)
+    expected = (raw.double() * torch.tensor(mul, dtype=torch.float64).view(1, 3, 1, 1)
+                + torch.tensor(add, dtype=torch.float64).view(1, 3, 1, 1))
+    torch.testing.assert_close(normalized.double(), expected, rtol=0, atol=1e-5)
+    half_level = 0.5 / 255 / min(STD) + 1e-5
+    assert (normalized - images).abs().max().item() <= half_level
+    if channels_last:
+        assert normalized.is_contiguous(memory_format=torch.channels_last)
+    assert fastload.ImageFolder(folder, transform=T.Compose(
+        [T.CenterCrop(8), T.PILToTensor()]))._uint8_batches() is None

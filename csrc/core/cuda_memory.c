@@ -53,6 +53,40 @@ static void pinned_free(void *data, size_t bytes, void *ctx)
     fl_cuda_leave(cuda);
 }
 
+/* A pinned batch may be freed while a non-blocking copy from it is still
+ * queued (`batch.to("cuda", non_blocking=True)`, then the loop moves on):
+ * torch guards only its own pinned memory.  So a released pinned slot gets
+ * a fence on the legacy default stream, which follows all work queued
+ * before it on the default and other blocking streams, and a worker waits
+ * for it before writing the slot again (at once, in the usual case). */
+static void pinned_fence_on_release(fl_slot *slot, void *ctx)
+{
+    const fl_cuda *cuda = enter(ctx);
+    if (!cuda)
+        return;
+    if (fl_cuda_fence(cuda, slot, FL_CU_STREAM_LEGACY) != 0)
+        cuda->stream_synchronize(FL_CU_STREAM_LEGACY); /* no fence: wait here */
+    fl_cuda_leave(cuda);
+}
+
+static void pinned_fence_before_reuse(fl_slot *slot, void *ctx)
+{
+    const fl_cuda *cuda = enter(ctx);
+    if (!cuda)
+        return;
+    cuda->event_synchronize(slot->fence);
+    fl_cuda_leave(cuda);
+}
+
+static void free_fence(void *fence, void *ctx)
+{
+    const fl_cuda *cuda = enter(ctx);
+    if (!cuda)
+        return;
+    cuda->event_destroy(fence);
+    fl_cuda_leave(cuda);
+}
+
 static void *device_alloc(size_t bytes, void *ctx)
 {
     const fl_cuda *cuda = enter(ctx);
@@ -74,25 +108,18 @@ static void device_free(void *data, size_t bytes, void *ctx)
     fl_cuda_leave(cuda);
 }
 
-static void device_free_fence(void *fence, void *ctx)
-{
-    const fl_cuda *cuda = enter(ctx);
-    if (!cuda)
-        return;
-    cuda->event_destroy(fence);
-    fl_cuda_leave(cuda);
-}
-
 fl_slot_allocator fl_cuda_pinned_allocator(int ordinal)
 {
     return (fl_slot_allocator){.alloc = pinned_alloc, .free = pinned_free,
-                               .ctx = (void *)(intptr_t)ordinal};
+                               .fence_on_release = pinned_fence_on_release,
+                               .fence_before_reuse = pinned_fence_before_reuse,
+                               .free_fence = free_fence, .ctx = (void *)(intptr_t)ordinal};
 }
 
 fl_slot_allocator fl_cuda_device_allocator(int ordinal)
 {
     return (fl_slot_allocator){.alloc = device_alloc, .free = device_free,
-                               .free_fence = device_free_fence,
+                               .free_fence = free_fence,
                                .ctx = (void *)(intptr_t)ordinal};
 }
 

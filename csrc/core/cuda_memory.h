@@ -5,11 +5,12 @@
  * the pool like any slot, never pinned per batch.  Device slots are
  * cuMemAlloc buffers an upload copies a batch into.
  *
- * A device slot may be released while kernels that read it are still queued
- * on the consumer's stream.  fl_cuda_fence records an event there (the
- * slot's fence) before the release; the next upload into the slot waits for
- * it on the GPU (fl_cuda_after_fence), so the host never blocks and no
- * reader ever sees its buffer overwritten.
+ * Either kind may be released while the GPU still reads it.  A device slot
+ * may have kernels queued on the consumer's stream: fl_cuda_fence records an
+ * event there (the slot's fence) before the release, and the next upload
+ * into the slot waits for it on the GPU (fl_cuda_after_fence), so the host
+ * never blocks.  A pinned slot may have a non-blocking copy queued: the
+ * allocator fences it on release and the next writer waits on the host.
  *
  * Allocators keep working after fork() in the sense that matters: a child
  * cannot use CUDA, so they fail to allocate and never call the driver to
@@ -22,7 +23,7 @@
 #include "slots.h"
 
 /* Allocators for fl_slot_pool_new, bound to device `ordinal`'s primary
- * context.  `cuda` must be the loaded driver. */
+ * context; they fail (NULL) when the driver is not loaded. */
 fl_slot_allocator fl_cuda_pinned_allocator(int ordinal);
 fl_slot_allocator fl_cuda_device_allocator(int ordinal);
 

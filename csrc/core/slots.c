@@ -155,6 +155,8 @@ int fl_slot_acquire(fl_slot_pool *pool, size_t bytes, fl_slot **out)
     }
     pool->refs++;
     pthread_mutex_unlock(&pool->lock);
+    if (best && best->fence && pool->allocator.fence_before_reuse)
+        pool->allocator.fence_before_reuse(best, pool->allocator.ctx);
 
     if (!best) {
         best = calloc(1, sizeof *best);
@@ -181,6 +183,8 @@ void fl_slot_release(fl_slot *slot)
     if (!slot)
         return;
     fl_slot_pool *pool = slot->pool;
+    if (pool->allocator.fence_on_release)
+        pool->allocator.fence_on_release(slot, pool->allocator.ctx);
     pthread_mutex_lock(&pool->lock);
     int keep = pool->n_free < pool->max_free;
     if (keep) {

@@ -17,6 +17,7 @@
 #include <stddef.h>
 
 typedef struct fl_slot_pool fl_slot_pool;
+typedef struct fl_slot fl_slot;
 
 /* Where slot memory comes from.  The default is posix_memalign at page size;
  * CUDA's page-locked host memory or device memory can be plugged in instead
@@ -24,20 +25,26 @@ typedef struct fl_slot_pool fl_slot_pool;
 typedef struct fl_slot_allocator {
     void *(*alloc)(size_t bytes, void *ctx); /* page-aligned memory or NULL */
     void (*free)(void *data, size_t bytes, void *ctx);
-    void (*free_fence)(void *fence, void *ctx); /* may be NULL: see fl_slot.fence */
+    /* Optional (NULL: none) fence hooks, see fl_slot.fence: run on a slot
+     * as it is released, before it is handed out again, and when it is
+     * freed.  The first two run without the pool's lock. */
+    void (*fence_on_release)(fl_slot *slot, void *ctx);
+    void (*fence_before_reuse)(fl_slot *slot, void *ctx);
+    void (*free_fence)(void *fence, void *ctx);
     void *ctx;
 } fl_slot_allocator;
 
-typedef struct fl_slot {
+struct fl_slot {
     void *data;           /* page-aligned, `capacity` bytes */
     size_t capacity;
-    /* Allocator-specific, owned by the slot and kept across reuse: for device
-     * memory, a CUDA event recorded when the last reader let go, which the
-     * next writer waits for.  NULL until someone sets it. */
+    /* Allocator-specific, owned by the slot and kept across reuse: a CUDA
+     * event recorded when the last reader let go, which the next writer
+     * waits for (a copy from pinned memory or a kernel reading device memory
+     * may still be queued when the batch is freed).  NULL until set. */
     void *fence;
     fl_slot_pool *pool;   /* holds a reference while the slot is acquired */
     struct fl_slot *next; /* free-list link; guarded by the pool's lock */
-} fl_slot;
+};
 
 /* Creates a pool holding one reference for the caller.  `allocator` may be
  * NULL for ordinary page-aligned memory.  Returns NULL when out of memory. */
