@@ -30,35 +30,30 @@ _POLL_S = 0.05  # how often a blocked upload thread checks for close()
 
 
 class DeviceIter:
-    """Iterates device batches uploaded from ``host_iter``'s batches."""
+    """Iterates device batches uploaded from ``pump``'s host batches."""
 
-    def __init__(self, host_iter, stream, pool, depth, to_torch, normalize=None):
-        self._host = host_iter
-        self._stream = stream
-        self._pool = pool
+    def __init__(self, pump, to_torch, normalize=None):
+        self._pump = pump
         self._to_torch = to_torch
         self._normalize = normalize  # (mul, add, dtype) for the image array, or None
-        self._ready = queue.Queue(maxsize=max(1, depth))
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="fastload-upload", daemon=True)
-        self._thread.start()
+        self._done = False
 
     def __iter__(self):
         return self
 
     def __len__(self):
-        return len(self._host)
+        return len(self._pump.host)
 
     def __next__(self):
-        if self._thread is None:
+        if self._done:
             raise StopIteration
-        item = self._ready.get()
-        if item[0] == "end":
-            self.close()
+        item = self._pump.ready.get()
+        if item[0] != "batch":
+            self._done = True
+            self._pump.close()
+            if item[0] == "error":
+                raise item[1]
             raise StopIteration
-        if item[0] == "error":
-            self.close()
-            raise item[1]
         _, structure, arrays = item
         return _rebuild(structure, iter([self._output(i, *a) for i, a in enumerate(arrays)]))
 
@@ -72,29 +67,40 @@ class DeviceIter:
             tensor = _normalize(tensor, *self._normalize)
         return tensor
 
+    def __del__(self):
+        # Dropped mid-epoch: the thread stops after the batch it is on.
+        self._pump.stop.set()
+
+
+class Pump:
+    """The upload thread and what it uses.  It holds no reference to the
+    DeviceIter, so dropping the iterator mid-epoch collects it and stops
+    the thread."""
+
+    def __init__(self, host_iter, stream, pool, depth):
+        self.host = host_iter
+        self._stream = stream
+        self._pool = pool
+        self.ready = queue.Queue(maxsize=max(1, depth))
+        self.stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fastload-upload", daemon=True)
+        self._thread.start()
+
     def close(self):
-        """Stops the upload thread and waits for it (its current batch, if
-        it is waiting for one, finishes first)."""
-        thread, self._thread = self._thread, None
-        if thread is None:
-            return
-        self._stop.set()
-        while thread.is_alive():
+        """Stops the thread and waits for it (a batch it is waiting for
+        arrives first)."""
+        self.stop.set()
+        while self._thread.is_alive():
             try:  # unblock a thread waiting to queue a batch
-                self._ready.get(timeout=_POLL_S)
+                self.ready.get(timeout=_POLL_S)
             except queue.Empty:
                 pass
-        thread.join()
-
-    def __del__(self):
-        self.close()
-
-    # -- the upload thread ----------------------------------------------------
+        self._thread.join()
 
     def _run(self):
         in_flight = collections.deque()  # (event, host batch) until the copy is done
         try:
-            for batch in self._host:
+            for batch in self.host:
                 structure, leaves = _flatten(batch)
                 hosts, permutations = zip(*map(_host_array, leaves)) if leaves else ((), ())
                 arrays, event = self._stream.upload(hosts, self._pool)
@@ -110,10 +116,10 @@ class DeviceIter:
                 event.synchronize()
 
     def _put(self, item, in_flight):
-        while not self._stop.is_set():
+        while not self.stop.is_set():
             _release_done(in_flight)
             try:
-                self._ready.put(item, timeout=_POLL_S)
+                self.ready.put(item, timeout=_POLL_S)
                 _release_done(in_flight)
                 return True
             except queue.Full:

@@ -22,7 +22,7 @@ import weakref
 
 from . import _C, cuda
 from ._random import draw_seed
-from ._upload import DeviceIter
+from ._upload import DeviceIter, Pump
 from ._torch import torch
 from ._worker import ExceptionWrapper, FetchPlan, StopFlag, Worker, make_fetcher
 from .collate import (
@@ -246,8 +246,10 @@ class DataLoader:
     # -- iteration ----------------------------------------------------------
 
     def __iter__(self):
-        host = self._host_iter()
-        return host if self._upload is None else self._upload.start(host)
+        if self._upload is None:
+            return self._host_iter()
+        self._upload.stop()  # before a persistent host iterator is reset
+        return self._upload.start(self._host_iter())
 
     def _host_iter(self):
         if self.persistent_workers and self.num_workers > 0:
@@ -280,7 +282,7 @@ def _pin_device(pin_memory_device):
 
 class _Upload:
     """A loader's upload stage: its stream and device pool, shared by epochs,
-    and the running DeviceIter (one at a time: a new epoch stops the last)."""
+    and the running upload thread (one at a time: a new epoch stops the last)."""
 
     def __init__(self, loader, device_index, in_flight):
         self.stream = _C.CudaStream(device_index)
@@ -297,16 +299,16 @@ class _Upload:
                     "normalize_on_device=True needs a fastload image dataset whose transform "
                     "is a fastload.transforms.Compose ending in ToTensor (and Normalize)")
             self.native_batch, *self.normalize = split
-        self._running = None
+        self._pump = None
+
+    def stop(self):
+        if self._pump is not None:
+            self._pump.close()
+            self._pump = None
 
     def start(self, host_iter):
-        running = self._running and self._running()
-        if running is not None:
-            running.close()  # before a persistent host iterator is reused
-        it = DeviceIter(host_iter, self.stream, self.pool, self.depth, self.to_torch,
-                        self.normalize)
-        self._running = weakref.ref(it)
-        return it
+        self._pump = Pump(host_iter, self.stream, self.pool, self.depth)
+        return DeviceIter(self._pump, self.to_torch, self.normalize)
 
 
 # --------------------------------------------------------------- collation

@@ -285,3 +285,31 @@ def test_pin_memory_without_a_driver_warns_once_and_changes_nothing():
     result = subprocess.run([sys.executable, "-c", script], env=environment,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+def test_dropping_the_iterator_mid_epoch_stops_the_upload_thread(fake_driver):  # noqa: F811
+    run_case("""
+        import gc, threading, time
+        def uploading():
+            return sum(t.name == "fastload-upload" for t in threading.enumerate())
+        rows = np.zeros((400, 4), np.float32)
+        for persistent in (False, True):
+            loader = fastload.DataLoader(fastload.ArrayDataset(rows), batch_size=1, num_workers=2,
+                                         persistent_workers=persistent, device="cuda",
+                                         output="numpy")
+            for epoch in range(3):
+                it = iter(loader)
+                for _ in range(3):
+                    next(it)
+                assert uploading() == 1
+                del it  # mid-epoch, with hundreds of batches to go
+                gc.collect()
+                for _ in range(200):
+                    if uploading() == 0:
+                        break
+                    time.sleep(0.05)
+                assert uploading() == 0, (persistent, epoch)
+            assert sum(1 for _ in loader) == 400  # a full epoch after the partial ones
+            del loader
+            gc.collect()
+    """, fake_driver)
