@@ -29,19 +29,21 @@ static PyObject *SlotPool_new(PyTypeObject *type, PyObject *args, PyObject *kwds
         return NULL;
     }
     fl_slot_allocator cuda_memory, *allocator = NULL;
-    if (strcmp(memory, "pinned") == 0 || strcmp(memory, "device") == 0) {
+    int staging = strcmp(memory, "staging") == 0;
+    if (strcmp(memory, "pinned") == 0 || staging || strcmp(memory, "device") == 0) {
         const char *why = NULL;
         if (!fl_cuda_get(&why)) {
             PyErr_Format(PyExc_RuntimeError, "SlotPool(memory='%s') needs CUDA: %s", memory,
                          why);
             return NULL;
         }
-        cuda_memory = memory[0] == 'p' ? fl_cuda_pinned_allocator(device)
-                                       : fl_cuda_device_allocator(device);
+        cuda_memory = memory[0] == 'd' ? fl_cuda_device_allocator(device)
+                                       : fl_cuda_pinned_allocator(device, !staging);
         allocator = &cuda_memory;
     } else if (strcmp(memory, "host") != 0) {
         PyErr_Format(PyExc_ValueError,
-                     "SlotPool: memory must be 'host', 'pinned' or 'device', not '%s'", memory);
+                     "SlotPool: memory must be 'host', 'pinned', 'staging' or 'device', not '%s'",
+                     memory);
         return NULL;
     }
     SlotPoolObject *self = (SlotPoolObject *)type->tp_alloc(type, 0);
@@ -80,8 +82,9 @@ static PyMethodDef SlotPool_methods[] = {
 static PyType_Slot SlotPool_slots[] = {
     {Py_tp_doc, "SlotPool(max_free=16, *, memory='host', device=0)\n--\n\n"
                 "Batch buffers, recycled; at most max_free kept idle.  memory: 'host'\n"
-                "(page-aligned), 'pinned' (page-locked by the CUDA driver) or 'device'\n"
-                "(memory of CUDA device `device`, for uploads)."},
+                "(page-aligned), 'pinned' (page-locked by the CUDA driver, fenced on\n"
+                "release against queued copies), 'staging' (page-locked, read only by\n"
+                "fastload's upload stage) or 'device' (memory of CUDA device `device`)."},
     {Py_tp_new, SlotPool_new},
     {Py_tp_dealloc, SlotPool_dealloc},
     {Py_tp_methods, SlotPool_methods},

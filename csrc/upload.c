@@ -259,6 +259,10 @@ static PyObject *CudaStream_upload(CudaStreamObject *self, PyObject *const *args
         /* Nobody can wait for the copies now: finish them here. */
         Py_BEGIN_ALLOW_THREADS
         cuda->event_synchronize(event);
+        if (fl_cuda_enter(cuda, self->device) == 0) {
+            cuda->event_destroy(event);
+            fl_cuda_leave(cuda);
+        }
         Py_END_ALLOW_THREADS
         for (Py_ssize_t i = 0; i < n; i++)
             fl_slot_release(items[i].slot);

@@ -188,9 +188,14 @@ class DataLoader:
         # Batch buffers outlive iterators (epochs reuse warm pages) and even
         # the loader (a held batch keeps its slot).
         in_flight = max(1, num_workers * (prefetch_factor or 0))
-        pinned = (pin_memory or device_index is not None) and cuda.is_available()
+        # Uploads read slots through fastload's own stream, which tracks its
+        # copies; batches handed to the loop are fenced against theirs.
+        if device_index is not None:
+            memory = "staging"
+        else:
+            memory = "pinned" if pin_memory and cuda.is_available() else "host"
         self._slot_pool = _C.SlotPool(
-            max_free=2 * in_flight + 2, memory="pinned" if pinned else "host",
+            max_free=2 * in_flight + 2, memory=memory,
             device=device_index if device_index is not None else _pin_device(pin_memory_device))
         self._upload = _Upload(self, device_index, in_flight) if device_index is not None else None
         self._IterableDataset_len_called = None

@@ -108,12 +108,15 @@ static void device_free(void *data, size_t bytes, void *ctx)
     fl_cuda_leave(cuda);
 }
 
-fl_slot_allocator fl_cuda_pinned_allocator(int ordinal)
+fl_slot_allocator fl_cuda_pinned_allocator(int ordinal, int fenced)
 {
-    return (fl_slot_allocator){.alloc = pinned_alloc, .free = pinned_free,
-                               .fence_on_release = pinned_fence_on_release,
-                               .fence_before_reuse = pinned_fence_before_reuse,
-                               .free_fence = free_fence, .ctx = (void *)(intptr_t)ordinal};
+    fl_slot_allocator a = {.alloc = pinned_alloc, .free = pinned_free,
+                           .free_fence = free_fence, .ctx = (void *)(intptr_t)ordinal};
+    if (fenced) {
+        a.fence_on_release = pinned_fence_on_release;
+        a.fence_before_reuse = pinned_fence_before_reuse;
+    }
+    return a;
 }
 
 fl_slot_allocator fl_cuda_device_allocator(int ordinal)

@@ -23,8 +23,12 @@
 #include "slots.h"
 
 /* Allocators for fl_slot_pool_new, bound to device `ordinal`'s primary
- * context; they fail (NULL) when the driver is not loaded. */
-fl_slot_allocator fl_cuda_pinned_allocator(int ordinal);
+ * context; they fail (NULL) when the driver is not loaded.  Pinned slots are
+ * `fenced` when they are handed to user code, which may copy from them
+ * asynchronously; slots only fastload's upload stage reads (it releases them
+ * once its copy is done) need no fence, and one on the default stream would
+ * make workers wait for the training step queued there. */
+fl_slot_allocator fl_cuda_pinned_allocator(int ordinal, int fenced);
 fl_slot_allocator fl_cuda_device_allocator(int ordinal);
 
 /* The driver's error behind this thread's last failed CUDA allocation
