@@ -47,7 +47,10 @@ class DeviceIter:
     def __next__(self):
         if self._done:
             raise StopIteration
-        item = self._pump.ready.get()
+        item = self._pump.next_item()
+        if item is None:  # stopped: a new epoch of a persistent loader took over
+            self._done = True
+            raise StopIteration
         if item[0] != "batch":
             self._done = True
             self._pump.close()
@@ -85,6 +88,19 @@ class Pump:
         self.stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fastload-upload", daemon=True)
         self._thread.start()
+
+    def next_item(self):
+        """The next ("batch" | "end" | "error", ...) item, or None once the
+        thread was stopped and nothing is left."""
+        while True:
+            try:
+                return self.ready.get(timeout=_POLL_S)
+            except queue.Empty:
+                if not self._thread.is_alive():
+                    try:  # it may have queued its last item just before ending
+                        return self.ready.get_nowait()
+                    except queue.Empty:
+                        return None
 
     def close(self):
         """Stops the thread and waits for it (a batch it is waiting for

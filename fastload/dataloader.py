@@ -253,7 +253,8 @@ class DataLoader:
     def __iter__(self):
         if self._upload is None:
             return self._host_iter()
-        self._upload.stop()  # before a persistent host iterator is reset
+        if self.persistent_workers and self.num_workers > 0:
+            self._upload.stop()  # the host iterator is shared: stop its reader first
         return self._upload.start(self._host_iter())
 
     def _host_iter(self):
@@ -287,7 +288,8 @@ def _pin_device(pin_memory_device):
 
 class _Upload:
     """A loader's upload stage: its stream and device pool, shared by epochs,
-    and the running upload thread (one at a time: a new epoch stops the last)."""
+    and the latest upload thread (with persistent workers, the one that reads
+    the shared host iterator: a new epoch stops it first)."""
 
     def __init__(self, loader, device_index, in_flight):
         self.stream = _C.CudaStream(device_index)

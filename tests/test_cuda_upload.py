@@ -314,3 +314,21 @@ def test_dropping_the_iterator_mid_epoch_stops_the_upload_thread(fake_driver):  
             del loader
             gc.collect()
     """, fake_driver)
+
+
+def test_two_iterators_of_one_loader_run_side_by_side(fake_driver):  # noqa: F811
+    run_case("""
+        loader = fastload.DataLoader(fastload.ArrayDataset(ROWS), batch_size=8, num_workers=2,
+                                     device="cuda", output="numpy")
+        pairs = list(zip(loader, loader))  # as with torch: each iterator is independent
+        assert len(pairs) == 5
+        for (a,), (b,) in pairs:
+            assert np.array_equal(read_back(a), read_back(b))
+        persistent = fastload.DataLoader(fastload.ArrayDataset(ROWS), batch_size=8, num_workers=2,
+                                         persistent_workers=True, device="cuda", output="numpy")
+        first = iter(persistent)
+        next(first)
+        second = iter(persistent)  # takes the shared workers over; the first one ends
+        assert sum(1 for _ in first) <= 4
+        assert sum(1 for _ in second) == 5
+    """, fake_driver)
