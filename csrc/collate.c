@@ -463,11 +463,8 @@ PyObject *fl__collate(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             goto done;
         }
     }
-    if (fl_slot_acquire(((SlotPoolObject *)pool_obj)->pool, p.total_bytes, &p.slot) != 0) {
-        PyErr_Format(PyExc_MemoryError, "fastload: cannot allocate a %zu-byte batch buffer",
-                     p.total_bytes);
+    if (fl__acquire_slot(pool_obj, p.total_bytes, &p.slot) < 0)
         goto done;
-    }
     for (Py_ssize_t b = 0; b < p.batch; b++) {
         int cursor = 0;
         rc = fill(&p, PyList_GET_ITEM(samples, b), &cursor, b);

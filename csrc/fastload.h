@@ -57,6 +57,10 @@ typedef struct SlotOwnerObject {
 extern PyType_Spec fl__SlotPool_spec;
 extern PyType_Spec fl__SlotOwner_spec;
 
+/* Takes a slot of at least `bytes` from `pool` (a SlotPool) with the GIL
+ * released.  Returns 0, or -1 with MemoryError set. */
+int fl__acquire_slot(PyObject *pool, size_t bytes, fl_slot **out);
+
 /* Wraps an acquired slot in a new SlotOwner, which releases it when the last
  * array over it dies.  Takes ownership of `slot` (released here on failure). */
 PyObject *fl__SlotOwner_new(fastload_state *state, fl_slot *slot);

@@ -151,11 +151,8 @@ int fl__batch_out_alloc(fl__batch_out *b, fastload_state *state, PyObject *pool,
         total += (bytes + BATCH_ALIGN - 1) / BATCH_ALIGN * BATCH_ALIGN;
     }
     fl_slot *slot;
-    if (fl_slot_acquire(((SlotPoolObject *)pool)->pool, total, &slot) != 0) {
-        PyErr_Format(PyExc_MemoryError, "fastload: cannot allocate a %zu-byte batch buffer",
-                     total);
+    if (fl__acquire_slot(pool, total, &slot) < 0)
         return -1;
-    }
     b->owner = fl__SlotOwner_new(state, slot);
     if (!b->owner)
         return -1;

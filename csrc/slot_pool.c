@@ -100,6 +100,22 @@ PyType_Spec fl__SlotPool_spec = {
 
 /* --------------------------------------------------------------- SlotOwner */
 
+int fl__acquire_slot(PyObject *pool, size_t bytes, fl_slot **out)
+{
+    int status;
+    /* Without the GIL: a fresh slot may be a large allocation, and a reused
+     * pinned one may first wait for a copy still reading it. */
+    Py_BEGIN_ALLOW_THREADS
+    status = fl_slot_acquire(((SlotPoolObject *)pool)->pool, bytes, out);
+    Py_END_ALLOW_THREADS
+    if (status != FL_OK) {
+        PyErr_Format(PyExc_MemoryError, "fastload: cannot allocate a %zu-byte batch buffer",
+                     bytes);
+        return -1;
+    }
+    return 0;
+}
+
 PyObject *fl__SlotOwner_new(fastload_state *state, fl_slot *slot)
 {
     PyTypeObject *type = state->SlotOwner_type;
