@@ -23,7 +23,7 @@ import threading
 import numpy as np
 
 from . import _C
-from ._torch import torch
+from ._torch import is_tensor, torch
 
 
 _POLL_S = 0.05  # how often a blocked upload thread checks for close()
@@ -161,16 +161,12 @@ def _host_array(leaf):
     """(C-contiguous array to upload, permutation that restores the leaf's
     shape on the device or None).  A channels_last image batch (an NCHW
     view over NHWC memory) is uploaded as its NHWC memory, not copied."""
-    array = leaf.numpy() if torch is not None and isinstance(leaf, torch.Tensor) else leaf
+    array = leaf.numpy() if is_tensor(leaf) else leaf
     if array.ndim == 4 and not array.flags.c_contiguous:
         nhwc = array.transpose(0, 2, 3, 1)
         if nhwc.flags.c_contiguous:
             return nhwc, (0, 3, 1, 2)
     return np.ascontiguousarray(array), None
-
-
-def _is_array(x):
-    return isinstance(x, np.ndarray) or (torch is not None and isinstance(x, torch.Tensor))
 
 
 def _flatten(batch):
@@ -179,7 +175,7 @@ def _flatten(batch):
     leaves = []
 
     def walk(x):
-        if _is_array(x):
+        if isinstance(x, np.ndarray) or is_tensor(x):
             leaves.append(x)
             return _LEAF
         if isinstance(x, dict):

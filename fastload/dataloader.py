@@ -111,8 +111,6 @@ class DataLoader:
                 raise ValueError(f"device={device!r} is not supported: use None, 'cpu', "
                                  "'cuda' or 'cuda:N'")
             device_index = cuda.check_device(device)  # RuntimeError without a driver or device
-        if normalize_on_device and device_index is None:
-            raise ValueError("normalize_on_device=True needs device='cuda'")
 
         self.dataset = dataset
         self.num_workers = num_workers
@@ -126,6 +124,8 @@ class DataLoader:
         self.device = device
         self.output = ("torch" if torch is not None else "numpy") if output == "auto" else output
         self.normalize_on_device = normalize_on_device
+        if normalize_on_device and device_index is None:
+            raise ValueError("normalize_on_device=True needs device='cuda'")
         if normalize_on_device and self.output != "torch":
             raise ValueError("normalize_on_device=True needs torch (output='torch')")
 

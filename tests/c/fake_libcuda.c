@@ -134,13 +134,16 @@ CUresult cuMemFreeHost(void *ptr)
     return 0;
 }
 
+static long long device_memory(void)
+{
+    const char *v = getenv("FAKE_CUDA_MEMORY");
+    return v && *v ? atoll(v) : 1LL << 30;
+}
+
 /* Device buffers carry their size in a header, for the byte count. */
 CUresult cuMemAlloc_v2(unsigned long long *ptr, size_t bytes)
 {
-    long long total = 1LL << 30;
-    const char *v = getenv("FAKE_CUDA_MEMORY");
-    if (v && *v)
-        total = atoll(v);
+    long long total = device_memory();
     pthread_mutex_lock(&lock);
     int fits = counters[DEVICE_BYTES] + (long long)bytes <= total;
     if (fits) {
@@ -172,10 +175,7 @@ CUresult cuMemFree_v2(unsigned long long ptr)
 
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 {
-    long long total = 1LL << 30;
-    const char *v = getenv("FAKE_CUDA_MEMORY");
-    if (v && *v)
-        total = atoll(v);
+    long long total = device_memory();
     pthread_mutex_lock(&lock);
     *free_bytes = (size_t)(total - counters[DEVICE_BYTES]);
     pthread_mutex_unlock(&lock);
@@ -192,19 +192,41 @@ CUresult cuMemcpyHtoDAsync_v2(unsigned long long dst, const void *src, size_t by
     return 0;
 }
 
+/* Streams and events are tokens: a byte of heap, counted while alive. */
+static CUresult new_token(void **token, int live_counter)
+{
+    *token = malloc(1);
+    if (!*token)
+        return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+    count(live_counter, 1);
+    return 0;
+}
+
+static CUresult free_token(void *token, int live_counter)
+{
+    free(token);
+    count(live_counter, -1);
+    return 0;
+}
+
+/* Counts a call made on `stream` and remembers that stream. */
+static void count_on_stream(int calls, int last_stream, void *stream)
+{
+    pthread_mutex_lock(&lock);
+    counters[calls]++;
+    counters[last_stream] = (long long)(size_t)stream;
+    pthread_mutex_unlock(&lock);
+}
+
 CUresult cuStreamCreate(void **stream, unsigned int flags)
 {
     (void)flags;
-    *stream = malloc(1);
-    count(LIVE_STREAMS, 1);
-    return *stream ? 0 : 2;
+    return new_token(stream, LIVE_STREAMS);
 }
 
 CUresult cuStreamDestroy_v2(void *stream)
 {
-    free(stream);
-    count(LIVE_STREAMS, -1);
-    return 0;
+    return free_token(stream, LIVE_STREAMS);
 }
 
 CUresult cuStreamSynchronize(void *stream)
@@ -217,35 +239,25 @@ CUresult cuStreamWaitEvent(void *stream, void *event, unsigned int flags)
 {
     (void)event;
     (void)flags;
-    pthread_mutex_lock(&lock);
-    counters[STREAM_WAITS]++;
-    counters[LAST_WAIT_STREAM] = (long long)(size_t)stream;
-    pthread_mutex_unlock(&lock);
+    count_on_stream(STREAM_WAITS, LAST_WAIT_STREAM, stream);
     return 0;
 }
 
 CUresult cuEventCreate(void **event, unsigned int flags)
 {
     (void)flags;
-    *event = malloc(1);
-    count(LIVE_EVENTS, 1);
-    return *event ? 0 : 2;
+    return new_token(event, LIVE_EVENTS);
 }
 
 CUresult cuEventDestroy_v2(void *event)
 {
-    free(event);
-    count(LIVE_EVENTS, -1);
-    return 0;
+    return free_token(event, LIVE_EVENTS);
 }
 
 CUresult cuEventRecord(void *event, void *stream)
 {
     (void)event;
-    pthread_mutex_lock(&lock);
-    counters[EVENT_RECORDS]++;
-    counters[LAST_RECORD_STREAM] = (long long)(size_t)stream;
-    pthread_mutex_unlock(&lock);
+    count_on_stream(EVENT_RECORDS, LAST_RECORD_STREAM, stream);
     return 0;
 }
 
