@@ -154,9 +154,13 @@ def test_dlpack_export_waits_on_the_consumer_stream(fake_driver):  # noqa: F811
 def test_released_buffers_are_fenced_on_the_last_reader_stream(fake_driver):  # noqa: F811
     run_case("""
         import gc
-        loader = fastload.DataLoader(fastload.ArrayDataset(ROWS), batch_size=8, device="cuda",
-                                     output="numpy")
-        (x,) = next(iter(loader))
+        # One batch, and the iterator drained: the upload thread has nothing
+        # left to record, so only the release can move the counter.
+        loader = fastload.DataLoader(fastload.ArrayDataset(ROWS[:8]), batch_size=8,
+                                     device="cuda", output="numpy")
+        batches = iter(loader)
+        (x,) = next(batches)
+        assert next(batches, None) is None
         capsule = x.__dlpack__(stream=777)
         del x
         gc.collect()
