@@ -72,6 +72,12 @@ PyObject *fl__SlotOwner_new(fastload_state *state, fl_slot *slot);
 PyObject *fl__slot_array(PyObject *owner, size_t offset, PyArray_Descr *descr, int ndim,
                          const npy_intp *dims, PyObject *convert);
 
+/* For an array over a shared slot (SlotPool(memory="shared")): the tuple
+ * (fd, slot id, slot bytes, byte offset of the array's data); else None. */
+PyObject *fl__shared_slot(PyObject *module, PyObject *array);
+/* The ids of shared slots freed since the last call, as a list. */
+PyObject *fl__take_freed_shared_slots(PyObject *module, PyObject *unused);
+
 /* collate.c */
 PyObject *fl__collate(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fl__set_tensor_type(PyObject *module, PyObject *type);

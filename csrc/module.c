@@ -60,6 +60,15 @@ static PyMethodDef module_methods[] = {
      "yield_to_consumer()\n--\n\n"
      "On a worker: lets a consumer that waits for the GIL with a batch in hand\n"
      "take it first (briefly releases the GIL; free when nobody waits)."},
+    {"shared_slot", (PyCFunction)fl__shared_slot, METH_O,
+     "shared_slot(array, /)\n--\n\n"
+     "For an array over a slot of a SlotPool(memory='shared'): the tuple\n"
+     "(fd, slot id, slot bytes, byte offset of the array's data); else None.\n"
+     "The descriptor stays owned by the slot."},
+    {"take_freed_shared_slots", (PyCFunction)fl__take_freed_shared_slots, METH_NOARGS,
+     "take_freed_shared_slots()\n--\n\n"
+     "The ids of shared slots freed since the last call (their mappings in\n"
+     "another process can go)."},
     {"status_str", (PyCFunction)status_str, METH_O,
      "status_str(status, /)\n--\n\nDescribes a core status code."},
     {NULL, NULL, 0, NULL},

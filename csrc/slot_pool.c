@@ -9,6 +9,7 @@
 #include "fastload.h"
 
 #include "core/cuda_memory.h"
+#include "core/shm.h"
 #include "core/status.h"
 
 #include <string.h>
@@ -28,7 +29,7 @@ static PyObject *SlotPool_new(PyTypeObject *type, PyObject *args, PyObject *kwds
         PyErr_SetString(PyExc_ValueError, "SlotPool: max_free must be >= 0");
         return NULL;
     }
-    fl_slot_allocator cuda_memory, *allocator = NULL;
+    fl_slot_allocator cuda_memory, shared_memory, *allocator = NULL;
     int staging = strcmp(memory, "staging") == 0;
     if (strcmp(memory, "pinned") == 0 || staging || strcmp(memory, "device") == 0) {
         const char *why = NULL;
@@ -40,9 +41,13 @@ static PyObject *SlotPool_new(PyTypeObject *type, PyObject *args, PyObject *kwds
         cuda_memory = memory[0] == 'd' ? fl_cuda_device_allocator(device)
                                        : fl_cuda_pinned_allocator(device, !staging);
         allocator = &cuda_memory;
+    } else if (strcmp(memory, "shared") == 0) {
+        shared_memory = fl_shm_allocator();
+        allocator = &shared_memory;
     } else if (strcmp(memory, "host") != 0) {
         PyErr_Format(PyExc_ValueError,
-                     "SlotPool: memory must be 'host', 'pinned', 'staging' or 'device', not '%s'",
+                     "SlotPool: memory must be 'host', 'shared', 'pinned', 'staging' or "
+                     "'device', not '%s'",
                      memory);
         return NULL;
     }
@@ -84,7 +89,8 @@ static PyType_Slot SlotPool_slots[] = {
                 "Batch buffers, recycled; at most max_free kept idle.  memory: 'host'\n"
                 "(page-aligned), 'pinned' (page-locked by the CUDA driver, fenced on\n"
                 "release against queued copies), 'staging' (page-locked, read only by\n"
-                "fastload's upload stage) or 'device' (memory of CUDA device `device`)."},
+                "fastload's upload stage), 'device' (memory of CUDA device `device`) or\n"
+                "'shared' (one memfd a slot, for process workers: see shared_slot())."},
     {Py_tp_new, SlotPool_new},
     {Py_tp_dealloc, SlotPool_dealloc},
     {Py_tp_methods, SlotPool_methods},
@@ -188,3 +194,43 @@ PyType_Spec fl__SlotOwner_spec = {
     .flags = Py_TPFLAGS_DEFAULT,
     .slots = SlotOwner_slots,
 };
+
+/* ------------------------------------------------------- shared slots */
+
+PyObject *fl__shared_slot(PyObject *module, PyObject *array)
+{
+    fastload_state *state = fl__state_of_module(module);
+    if (!PyArray_Check(array)) {
+        PyErr_SetString(PyExc_TypeError, "shared_slot: expected a NumPy array");
+        return NULL;
+    }
+    PyObject *base = PyArray_BASE((PyArrayObject *)array);
+    if (!base || Py_TYPE(base) != state->SlotOwner_type)
+        Py_RETURN_NONE;
+    fl_slot *slot = ((SlotOwnerObject *)base)->slot;
+    fl_shm_info info;
+    if (fl_shm_lookup(slot->data, &info) != FL_OK)
+        Py_RETURN_NONE;
+    Py_ssize_t offset = PyArray_BYTES((PyArrayObject *)array) - (char *)slot->data;
+    return Py_BuildValue("(iKnn)", info.fd, (unsigned long long)info.id, (Py_ssize_t)info.bytes,
+                         offset);
+}
+
+PyObject *fl__take_freed_shared_slots(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    PyObject *out = PyList_New(0);
+    uint64_t ids[64];
+    size_t n;
+    do {
+        n = fl_shm_take_freed(ids, 64);
+        for (size_t i = 0; out && i < n; i++) {
+            PyObject *id = PyLong_FromUnsignedLongLong(ids[i]);
+            if (!id || PyList_Append(out, id) < 0)
+                Py_CLEAR(out);
+            Py_XDECREF(id);
+        }
+    } while (out && n == 64);
+    return out;
+}

@@ -8,6 +8,7 @@ it returns ``(outcome, value)`` with an outcome code of the engine
 the main thread re-raises, as torch's workers do.
 """
 
+import copy
 import random
 import sys
 import threading
@@ -78,20 +79,21 @@ class WorkerInfo:
     """Who this worker is, as torch's ``get_worker_info()`` reports it.
 
     ``id`` in ``range(num_workers)``, ``seed`` = the iterator's base seed +
-    ``id`` (torch's value), ``dataset`` = the loader's dataset (shared by all
-    worker threads, not a copy), ``rng`` = this worker's ``WorkerRNG``, and
-    ``worker_method`` = "thread".
+    ``id`` (torch's value), ``dataset`` = this worker's dataset (a process
+    worker's own copy; for thread workers, a copy of an IterableDataset and
+    the loader's own map-style dataset), ``rng`` = this worker's
+    ``WorkerRNG``, and ``worker_method`` = "thread" or "process".
     """
 
     __slots__ = ("id", "num_workers", "seed", "dataset", "rng", "worker_method")
 
-    def __init__(self, id, num_workers, seed, dataset, rng=None):
+    def __init__(self, id, num_workers, seed, dataset, rng=None, worker_method="thread"):
         object.__setattr__(self, "id", id)
         object.__setattr__(self, "num_workers", num_workers)
         object.__setattr__(self, "seed", seed)
         object.__setattr__(self, "dataset", dataset)
         object.__setattr__(self, "rng", rng)
-        object.__setattr__(self, "worker_method", "thread")
+        object.__setattr__(self, "worker_method", worker_method)
 
     def __setattr__(self, key, value):
         raise RuntimeError(f"Cannot assign attributes to {self.__class__.__name__} objects")
@@ -106,6 +108,11 @@ class WorkerInfo:
 def get_worker_info():
     """The ``WorkerInfo`` of the calling worker thread, or None elsewhere."""
     return getattr(_local, "info", None)
+
+
+def current_loader_token():
+    """The token of the loader whose worker is running this code, or None."""
+    return getattr(_local, "loader_token", None)
 
 
 class KeyErrorMessage(str):
@@ -125,6 +132,13 @@ class ExceptionWrapper:
         self.where = where
 
     def reraise(self):
+        if not issubclass(self.exc_type, Exception):
+            # KeyboardInterrupt or SystemExit from dataset code ends a torch
+            # worker *process*, which the main process reports as a failed
+            # worker; it must not stop the main program in its place.
+            raise RuntimeError(
+                f"DataLoader worker exited unexpectedly: {self.exc_type.__name__} raised "
+                f"{self.where}.\nOriginal {self.exc_msg}")
         msg = f"Caught {self.exc_type.__name__} {self.where}.\nOriginal {self.exc_msg}"
         if self.exc_type is KeyError:
             msg = KeyErrorMessage(msg)
@@ -228,8 +242,9 @@ class FetchPlan:
     """What every worker needs to fetch batches (shared, read-only)."""
 
     def __init__(self, dataset, iterable, auto_collation, collate_fn, drop_last, worker_init_fn,
-                 num_workers, base_seed, native_batch=None):
+                 num_workers, base_seed, native_batch=None, loader_token=None):
         self.dataset = dataset
+        self.loader_token = loader_token  # marks the loader's own workers
         self.native_batch = native_batch  # indices -> collated batch, or None
         self.iterable = iterable
         self.auto_collation = auto_collation
@@ -243,10 +258,11 @@ class FetchPlan:
 class Worker:
     """The Python half of one engine worker thread."""
 
-    def __init__(self, worker_id, plan, stop_flag):
+    def __init__(self, worker_id, plan, stop_flag, method="thread"):
         self.id = worker_id
         self.plan = plan
         self.stop_flag = stop_flag
+        self.method = method
         self.where = f"in DataLoader worker {worker_id}"
         self.fetcher = None
         self.epoch = 0
@@ -254,13 +270,18 @@ class Worker:
 
     def start(self):
         plan = self.plan
+        if plan.iterable and self.method == "thread":
+            # A worker process iterates its own copy of the dataset; so does
+            # a thread (worker_init_fn may narrow it, __iter__ may return it).
+            plan = self.plan = own_copy(plan)
         _local.info = WorkerInfo(self.id, plan.num_workers, plan.base_seed + self.id, plan.dataset,
-                                 WorkerRNG(plan.base_seed, self.id))
+                                 WorkerRNG(plan.base_seed, self.id), self.method)
+        _local.loader_token = plan.loader_token
         try:
             if plan.worker_init_fn is not None:
                 plan.worker_init_fn(self.id)
             self.fetcher = make_fetcher(plan, self.stop_flag)
-        except Exception:
+        except BaseException:
             self.init_error = ExceptionWrapper(sys.exc_info(), self.where)
 
     def fetch(self, request):
@@ -285,7 +306,7 @@ class Worker:
                 return _C.JOB_SKIPPED, None
             self.fetcher.retired = True
             return _C.JOB_RETIRE, None
-        except Exception:
+        except BaseException:
             position = getattr(self.fetcher, "position", None)
             if hasattr(position, "tolist"):  # a native batch's index array
                 position = position.tolist()
@@ -295,3 +316,18 @@ class Worker:
     def stop(self):
         self.fetcher = None
         _local.info = None
+        _local.loader_token = None
+
+
+def own_copy(plan):
+    """The plan with a deep copy of its dataset, as a forked worker has.
+    A dataset that cannot be deep-copied (it holds a lock or an open file)
+    is copied shallowly: its attributes are then its own, their contents
+    shared."""
+    try:
+        dataset = copy.deepcopy(plan.dataset)
+    except Exception:
+        dataset = copy.copy(plan.dataset)
+    mine = copy.copy(plan)
+    mine.dataset = dataset
+    return mine

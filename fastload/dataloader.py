@@ -16,15 +16,25 @@ generators give the same batches in the same order.
 import atexit
 import functools
 import multiprocessing
+import os
 import re
+import threading
+import uuid
 import warnings
 import weakref
 
-from . import _C, cuda
+from . import _C, _process, cuda
 from ._random import draw_seed
 from ._upload import DeviceIter, Pump
 from ._torch import torch
-from ._worker import ExceptionWrapper, FetchPlan, StopFlag, Worker, make_fetcher
+from ._worker import (
+    ExceptionWrapper,
+    FetchPlan,
+    StopFlag,
+    Worker,
+    current_loader_token,
+    make_fetcher,
+)
 from .collate import (
     TORCH,
     backend_for,
@@ -40,6 +50,10 @@ from . import _torch_compat
 __all__ = ["DataLoader"]
 
 _OUTPUTS = ("auto", "torch", "numpy")
+_WORKER_MODES = ("auto", "thread", "process")
+# The thread engine's limit, which process workers share (one scheduling).
+_MAX_WORKERS = 1024
+_INT32_MAX = 2**31 - 1
 _FROZEN_ATTRS = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
 
 
@@ -70,9 +84,15 @@ class DataLoader:
     With ``pin_memory=True`` (or a CUDA ``device``) and a CUDA driver, batch
     slots are page-locked once by the driver and reused.
 
-    ``num_workers`` worker *threads* (not processes) load batches; the
-    dataset is shared by them, not copied.  ``multiprocessing_context`` is
-    validated as torch does and otherwise unused.
+    * ``worker_mode``: how ``num_workers`` workers run.  "process": worker
+      processes, as torch's (each with its own copy of the dataset and its
+      own global random state), handing batches over through shared slots
+      without a copy; ``multiprocessing_context`` picks the start method.
+      "thread": C worker threads that share the dataset (an IterableDataset
+      is copied per worker) and the interpreter's global state, and take
+      the GIL only around dataset and collate calls.  "auto" (default):
+      threads for fastload's native datasets (their batches are read in C
+      without the GIL), processes for every other dataset.
     """
 
     _initialized = False
@@ -81,12 +101,19 @@ class DataLoader:
                  num_workers=0, collate_fn=None, pin_memory=False, drop_last=False, timeout=0,
                  worker_init_fn=None, multiprocessing_context=None, generator=None, *,
                  prefetch_factor=None, persistent_workers=False, pin_memory_device="",
-                 in_order=True, device=None, output="auto", normalize_on_device=False):
+                 in_order=True, device=None, output="auto", normalize_on_device=False,
+                 worker_mode="auto"):
         if num_workers < 0:
             raise ValueError(
                 "num_workers option should be non-negative; use num_workers=0 to disable "
                 "multiprocessing."
             )
+        if num_workers > _MAX_WORKERS:
+            raise ValueError(
+                f"num_workers={num_workers} is more than fastload supports ({_MAX_WORKERS})")
+        if worker_mode not in _WORKER_MODES:
+            raise ValueError(
+                f"worker_mode should be one of {_WORKER_MODES}, but got worker_mode={worker_mode!r}")
         if timeout < 0:
             raise ValueError("timeout option should be non-negative")
         if num_workers == 0 and prefetch_factor is not None:
@@ -99,6 +126,10 @@ class DataLoader:
             prefetch_factor = 2
         elif prefetch_factor is not None and prefetch_factor < 0:
             raise ValueError("prefetch_factor option should be non-negative")
+        if prefetch_factor is not None and num_workers * prefetch_factor > _INT32_MAX:
+            raise ValueError(
+                f"prefetch_factor={prefetch_factor} is too large: num_workers * prefetch_factor "
+                f"batches in flight must be at most {_INT32_MAX}")
         if persistent_workers and num_workers == 0:
             raise ValueError("persistent_workers option needs num_workers > 0")
         if output not in _OUTPUTS:
@@ -124,6 +155,9 @@ class DataLoader:
         self.device = device
         self.output = ("torch" if torch is not None else "numpy") if output == "auto" else output
         self.normalize_on_device = normalize_on_device
+        self.worker_mode = worker_mode
+        # Marks this loader's own workers, which must not iterate it again.
+        self._token = uuid.uuid4().hex
         if normalize_on_device and device_index is None:
             raise ValueError("normalize_on_device=True needs device='cuda'")
         if normalize_on_device and self.output != "torch":
@@ -200,6 +234,7 @@ class DataLoader:
         self._upload = _Upload(self, device_index, in_flight) if device_index is not None else None
         self._IterableDataset_len_called = None
         self._iterator = None
+        self._epoch_thread = None  # the thread iterating persistent workers
         self._initialized = True
 
     # -- attributes ---------------------------------------------------------
@@ -251,22 +286,53 @@ class DataLoader:
     # -- iteration ----------------------------------------------------------
 
     def __iter__(self):
+        if current_loader_token() == self._token:
+            raise RuntimeError(
+                "a DataLoader cannot be iterated from inside one of its own workers (its "
+                "dataset or collate_fn iterates the loader that calls it): each batch would "
+                "start the loader again, without end.  Iterate a separate DataLoader there.")
+        self._claim_persistent_workers()
         if self._upload is None:
             return self._host_iter()
         if self.persistent_workers and self.num_workers > 0:
             self._upload.stop()  # the host iterator is shared: stop its reader first
         return self._upload.start(self._host_iter())
 
+    def _claim_persistent_workers(self):
+        """Persistent workers serve one epoch at a time: refuse a second
+        thread's epoch while another live thread's is unfinished (torch's
+        iterator would silently mix the two)."""
+        if not (self.persistent_workers and self.num_workers > 0):
+            return
+        current = threading.current_thread()
+        owner = self._epoch_thread
+        if (owner is not None and owner is not current and owner.is_alive()
+                and self._iterator is not None and not self._iterator._finished):
+            raise RuntimeError(
+                f"this DataLoader's persistent workers are serving an epoch of thread "
+                f"{owner.name!r}: finish (or drop) that loop first, or give each thread its "
+                "own DataLoader")
+        self._epoch_thread = current
+
     def _host_iter(self):
-        if self.persistent_workers and self.num_workers > 0:
-            if self._iterator is None:
-                self._iterator = _ThreadedIter(self)
+        if self.num_workers == 0:
+            return _SingleThreadIter(self)
+        workers = _ProcessIter if _worker_mode(self) == "process" else _ThreadedIter
+        if self.persistent_workers:
+            previous = self._iterator
+            if previous is not None and previous._pid != os.getpid():
+                # Forked after the workers started: they are the parent's.
+                # The child starts its own, as a fresh loader would.
+                previous._shutdown()
+                previous = self._iterator = None
+            if previous is None or type(previous) is not workers:
+                if previous is not None:
+                    previous._shutdown()
+                self._iterator = workers(self)
             else:
                 self._iterator._reset(self)
             return self._iterator
-        if self.num_workers == 0:
-            return _SingleThreadIter(self)
-        return _ThreadedIter(self)
+        return workers(self)
 
     def __len__(self):
         if self._dataset_kind == "iterable":
@@ -323,12 +389,18 @@ class _Upload:
 
 class _SlotCollate:
     """default_collate for a loader: stacks in C into the loader's slots
-    when the samples allow it, else applies the same rules in Python."""
+    when the samples allow it, else applies the same rules in Python.
+    ``convert`` turns slot arrays into the output type (torch.from_numpy for
+    torch output); a process worker passes None and its parent converts."""
 
-    def __init__(self, pool, backend):
+    _BY_BACKEND = object()
+
+    def __init__(self, pool, backend, convert=_BY_BACKEND):
         self.pool = pool
         self.backend = backend
-        self.to_output = torch.from_numpy if backend is TORCH else None
+        if convert is _SlotCollate._BY_BACKEND:
+            convert = torch.from_numpy if backend is TORCH else None
+        self.to_output = convert
 
     def __call__(self, samples):
         if type(samples) is list:
@@ -473,6 +545,21 @@ class _SingleThreadIter(_BaseIter):
         return self._fetcher.fetch(index)
 
 
+def _default_collation(loader):
+    fn = loader.collate_fn
+    return fn is default_collate or fn is _torch_compat.torch_default_collate()
+
+
+def _worker_mode(loader):
+    """'thread' or 'process' for a loader with workers (see worker_mode)."""
+    if loader.worker_mode != "auto":
+        return loader.worker_mode
+    native = (getattr(loader.dataset, "_native_batch", None) is not None
+              and loader._dataset_kind == "map" and loader._auto_collation
+              and _default_collation(loader))
+    return "thread" if native else "process"
+
+
 def _native_batch(it, loader):
     """A native dataset's batch function, when the loader collates with the
     default rules (which the native path reproduces)."""
@@ -497,6 +584,7 @@ def _fetch_plan(it, loader, num_workers):
         num_workers=num_workers,
         base_seed=it._base_seed,
         native_batch=it._native_batch,
+        loader_token=loader._token,
     )
 
 
@@ -522,13 +610,18 @@ class _ThreadedIter(_BaseIter):
         if self._max_in_flight <= 0:
             raise AssertionError("prefetch_factor must be greater than 0 with workers")
         self._stop_flag = StopFlag()
+        self._pid = os.getpid()  # the workers belong to this process
+        self._engine = self._start_workers(loader)
+        _live_engines.add(self._engine)
+        self._epoch = 0
+        self._finished = False  # this epoch has ended (StopIteration raised)
+        self._prime()
+
+    def _start_workers(self, loader):
         plan = _fetch_plan(self, loader, self._num_workers)
         workers = [Worker(i, plan, self._stop_flag) for i in range(self._num_workers)]
         _torch_compat.route_torch_worker_info()
-        self._engine = _C.Engine(workers, self._max_in_flight, bool(loader.in_order))
-        _live_engines.add(self._engine)
-        self._epoch = 0
-        self._prime()
+        return _C.Engine(workers, self._max_in_flight, bool(loader.in_order))
 
     def _prime(self):
         for _ in range(self._max_in_flight):
@@ -540,6 +633,7 @@ class _ThreadedIter(_BaseIter):
         self._discard_in_flight()
         self._engine.reset()
         self._epoch += 1
+        self._finished = False
         self._prime()
 
     def _discard_in_flight(self):
@@ -569,6 +663,7 @@ class _ThreadedIter(_BaseIter):
             except TimeoutError:
                 raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from None
             if delivered is None:
+                self._finished = True
                 if not self._persistent:
                     self._shutdown()
                 raise StopIteration
@@ -590,6 +685,45 @@ class _ThreadedIter(_BaseIter):
 
     def __del__(self):
         self._shutdown()
+
+
+class _ProcessIter(_ThreadedIter):
+    """num_workers > 0 with worker_mode='process': the same scheduling over
+    worker processes (fastload._process)."""
+
+    def _start_workers(self, loader):
+        if loader._upload is not None and loader._upload.native_batch is not None:
+            raise ValueError("normalize_on_device=True needs worker_mode='thread'")
+        collate_fn = loader.collate_fn
+        default = isinstance(self._collate_fn, _SlotCollate)
+        plan = _process.ProcessPlan(
+            dataset=self._dataset,
+            iterable=self._iterable,
+            auto_collation=self._auto_collation,
+            collate_fn=None if default or isinstance(self._collate_fn, _Convert) else collate_fn,
+            convert_only=isinstance(self._collate_fn, _Convert),
+            output=loader.output,
+            drop_last=self._drop_last,
+            worker_init_fn=loader.worker_init_fn,
+            num_workers=self._num_workers,
+            base_seed=self._base_seed,
+            native=self._native_batch is not None,
+            loader_token=loader._token,
+            max_free_slots=self._max_in_flight + 2,
+        )
+        context = loader.multiprocessing_context or _process.default_context()
+        to_output = torch.from_numpy if loader.output == "torch" else None
+        return _process.ProcessWorkers(plan, self._num_workers, self._max_in_flight,
+                                       bool(loader.in_order), context, to_output)
+
+    def _discard_in_flight(self):
+        # A process cannot be interrupted between samples: wait for its
+        # tasks (bounded by the loader's timeout) and drop what they made.
+        timeout = self._timeout if self._timeout > 0 else None
+        try:
+            self._engine.discard_in_flight(timeout)
+        except TimeoutError:
+            raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from None
 
 
 def _accelerator_available():

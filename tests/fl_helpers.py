@@ -178,8 +178,16 @@ def no_worker_count_warning():
         yield
 
 
+# fastload's worker_mode for check_parity/run_loader runs with workers (None:
+# the loader's default); tests/test_parity.py runs every case in each mode.
+WORKER_MODE = None
+
+
 def run_loader(DataLoader, dataset, kwargs, epochs=1, global_seed=None, before_epoch=None):
     """Build one loader and return [list(batches) for each epoch]."""
+    if (DataLoader is fastload.DataLoader and WORKER_MODE is not None
+            and kwargs.get("num_workers", 0) > 0 and "worker_mode" not in kwargs):
+        kwargs = dict(kwargs, worker_mode=WORKER_MODE)
     with no_worker_count_warning():
         loader = DataLoader(dataset, **kwargs)
         if global_seed is not None:

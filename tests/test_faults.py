@@ -156,7 +156,9 @@ def test_python_transform_raising(good_jpeg, thread_baseline):
         return image[:8, :8].copy()
 
     ds = fastload.ImageFiles([good_jpeg] * 6, transform=flaky)
-    loader = fastload.DataLoader(ds, batch_size=2, num_workers=2, output="numpy")
+    # Threads share `calls` (each worker process would count its own).
+    loader = fastload.DataLoader(ds, batch_size=2, num_workers=2, output="numpy",
+                                 worker_mode="thread")
     it = iter(loader)
     results = []
     for _ in range(3):

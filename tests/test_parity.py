@@ -17,6 +17,7 @@ import time  # noqa: E402
 import torch.utils.data as tud  # noqa: E402
 
 import fastload  # noqa: E402
+import fl_helpers  # noqa: E402
 from fl_helpers import (  # noqa: E402
     MAP_DATASET_NAMES,
     N,
@@ -28,6 +29,13 @@ from fl_helpers import (  # noqa: E402
     run_loader,
     sum_collate,
 )
+
+
+@pytest.fixture(autouse=True, params=["process", "thread"])
+def worker_mode(request, monkeypatch):
+    """Every case runs with fastload's worker processes and its threads."""
+    monkeypatch.setattr(fl_helpers, "WORKER_MODE", request.param)
+    return request.param
 
 
 BATCH_CFGS = [

@@ -63,7 +63,7 @@ def test_worker_info_fields():
     g = torch.Generator().manual_seed(3)
     base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=torch.Generator().manual_seed(3)).item())
     dataset = Probe()
-    list(fastload.DataLoader(dataset, num_workers=2, generator=g))
+    list(fastload.DataLoader(dataset, num_workers=2, generator=g, worker_mode="thread"))
     assert {s[0] for s in seen} == {0, 1}
     for worker_id, num_workers, seed, method, ds in seen:
         assert (num_workers, seed, method) == (2, base_seed + worker_id, "thread")

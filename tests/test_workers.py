@@ -411,8 +411,9 @@ def test_worker_info_dataset_is_the_shared_object():
             return i
 
     ds = Recorder()
-    assert len(list(fastload.DataLoader(ds, batch_size=3, num_workers=2))) == 4
-    # the dataset object is shared with the worker threads, not copied
+    assert len(list(fastload.DataLoader(ds, batch_size=3, num_workers=2,
+                                        worker_mode="thread"))) == 4
+    # a map-style dataset is shared with worker threads, not copied
     assert sorted(ds.seen) == [(i, True) for i in range(10)]
 
 
@@ -428,7 +429,10 @@ def test_global_rngs_are_not_reseeded_in_workers():
     random.seed(1234)
     np.random.seed(1234)
     torch.manual_seed(1234)
-    (sample,) = list(fastload.DataLoader(Draw(), batch_size=None, num_workers=1, collate_fn=identity))
+    # Worker threads share the process's generators (worker processes seed
+    # their own: tests/test_worker_isolation.py).
+    (sample,) = list(fastload.DataLoader(Draw(), batch_size=None, num_workers=1,
+                                         collate_fn=identity, worker_mode="thread"))
     expected_torch = torch.Generator().manual_seed(1234)
     draw_base_seed(expected_torch)  # the iterator draws its base seed from the global RNG first
     assert sample[0] == random.Random(1234).random()
@@ -521,7 +525,7 @@ def _warm_up(lib, ds, **kw):
 
 @fastload_only
 def test_worker_threads_are_named():
-    loader = fastload.DataLoader(Small(40), batch_size=2, num_workers=2)
+    loader = fastload.DataLoader(Small(40), batch_size=2, num_workers=2, worker_mode="thread")
     it = iter(loader)
     next(it)
     names = native_thread_names()
@@ -531,9 +535,9 @@ def test_worker_threads_are_named():
 
 @fastload_only
 def test_worker_threads_exist_while_iterating(thread_baseline):
-    _warm_up(fastload, Small(8), batch_size=2, num_workers=2)
+    _warm_up(fastload, Small(8), batch_size=2, num_workers=2, worker_mode="thread")
     base = thread_baseline()
-    it = iter(fastload.DataLoader(Small(40), batch_size=2, num_workers=2))
+    it = iter(fastload.DataLoader(Small(40), batch_size=2, num_workers=2, worker_mode="thread"))
     next(it)
     assert native_thread_count() >= base + 2
     del it

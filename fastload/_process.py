@@ -1,0 +1,456 @@
+"""Process workers: the user's dataset in worker processes, as torch runs it.
+
+A worker process owns a copy of the dataset, its own global random state
+(seeded as torch seeds it), and its own thread-bound objects, exactly as
+torch's worker does; it fetches batches with the same code the thread
+workers run (``_worker.Worker``).  What differs from torch is the hand-off.
+torch's worker collates into a fresh shared-memory file per tensor per
+batch, pickles its handle, and the parent maps it again for every batch.
+fastload's worker collates (C collation or a native dataset's batch
+function) into slots of its own ``SlotPool(memory="shared")``: each slot is
+a memfd the parent maps once, when it first sees it, and wraps as NumPy or
+torch without a copy.  The batch's arrays keep their slot; when the parent
+drops the last of them, the slot's id goes back to its worker with the next
+request, and the worker reuses it.
+
+Messages, per worker, over one duplex pipe (a Unix socket pair):
+
+* parent -> worker: ``(task, (epoch, index), freed_slot_ids)``, or None to
+  stop;
+* worker -> parent: ``(task, outcome, new_slot_ids, dropped_slot_ids,
+  payload)``, then the descriptors of the new slots (SCM_RIGHTS).
+  ``payload`` is the batch pickled with each shared-slot array replaced by a
+  reference (slot id, offset, dtype, shape, strides); arrays and tensors
+  outside slots travel as torch's workers send them (ForkingPickler).
+
+The parent's scheduling is torch's: round-robin over the live workers, at
+most ``num_workers * prefetch_factor`` tasks out, one new task per result,
+and an iterable worker that reports its end gets no more tasks.
+"""
+
+import collections
+import importlib
+import io
+import itertools
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import random
+import mmap
+import socket
+import time
+import weakref
+from multiprocessing.reduction import ForkingPickler, recvfds, sendfds
+
+import numpy as np
+
+from . import _C
+from ._torch import torch
+from ._worker import (
+    ExceptionWrapper,
+    FetchPlan,
+    StopFlag,
+    Worker,
+    numpy_worker_seed,
+)
+from .collate import backend_for
+
+# How long a worker waits for a request before checking that its parent is
+# still alive (a parent killed by SIGKILL cannot tell it to stop).
+_PARENT_CHECK_SECONDS = 1.0
+# How long shutdown waits for a worker to exit by itself before it is
+# terminated.
+_JOIN_SECONDS = 5.0
+
+
+class ProcessPlan:
+    """What a worker process needs to fetch batches; picklable, so that it
+    reaches spawned and forkserver workers too.  ``collate_fn`` is None for
+    the default collation (rebuilt in the worker over its shared slots)."""
+
+    def __init__(self, dataset, iterable, auto_collation, collate_fn, convert_only, output,
+                 drop_last, worker_init_fn, num_workers, base_seed, native, loader_token,
+                 max_free_slots):
+        self.dataset = dataset
+        self.iterable = iterable
+        self.auto_collation = auto_collation
+        self.collate_fn = collate_fn
+        self.convert_only = convert_only  # default_convert rather than default_collate
+        self.output = output
+        self.drop_last = drop_last
+        self.worker_init_fn = worker_init_fn
+        self.num_workers = num_workers
+        self.base_seed = base_seed
+        self.native = native  # the dataset's own _native_batch reads whole batches
+        self.loader_token = loader_token
+        self.max_free_slots = max_free_slots
+
+
+# ------------------------------------------------------------ worker side
+
+
+class _SlotPickler(ForkingPickler):
+    """Pickles a batch with every shared-slot array as a reference to its
+    slot; records the slots the parent has not seen and keeps each slot's
+    arrays alive in ``held`` until the parent frees it."""
+
+    def __init__(self, file, announced, new, held):
+        super().__init__(file, pickle.HIGHEST_PROTOCOL)
+        self.announced = announced
+        self.new = new
+        self.held = held
+
+    def persistent_id(self, obj):
+        if type(obj) is not np.ndarray:
+            return None
+        info = _C.shared_slot(obj)
+        if info is None:
+            return None
+        fd, slot_id, nbytes, offset = info
+        if slot_id not in self.announced:
+            self.announced.add(slot_id)
+            self.new.append((slot_id, fd, nbytes))
+        self.held[slot_id].append(obj)
+        return (slot_id, offset, obj.dtype, obj.shape, obj.strides)
+
+
+def _seed_globals(base_seed, worker_id):
+    """Seeds the process's global generators as torch seeds its workers'."""
+    seed = base_seed + worker_id
+    random.seed(seed)
+    if torch is not None:
+        torch.manual_seed(seed)
+    np.random.seed(numpy_worker_seed(base_seed, worker_id))
+
+
+def _set_torch_worker_info(worker_id, plan, dataset):
+    """torch's own get_worker_info() answers too, even when a dataset bound
+    it before fastload could route it."""
+    if torch is None:
+        return
+    import torch.utils.data._utils.worker as torch_worker
+
+    torch_worker._worker_info = torch_worker.WorkerInfo(
+        id=worker_id, num_workers=plan.num_workers, seed=plan.base_seed + worker_id,
+        dataset=dataset)
+
+
+def _fetch_plan(plan, pool):
+    from .dataloader import _Convert, _SlotCollate  # the loader's collate wrappers
+
+    backend = backend_for(plan.output)
+    if plan.collate_fn is not None:
+        collate_fn = plan.collate_fn
+    elif plan.convert_only:
+        collate_fn = _Convert(backend)
+    else:
+        collate_fn = _SlotCollate(pool, backend, convert=None)  # the parent converts
+    native_batch = None
+    if plan.native:
+        native = plan.dataset._native_batch
+
+        def native_batch(index, epoch, _native=native):
+            return _native(index, epoch=epoch, pool=pool, convert=None, seed=plan.base_seed)
+    return FetchPlan(
+        dataset=plan.dataset, iterable=plan.iterable, auto_collation=plan.auto_collation,
+        collate_fn=collate_fn, drop_last=plan.drop_last, worker_init_fn=plan.worker_init_fn,
+        num_workers=plan.num_workers, base_seed=plan.base_seed, native_batch=native_batch,
+        loader_token=plan.loader_token)
+
+
+def worker_main(conn, plan, worker_id, parent_pid):
+    """The body of worker process ``worker_id``."""
+    if torch is not None:
+        # torch's tensor reductions for ForkingPickler, as its workers use.
+        importlib.import_module("torch.multiprocessing")
+        torch.set_num_threads(1)
+    _seed_globals(plan.base_seed, worker_id)
+    _set_torch_worker_info(worker_id, plan, plan.dataset)
+    from ._torch_compat import route_torch_worker_info
+
+    route_torch_worker_info()
+    pool = _C.SlotPool(max_free=plan.max_free_slots, memory="shared")
+    worker = Worker(worker_id, _fetch_plan(plan, pool), StopFlag(), method="process")
+    sock = socket.socket(fileno=os.dup(conn.fileno()))
+    announced = set()
+    held = collections.defaultdict(list)
+    try:
+        worker.start()
+        while True:
+            if not conn.poll(_PARENT_CHECK_SECONDS):
+                if os.getppid() != parent_pid:
+                    return
+                continue
+            message = conn.recv()
+            if message is None:
+                return
+            task, request, freed = message
+            for slot_id in freed:
+                held.pop(slot_id, None)
+            outcome, value = worker.fetch(request)
+            _send_result(conn, sock, task, outcome, value, announced, held)
+            del value
+    except (EOFError, BrokenPipeError, ConnectionResetError, KeyboardInterrupt):
+        return  # the parent is gone or stopping: exit quietly, as torch's workers do
+    finally:
+        worker.stop()
+        sock.close()
+
+
+def _send_result(conn, sock, task, outcome, value, announced, held):
+    new = []
+    buffer = io.BytesIO()
+    try:
+        _SlotPickler(buffer, announced, new, held).dump(value)
+    except Exception:
+        import sys
+
+        for slot_id, _fd, _bytes in new:
+            announced.discard(slot_id)
+        new.clear()
+        buffer = io.BytesIO()
+        error = ExceptionWrapper(sys.exc_info(), "while sending a batch from a DataLoader worker")
+        ForkingPickler(buffer, pickle.HIGHEST_PROTOCOL).dump(error)
+    dropped = _C.take_freed_shared_slots()
+    for slot_id in dropped:
+        announced.discard(slot_id)
+    slots = [(slot_id, nbytes) for slot_id, _fd, nbytes in new]
+    conn.send((task, outcome, slots, dropped, buffer.getvalue()))
+    if new:
+        sendfds(sock, [fd for _slot_id, fd, _bytes in new])
+
+
+# ------------------------------------------------------------ parent side
+
+
+class _Channel:
+    """The parent's end of one worker: its process, pipe, and the slots it
+    has mapped from that worker."""
+
+    def __init__(self, context, worker_id, plan):
+        self.id = worker_id
+        parent_end, child_end = context.Pipe(duplex=True)
+        self.conn = parent_end
+        self.process = context.Process(
+            target=worker_main, args=(child_end, plan, worker_id, os.getpid()),
+            name=f"fastload-p{worker_id}", daemon=True)
+        self.process.start()
+        child_end.close()
+        self.sock = socket.socket(fileno=os.dup(parent_end.fileno()))
+        self.maps = {}                       # slot id -> mmap of that slot
+        self.freed = collections.deque()     # slot ids released by the parent
+        self.outstanding = 0                 # tasks sent and not answered
+        self.active = True                   # False once its iterable ended
+
+    def send(self, task, request):
+        freed = []
+        while self.freed:
+            freed.append(self.freed.popleft())
+        try:
+            self.conn.send((task, request, freed))
+        except OSError:
+            self.process.join(_JOIN_SECONDS)
+            raise RuntimeError(self.death()) from None
+        self.outstanding += 1
+
+    def death(self):
+        return (f"DataLoader worker (pid {self.process.pid}) {_describe_exit(self.process)}. "
+                "See the worker's output above for its error, if any.")
+
+    def receive(self, to_output):
+        try:
+            task, outcome, slots, dropped, payload = self.conn.recv()
+        except (EOFError, OSError):
+            self.process.join(_JOIN_SECONDS)
+            raise RuntimeError(self.death()) from None
+        self.outstanding -= 1
+        for slot_id in dropped:
+            self.maps.pop(slot_id, None)  # arrays over it, if any, keep the mapping
+        if slots:
+            fds = recvfds(self.sock, len(slots))
+            for (slot_id, nbytes), fd in zip(slots, fds):
+                try:
+                    self.maps[slot_id] = mmap.mmap(fd, nbytes)
+                finally:
+                    os.close(fd)
+        value = _SlotUnpickler(io.BytesIO(payload), self, to_output).load()
+        return task, outcome, value
+
+    def close(self):
+        """Asks the worker to stop, waits a while, then terminates it."""
+        try:
+            self.conn.send(None)
+        except (OSError, ValueError):
+            pass
+        self.process.join(_JOIN_SECONDS)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join()
+        self.conn.close()
+        self.sock.close()
+        self.maps.clear()  # live batches keep their own mappings
+
+
+class _SlotUnpickler(pickle.Unpickler):
+    """Rebuilds a batch: each slot reference becomes an array over the
+    parent's mapping of that slot (through ``to_output``), and the slot goes
+    back to the worker when the last array over it is gone."""
+
+    def __init__(self, file, channel, to_output):
+        super().__init__(file)
+        self.channel = channel
+        self.to_output = to_output
+        self.roots = {}
+
+    def persistent_load(self, pid):
+        slot_id, offset, dtype, shape, strides = pid
+        root = self.roots.get(slot_id)
+        if root is None:
+            # One root array per slot per batch: every array of the batch is
+            # a view of it (NumPy makes the root their base), so the root
+            # dies with the last of them.
+            root = self.roots[slot_id] = np.frombuffer(self.channel.maps[slot_id], np.uint8)
+            weakref.finalize(root, self.channel.freed.append, slot_id)
+        array = np.ndarray(shape, dtype, buffer=root, offset=offset, strides=strides)
+        return array if self.to_output is None else self.to_output(array)
+
+
+def _describe_exit(process):
+    code = process.exitcode
+    if code is not None and code < 0:
+        try:
+            import signal
+
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = str(-code)
+        return f"is killed by signal: {name}"
+    return f"exited unexpectedly with exit code {code}"
+
+
+class ProcessWorkers:
+    """A loader iterator's worker processes and torch's scheduling over them.
+
+    ``submit(request)`` and ``next(timeout)`` mirror the thread engine's
+    calls, so the iterator's logic is the same for both kinds of worker.
+    """
+
+    def __init__(self, plan, num_workers, max_in_flight, in_order, context, to_output):
+        self.max_in_flight = max_in_flight
+        self.in_order = in_order
+        self.to_output = to_output
+        self.channels = []
+        try:
+            for worker_id in range(num_workers):
+                self.channels.append(_Channel(context, worker_id, plan))
+        except BaseException:
+            self.close()
+            raise
+        self.closed = False
+        self.reset()
+        self._finalizer = weakref.finalize(self, _close_channels, self.channels, os.getpid())
+
+    def reset(self):
+        """A new epoch: the round-robin restarts at worker 0 and every
+        worker is live again.  Nothing may be in flight."""
+        self.sent = 0          # tasks sent this epoch
+        self.delivered = 0     # in order: the next task to deliver
+        self.results = {}      # task -> (worker id, outcome, value), received early
+        self.owner = {}        # task -> worker id, for tasks not yet answered
+        self.cycle = itertools.cycle(range(len(self.channels)))
+        for channel in self.channels:
+            channel.active = True
+
+    def in_flight(self):
+        return sum(channel.outstanding for channel in self.channels) + len(self.results)
+
+    def submit(self, request):
+        """Sends `request` to the next live worker; False when none is live."""
+        live = sum(channel.active for channel in self.channels)
+        if live == 0:
+            return False
+        for _ in range(len(self.channels)):
+            channel = self.channels[next(self.cycle)]
+            if not channel.active:
+                continue
+            if self.in_order or channel.outstanding < self.max_in_flight // live:
+                break
+        else:
+            return False
+        channel.send(self.sent, request)
+        self.owner[self.sent] = channel.id
+        self.sent += 1
+        return True
+
+    def next(self, timeout=None):
+        """The next result as ``(outcome, worker id, value)``, or None when
+        nothing is in flight.  Raises TimeoutError after `timeout` seconds,
+        RuntimeError when a worker died."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self.in_order:
+                if self.delivered in self.results:
+                    result = self.results.pop(self.delivered)
+                    self.delivered += 1
+                    return result
+            elif self.results:
+                return self.results.pop(next(iter(self.results)))
+            if not self.owner:
+                return None
+            self._receive(deadline)
+
+    def _receive(self, deadline):
+        waiting = [c for c in self.channels if c.outstanding]
+        handles = [c.conn for c in waiting] + [c.process.sentinel for c in waiting]
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready = multiprocessing.connection.wait(handles, remaining)
+        if not ready:
+            raise TimeoutError
+        for channel in waiting:
+            if channel.conn in ready or channel.conn.poll():
+                task, outcome, value = channel.receive(self.to_output)
+                del self.owner[task]
+                if outcome == _C.JOB_RETIRE:
+                    channel.active = False
+                self.results[task] = (outcome, channel.id, value)
+            elif channel.process.sentinel in ready:
+                channel.process.join()
+                raise RuntimeError(channel.death())
+
+    def discard_in_flight(self, timeout=None):
+        """Waits for every task still out and drops its result."""
+        while self.next(timeout) is not None:
+            pass
+
+    def close(self):
+        self.closed = True
+        finalizer = getattr(self, "_finalizer", None)
+        if finalizer is not None:
+            finalizer()
+        else:
+            _close_channels(self.channels, os.getpid())
+
+
+def _close_channels(channels, creator_pid):
+    if os.getpid() != creator_pid:
+        # A forked child's copy: the workers are its parent's, not to be
+        # stopped from here.  Only the inherited descriptors go.
+        for channel in channels:
+            channel.conn.close()
+            channel.sock.close()
+        channels.clear()
+        return
+    for channel in channels:
+        try:
+            channel.conn.send(None)
+        except (OSError, ValueError):
+            pass
+    for channel in channels:
+        channel.close()
+    channels.clear()
+
+
+def default_context():
+    """torch's default: the multiprocessing module's default start method."""
+    return multiprocessing.get_context()
