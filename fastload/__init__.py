@@ -1,9 +1,9 @@
 """fastload: torch's DataLoader interface, a C engine underneath.
 
 Change ``from torch.utils.data import DataLoader`` to
-``from fastload import DataLoader``: worker threads replace worker
-processes, take the GIL only around your dataset code, and collate NumPy
-samples into reusable page-aligned buffers with the GIL released.
+``from fastload import DataLoader``: native datasets are read by C worker
+threads with the GIL released; Python datasets run in worker processes, as
+torch's do, and hand batches over through shared buffers without a copy.
 """
 
 from . import transforms

@@ -3,8 +3,9 @@
 Arguments, validation, length rules, sampling, collation and error
 reporting follow torch 2.13; what differs is the engine.  Workers are C
 threads (``_C.Engine``) that take the GIL only to call the dataset and the
-collate function, and default collation stacks NumPy-compatible samples into
-reusable page-aligned buffers with the GIL released (``_C.collate``).
+collate function, or worker processes (``_process.ProcessWorkers``) that
+collate into shared slots; default collation stacks NumPy-compatible samples
+into reusable page-aligned buffers with the GIL released (``_C.collate``).
 
 The main-thread scheduling mirrors torch's multi-process iterator: batches
 go to workers round-robin, at most ``num_workers * prefetch_factor`` are in
