@@ -37,6 +37,7 @@ import multiprocessing.connection
 import os
 import pickle
 import random
+import signal
 import mmap
 import socket
 import time
@@ -59,8 +60,8 @@ from .collate import backend_for
 # How long a worker waits for a request before checking that its parent is
 # still alive (a parent killed by SIGKILL cannot tell it to stop).
 _PARENT_CHECK_SECONDS = 1.0
-# How long shutdown waits for a worker to exit by itself before it is
-# terminated.
+# How long shutdown waits for the workers to exit by themselves (after
+# their current batch) before the rest are terminated.
 _JOIN_SECONDS = 5.0
 
 
@@ -161,6 +162,9 @@ def _fetch_plan(plan, pool):
 
 def worker_main(conn, plan, worker_id, parent_pid):
     """The body of worker process ``worker_id``."""
+    # Ctrl-C reaches the whole process group: the parent handles it and
+    # stops the workers, which must not die half-way through a message.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if torch is not None:
         # torch's tensor reductions for ForkingPickler, as its workers use.
         importlib.import_module("torch.multiprocessing")
@@ -277,13 +281,17 @@ class _Channel:
         value = _SlotUnpickler(io.BytesIO(payload), self, to_output).load()
         return task, outcome, value
 
-    def close(self):
-        """Asks the worker to stop, waits a while, then terminates it."""
+    def ask_to_stop(self):
         try:
             self.conn.send(None)
         except (OSError, ValueError):
-            pass
-        self.process.join(_JOIN_SECONDS)
+            pass  # already gone
+
+    def close(self, deadline):
+        """Waits for the worker until `deadline` (it was asked to stop), then
+        terminates it: a worker stuck in dataset code must not hold up the
+        program's exit."""
+        self.process.join(max(0.0, deadline - time.monotonic()))
         if self.process.is_alive():
             self.process.terminate()
             self.process.join()
@@ -320,8 +328,6 @@ def _describe_exit(process):
     code = process.exitcode
     if code is not None and code < 0:
         try:
-            import signal
-
             name = signal.Signals(-code).name
         except ValueError:
             name = str(-code)
@@ -442,12 +448,10 @@ def _close_channels(channels, creator_pid):
         channels.clear()
         return
     for channel in channels:
-        try:
-            channel.conn.send(None)
-        except (OSError, ValueError):
-            pass
+        channel.ask_to_stop()
+    deadline = time.monotonic() + _JOIN_SECONDS
     for channel in channels:
-        channel.close()
+        channel.close(deadline)
     channels.clear()
 
 

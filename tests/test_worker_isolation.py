@@ -158,7 +158,7 @@ class Sleeps(tud.Dataset):
         return 4
 
     def __getitem__(self, i):
-        threading.Event().wait(30 if i == 1 else 0)
+        threading.Event().wait(600 if i == 1 else 0)  # stuck, as far as a test can tell
         return i
 
 
@@ -429,3 +429,42 @@ def test_worker_limits_name_their_argument():
         fastload.DataLoader(Rows(), num_workers=2, prefetch_factor=2**31)
     with pytest.raises(ValueError, match="worker_mode"):
         fastload.DataLoader(Rows(), num_workers=2, worker_mode="green")
+
+
+# ------------------------------------------------------- stuck process workers
+
+
+STUCK_SCRIPT = """
+import sys
+sys.path.insert(0, {tests!r})
+import fastload
+from test_worker_isolation import Sleeps
+loader = fastload.DataLoader(Sleeps(), batch_size=1, num_workers=2, timeout=1,
+                             worker_mode="process", persistent_workers={persistent})
+try:
+    list(loader)
+except RuntimeError as e:
+    print("first:", e)
+if {persistent}:
+    try:
+        iter(loader)  # a new epoch waits for the stuck task: bounded by timeout
+    except RuntimeError as e:
+        print("reset:", e)
+"""
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_stuck_process_worker_does_not_hold_up_exit(persistent):
+    import subprocess
+    import sys
+
+    script = STUCK_SCRIPT.format(tests=os.path.dirname(os.path.abspath(__file__)),
+                                 persistent=persistent)
+    # Sleeps blocks for 600 s: an exit that waited for it would run into
+    # this limit.
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "first: DataLoader timed out after 1 seconds" in result.stdout
+    if persistent:
+        assert "reset: DataLoader timed out after 1 seconds" in result.stdout
