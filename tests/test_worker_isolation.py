@@ -468,3 +468,34 @@ def test_stuck_process_worker_does_not_hold_up_exit(persistent):
     assert "first: DataLoader timed out after 1 seconds" in result.stdout
     if persistent:
         assert "reset: DataLoader timed out after 1 seconds" in result.stdout
+
+
+FORKED_SCRIPT = """
+import os, sys
+sys.path.insert(0, {tests!r})
+import fastload
+from test_worker_isolation import Rows
+loader = fastload.DataLoader(Rows(), batch_size=32, num_workers=2, persistent_workers=True,
+                             worker_mode={mode!r})
+assert len(list(loader)) == 3
+pid = os.fork()
+if pid == 0:
+    # The child's workers are its own; the parent's are left alone.
+    firsts = [int(x[0, 0]) for x, _ in loader]
+    os._exit(0 if firsts == [0, 32, 64] else 1)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, status
+assert [int(x[0, 0]) for x, _ in loader] == [0, 32, 64]  # the parent's workers still serve
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_persistent_loader_works_in_a_forked_child(mode):
+    import subprocess
+    import sys
+
+    script = FORKED_SCRIPT.format(tests=os.path.dirname(os.path.abspath(__file__)), mode=mode)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr
