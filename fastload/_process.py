@@ -239,8 +239,15 @@ class _Channel:
         self.process = context.Process(
             target=worker_main, args=(child_end, plan, worker_id, os.getpid()),
             name=f"fastload-p{worker_id}", daemon=True)
-        self.process.start()
-        child_end.close()
+        try:
+            self.process.start()
+        except Exception as error:
+            parent_end.close()
+            if hasattr(error, "add_note"):
+                error.add_note(_unpicklable_parts(plan, context))
+            raise
+        finally:
+            child_end.close()
         self.sock = socket.socket(fileno=os.dup(parent_end.fileno()))
         self.maps = {}                       # slot id -> mmap of that slot
         self.freed = collections.deque()     # slot ids released by the parent
@@ -324,6 +331,25 @@ class _SlotUnpickler(pickle.Unpickler):
         return array if self.to_output is None else self.to_output(array)
 
 
+def _unpicklable_parts(plan, context):
+    """Says which part of the loader a spawned worker could not receive."""
+    parts = [("the dataset", plan.dataset), ("collate_fn", plan.collate_fn),
+             ("worker_init_fn", plan.worker_init_fn)]
+    parts += [(f"dataset attribute {name!r}", value)
+              for name, value in getattr(plan.dataset, "__dict__", {}).items()]
+    bad = []
+    for what, value in parts:
+        try:
+            ForkingPickler.dumps(value)
+        except Exception:
+            bad.append(what)
+    method = context.get_start_method()
+    found = ", ".join(bad) if bad else "an argument"
+    return (f"fastload: a '{method}' worker process receives the loader's dataset, collate_fn "
+            f"and worker_init_fn by pickling; {found} cannot be pickled.  Define them at module "
+            "level, or use the 'fork' start method or worker_mode='thread'.")
+
+
 def _describe_exit(process):
     code = process.exitcode
     if code is not None and code < 0:
@@ -354,6 +380,7 @@ class ProcessWorkers:
             self.close()
             raise
         self.closed = False
+        self.broken = False  # a worker died: these workers cannot serve another epoch
         self.reset()
         self._finalizer = weakref.finalize(self, _close_channels, self.channels, os.getpid())
 
@@ -384,7 +411,11 @@ class ProcessWorkers:
                 break
         else:
             return False
-        channel.send(self.sent, request)
+        try:
+            channel.send(self.sent, request)
+        except RuntimeError:
+            self.broken = True
+            raise
         self.owner[self.sent] = channel.id
         self.sent += 1
         return True
@@ -413,6 +444,13 @@ class ProcessWorkers:
         ready = multiprocessing.connection.wait(handles, remaining)
         if not ready:
             raise TimeoutError
+        try:
+            self._take(waiting, ready)
+        except RuntimeError:
+            self.broken = True
+            raise
+
+    def _take(self, waiting, ready):
         for channel in waiting:
             if channel.conn in ready or channel.conn.poll():
                 task, outcome, value = channel.receive(self.to_output)

@@ -717,6 +717,18 @@ class _ProcessIter(_ThreadedIter):
         return _process.ProcessWorkers(plan, self._num_workers, self._max_in_flight,
                                        bool(loader.in_order), context, to_output)
 
+    def _reset(self, loader):
+        if not self._engine.broken:
+            return super()._reset(loader)
+        # A worker died last epoch: the new one starts on fresh workers.
+        self._engine.close()
+        _BaseIter._reset(self, loader)
+        self._engine = self._start_workers(loader)
+        _live_engines.add(self._engine)
+        self._epoch += 1
+        self._finished = False
+        self._prime()
+
     def _discard_in_flight(self):
         # A process cannot be interrupted between samples: wait for its
         # tasks (bounded by the loader's timeout) and drop what they made.

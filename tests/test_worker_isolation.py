@@ -153,6 +153,20 @@ class KillsItself(tud.Dataset):
         return i
 
 
+class KillsItselfOnce(tud.Dataset):
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        if i == 3 and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os.kill(os.getpid(), 9)
+        return i
+
+
 class Sleeps(tud.Dataset):
     def __len__(self):
         return 4
@@ -343,6 +357,58 @@ def as_is(sample):
     return sample
 
 
+class HoldsALambda(Rows):
+    def __init__(self):
+        self.scale = lambda x: x
+
+
+def test_unpicklable_dataset_for_spawn_names_the_attribute():
+    loader = fastload.DataLoader(HoldsALambda(), batch_size=8, num_workers=1,
+                                 worker_mode="process", multiprocessing_context="spawn")
+    with pytest.raises(Exception) as caught:
+        next(iter(loader))
+    notes = "\n".join(getattr(caught.value, "__notes__", []))
+    assert "dataset attribute 'scale' cannot be pickled" in notes and "'spawn'" in notes
+
+
+PARENT_KILLED_SCRIPT = """
+import os, sys
+sys.path.insert(0, {tests!r})
+import fastload
+from test_worker_isolation import Rows
+loader = fastload.DataLoader(Rows(), batch_size=8, num_workers=2, worker_mode="process",
+                             persistent_workers=True)
+next(iter(loader))
+print(" ".join(str(c.process.pid) for c in loader._iterator._engine.channels), flush=True)
+os.kill(os.getpid(), 9)
+"""
+
+
+def test_workers_exit_when_their_parent_is_killed():
+    import subprocess
+    import sys
+    import time
+
+    script = PARENT_KILLED_SCRIPT.format(tests=os.path.dirname(os.path.abspath(__file__)))
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=120)
+    pids = [int(p) for p in result.stdout.split()]
+    assert len(pids) == 2, result.stderr
+
+    def running(pid):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    # Orphaned workers notice within a second; the bound only catches a hang.
+    deadline = time.monotonic() + 60
+    while any(running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(running(p) for p in pids)
+
+
 def test_process_worker_info_is_its_own():
     g = torch.Generator().manual_seed(5)
     batches = list(fastload.DataLoader(Info(), batch_size=None, num_workers=2, generator=g,
@@ -359,6 +425,15 @@ def test_killed_process_worker_is_reported_and_the_program_lives():
     with pytest.raises(RuntimeError, match=r"DataLoader worker \(pid \d+\) is killed by signal"):
         list(loader)
     assert flat(fastload.DataLoader(Rows(), batch_size=48, num_workers=2))[:1] is not None
+
+
+def test_persistent_loader_replaces_a_dead_worker_next_epoch(tmp_path):
+    loader = fastload.DataLoader(KillsItselfOnce(str(tmp_path / "killed")), batch_size=2,
+                                 num_workers=2, worker_mode="process", persistent_workers=True)
+    with pytest.raises(RuntimeError, match="is killed by signal: SIGKILL"):
+        list(loader)
+    assert flat(loader) == list(range(8))
+    assert flat(loader) == list(range(8))
 
 
 def test_process_worker_timeout():
