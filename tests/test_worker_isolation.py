@@ -574,3 +574,32 @@ def test_persistent_loader_works_in_a_forked_child(mode):
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr
+
+
+CTRL_C_SCRIPT = """
+import sys
+sys.path.insert(0, {tests!r})
+import fastload
+from test_worker_isolation import Sleeps
+it = iter(fastload.DataLoader(Sleeps(), batch_size=1, num_workers=2, worker_mode="process"))
+next(it)
+print("waiting", flush=True)
+next(it)  # worker 1 is stuck: only Ctrl-C ends this
+"""
+
+
+def test_ctrl_c_while_waiting_for_a_stuck_process_worker():
+    import signal
+    import subprocess
+    import sys
+
+    script = CTRL_C_SCRIPT.format(tests=os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "waiting"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)  # a hang would run into this
+    finally:
+        proc.kill()
+    assert "KeyboardInterrupt" in err and proc.returncode != 0
