@@ -185,7 +185,7 @@ WORKER_MODE = None
 
 def run_loader(DataLoader, dataset, kwargs, epochs=1, global_seed=None, before_epoch=None):
     """Build one loader and return [list(batches) for each epoch]."""
-    if (DataLoader is fastload.DataLoader and WORKER_MODE is not None
+    if (DataLoader is fastload.DataLoader and WORKER_MODE is not None and not IS_SHIM
             and kwargs.get("num_workers", 0) > 0 and "worker_mode" not in kwargs):
         kwargs = dict(kwargs, worker_mode=WORKER_MODE)
     with no_worker_count_warning():
