@@ -249,7 +249,11 @@ static void raise_sample_error(ImageSourceObject *self, const sample_result *r)
 {
     const char *path = path_of(self, r->index);
     if (r->status == FL_ERR_IO && r->err != 0) {
-        PyObject *args = Py_BuildValue("(iss)", r->err, r->msg, path);
+        /* OSError(errno, strerror, filename): the subclass for the errno
+         * (FileNotFoundError, ...), and str() names the file. */
+        char text[MSG_SIZE + 48];
+        snprintf(text, sizeof text, "%s (sample index %lld)", r->msg, (long long)r->index);
+        PyObject *args = Py_BuildValue("(iss)", r->err, text, path);
         if (args) {
             PyErr_SetObject(PyExc_OSError, args);
             Py_DECREF(args);

@@ -9,13 +9,20 @@ and an offset array), not as a list of tuples that every worker copies;
 Given a ``fastload.transforms.Compose`` whose output size is fixed, a
 DataLoader with the default collate decodes whole batches in C; any other
 callable runs in Python on the image decoded in C (an HWC uint8 NumPy
-array).
+array).  A ``loader`` (torchvision's argument: path -> sample) replaces the
+C decoder; it is called with the GIL, once a sample.
+
+Sample files are opened without blocking and refused unless they are
+regular files: a FIFO named ``x.jpg`` would otherwise hang the reader.
 """
 
 import collections
 import copy
+import errno
 import functools
 import os
+import stat
+import sys
 
 import numpy as np
 
@@ -24,10 +31,11 @@ from ._random import draw_seed
 from .arrays import _check_index
 from .transforms import PILLOW_MAX_PIXELS, Compose, _nchw_view
 
-__all__ = ["DecodeError", "ImageFiles", "ImageFolder", "IMG_EXTENSIONS"]
+__all__ = ["DecodeError", "ImageFiles", "ImageFolder", "IMG_EXTENSIONS", "default_loader"]
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 SKIP_RECORDS = 1000  # failures remembered in dataset.skipped
+MAX_SKIPS_PER_SAMPLE = 64  # then the last error is raised (as in csrc/image_source.c)
 
 
 class DecodeError(OSError):
@@ -35,11 +43,73 @@ class DecodeError(OSError):
     truncated, not an image, too large); the message names it."""
 
 
+def _file_kind(mode):
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return kind
+    return "of an unknown kind"
+
+
+def _not_regular(path, mode):
+    code = errno.EISDIR if stat.S_ISDIR(mode) else errno.EINVAL
+    return OSError(code, f"not a regular file ({_file_kind(mode)})", os.fsdecode(path))
+
+
+def _open_regular(path):
+    """``open(path, "rb")`` for regular files only.  O_NONBLOCK keeps
+    open() from waiting for a FIFO's writer; fstat then refuses it (and
+    directories, devices); a socket fails open() with ENXIO."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as e:
+        if e.errno == errno.ENXIO:
+            try:
+                mode = os.stat(path).st_mode
+            except OSError:
+                raise e from None
+            if not stat.S_ISREG(mode):
+                raise _not_regular(path, mode) from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise _not_regular(path, mode)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")  # owns fd from here
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def default_loader(path):
+    """torchvision's ``pil_loader``: the file as an RGB PIL image, opened
+    as ``_open_regular`` does.  Given as ``loader`` with a fastload
+    ``Compose``, the C decoder runs instead (the result is the same)."""
+    from PIL import Image
+
+    with _open_regular(path) as f:
+        img = Image.open(f)
+        return img.convert("RGB")
+
+
+def _is_default_loader(loader):
+    """Whether ``loader`` decodes a file to its RGB image and nothing more:
+    fastload's or torchvision's default (only compared when torchvision is
+    already imported, as it is when its loader was passed)."""
+    if loader is default_loader:
+        return True
+    folder = sys.modules.get("torchvision.datasets.folder")
+    return folder is not None and any(
+        loader is getattr(folder, name, None) for name in ("default_loader", "pil_loader"))
+
+
 def _pillow_decode(path):
     """Non-JPEG files: Pillow, with the GIL, to an HWC uint8 RGB array."""
     from PIL import Image
 
-    with Image.open(path) as img:
+    with _open_regular(path) as f, Image.open(f) as img:
         return np.asarray(img.convert("RGB"))
 
 
@@ -70,21 +140,30 @@ class _Samples:
 
 
 class ImageFiles:
-    """Images at ``paths`` with integer ``labels`` (default 0 each)."""
+    """Images at ``paths`` with integer ``labels`` (default 0 each).
+
+    ``loader``: as torchvision's, a callable path -> sample (e.g. a PIL
+    image) called with the GIL for each sample, whose result goes through
+    ``transform``.  None (or a default loader, see ``default_loader``, with
+    a fastload ``Compose``) decodes in C instead."""
 
     def __init__(self, paths, labels=None, transform=None, target_transform=None,
-                 decode="fast", on_error="raise", max_pixels=PILLOW_MAX_PIXELS):
+                 decode="fast", on_error="raise", max_pixels=PILLOW_MAX_PIXELS, loader=None):
         paths = [os.fspath(p) for p in paths]
         labels = np.zeros(len(paths), np.int64) if labels is None else np.asarray(labels, np.int64)
         if labels.shape != (len(paths),):
             raise ValueError(f"{len(paths)} paths but labels of shape {labels.shape}")
-        self._setup(paths, labels, transform, target_transform, decode, on_error, max_pixels)
+        self._setup(paths, labels, transform, target_transform, decode, on_error, max_pixels,
+                    loader)
 
-    def _setup(self, paths, labels, transform, target_transform, decode, on_error, max_pixels):
+    def _setup(self, paths, labels, transform, target_transform, decode, on_error, max_pixels,
+               loader):
         if decode not in ("fast", "exact"):
             raise ValueError(f"decode must be 'fast' or 'exact', got {decode!r}")
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        if loader is not None and not callable(loader):
+            raise TypeError(f"loader must be callable, got {type(loader).__name__}")
         encoded = [p if isinstance(p, bytes) else os.fsencode(p) for p in paths]
         blob = b"\0".join(encoded) + b"\0"
         if blob.count(b"\0") != (len(encoded) or 1):  # one terminator a path
@@ -104,6 +183,13 @@ class ImageFiles:
         self.skipped_count = 0
         self.skipped = collections.deque(maxlen=SKIP_RECORDS)
         self._plan = transform.plan if isinstance(transform, Compose) else None
+        self.loader = loader
+        # The loader is called unless the C decoder gives what it would: a
+        # default loader's image, seen only by a fastload Compose.
+        native_loader = loader is None or (_is_default_loader(loader) and self._plan is not None)
+        self._loader = None if native_loader else loader
+        if self._loader is not None:
+            self._plan = None
         self._native = self._plan is not None and self._plan.output_shape() is not None
         self._source = _C.ImageSource(
             self._paths, self._offsets, self._labels,
@@ -131,18 +217,39 @@ class ImageFiles:
 
     def __getitem__(self, index):
         index = _check_index(index, len(self))
+        for tries in range(MAX_SKIPS_PER_SAMPLE):
+            try:
+                image = self._read(index)
+                break
+            except MemoryError:
+                raise
+            except Exception as e:
+                if self.on_error != "skip" or tries + 1 == MAX_SKIPS_PER_SAMPLE:
+                    if self._loader is not None and hasattr(e, "add_note"):  # Python 3.11+
+                        e.add_note(f"while loading sample index {index}: {self.path(index)}")
+                    raise
+                # The GIL is held: the two updates are not torn.
+                self.skipped_count += 1
+                self.skipped.append((index, self.path(index), str(e)))
+                index = (index + 1) % len(self)
         target = int(self._labels[index])
+        if self._plan is None and self.transform is not None:
+            image = self.transform(image)
+        if self.target_transform is not None:
+            target = self.target_transform(target)
+        return image, target
+
+    def _read(self, index):
+        """Sample `index` as the loader (or the C decoder) gives it; with a
+        fastload Compose, already transformed."""
+        if self._loader is not None:
+            return self._loader(self.path(index))
         if self._plan is not None:
             image = self._source.sample(index, draw_seed(None), 0)
             if self._plan.tensor_output and self._plan.layout == "HWC":
                 image = _nchw_view(image)
-        else:
-            image = self._raw.sample(index, 0, 0)
-            if self.transform is not None:
-                image = self.transform(image)
-        if self.target_transform is not None:
-            target = self.target_transform(target)
-        return image, target
+            return image
+        return self._raw.sample(index, 0, 0)
 
     @property
     def _native_batch(self):
@@ -178,12 +285,55 @@ class ImageFiles:
         return batch
 
 
-class ImageFolder(ImageFiles):
-    """torchvision's ImageFolder, decoded in C."""
+def _walk_class(top):
+    """(folder, file names) under ``top`` (bytes), sorted by folder: what
+    torchvision lists from ``sorted(os.walk(top, followlinks=True))``,
+    except that a folder reached again ((st_dev, st_ino) seen before: a
+    symlink loop, or two links to one folder) is visited once, at the path
+    found first.  torchvision follows a loop until the OS refuses the path
+    (ELOOP), listing its files dozens of times."""
+    seen = set()
+    try:
+        st = os.stat(top)
+        seen.add((st.st_dev, st.st_ino))
+    except OSError:
+        pass  # os.walk reports nothing for it either
+    found = []
+    for dirpath, dirnames, files in os.walk(top, followlinks=True):
+        dirnames.sort()  # which path of a folder reached twice is kept does not depend on the OS
+        kept = []
+        for name in dirnames:
+            try:
+                st = os.stat(os.path.join(dirpath, name))
+            except OSError:
+                kept.append(name)
+                continue
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                kept.append(name)
+        dirnames[:] = kept
+        found.append((dirpath, files))
+    found.sort()
+    return found
 
-    def __init__(self, root, transform=None, target_transform=None, extensions=None,
-                 is_valid_file=None, decode="fast", on_error="raise",
-                 max_pixels=PILLOW_MAX_PIXELS, allow_empty=False):
+
+class ImageFolder(ImageFiles):
+    """torchvision's ImageFolder, decoded in C.
+
+    ``ImageFolder(root, transform=None, target_transform=None, loader=None,
+    is_valid_file=None, allow_empty=False)`` as torchvision's, but the
+    default ``loader`` (None) is the C decoder, and the image a Python
+    ``transform`` gets is an HWC uint8 array; pass ``loader=default_loader``
+    (fastload's or torchvision's) for PIL images.  fastload's own arguments
+    are keywords.  The walk keeps torchvision's order, but each folder
+    (st_dev, st_ino) is walked once per class: a symlink loop, which
+    torchvision's walk follows until ELOOP, listing its files dozens of
+    times, is cut; a folder linked twice is listed at its first path.
+    """
+
+    def __init__(self, root, transform=None, target_transform=None, loader=None,
+                 is_valid_file=None, allow_empty=False, *, extensions=None, decode="fast",
+                 on_error="raise", max_pixels=PILLOW_MAX_PIXELS):
         self.root = os.fspath(root)
         if extensions is not None and is_valid_file is not None:
             raise ValueError("Both extensions and is_valid_file cannot be None or not None "
@@ -199,8 +349,7 @@ class ImageFolder(ImageFiles):
         # Walking with bytes paths spares an encoding per file.
         for name in self.classes:
             before = len(paths)
-            walk = sorted(os.walk(os.fsencode(os.path.join(self.root, name)), followlinks=True))
-            for dirpath, _, files in walk:
+            for dirpath, files in _walk_class(os.fsencode(os.path.join(self.root, name))):
                 prefix = dirpath + b"/"
                 for f in sorted(files):
                     if exts is not None:
@@ -218,7 +367,7 @@ class ImageFolder(ImageFiles):
             raise FileNotFoundError(msg)
         self.extensions = extensions
         self._setup(paths, np.asarray(labels, np.int64), transform, target_transform, decode,
-                    on_error, max_pixels)
+                    on_error, max_pixels, loader)
 
     @staticmethod
     def find_classes(directory):

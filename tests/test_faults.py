@@ -89,8 +89,10 @@ SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("fault, error", [
-    ("fault-eio", "OSError: \\[Errno 5\\] Input/output error: '.*fault-eio.jpg'"),
-    ("fault-eacces", "PermissionError: \\[Errno 13\\] Permission denied: '.*fault-eacces.jpg'"),
+    ("fault-eio", "OSError: \\[Errno 5\\] Input/output error \\(sample index 1\\): "
+                  "'.*fault-eio.jpg'"),
+    ("fault-eacces", "PermissionError: \\[Errno 13\\] Permission denied \\(sample index 1\\): "
+                     "'.*fault-eacces.jpg'"),
     ("fault-short", "DecodeError: cannot decode .*fault-short.jpg \\(sample index 1\\): "
                     "premature end"),
 ])

@@ -69,6 +69,17 @@ fl_image_worker *fl_image_worker_get(void)
 
 /* ------------------------------------------------------------------ files */
 
+/* What a path that is not a regular file is, for the error message. */
+static const char *file_kind(mode_t mode)
+{
+    return S_ISDIR(mode)    ? "a directory"
+           : S_ISFIFO(mode) ? "a FIFO"
+           : S_ISSOCK(mode) ? "a socket"
+           : S_ISCHR(mode)  ? "a character device"
+           : S_ISBLK(mode)  ? "a block device"
+                            : "of an unknown kind";
+}
+
 int fl_read_file(fl_image_worker *w, const char *path, const unsigned char **data, size_t *size,
                  int *err, char *msg, size_t msg_size)
 {
@@ -77,15 +88,35 @@ int fl_read_file(fl_image_worker *w, const char *path, const unsigned char **dat
     size_t done = 0;
     *err = 0;
 
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0 || fstat(fd, &st) != 0) {
+    /* O_NONBLOCK: opening a FIFO (or a device) must not wait for a writer;
+     * whatever it opened, fstat then refuses all but regular files.  A
+     * socket cannot be opened at all (ENXIO); stat says what it is. */
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) {
+        *err = errno;
+        if (*err == ENXIO && stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+            *err = EINVAL;
+            snprintf(msg, msg_size, "not a regular file (%s)", file_kind(st.st_mode));
+        } else {
+            snprintf(msg, msg_size, "%s", strerror(*err));
+        }
+        goto out;
+    }
+    if (fstat(fd, &st) != 0) {
         *err = errno;
         snprintf(msg, msg_size, "%s", strerror(errno));
         goto out;
     }
     if (!S_ISREG(st.st_mode)) {
         *err = S_ISDIR(st.st_mode) ? EISDIR : EINVAL;
-        snprintf(msg, msg_size, "not a regular file");
+        snprintf(msg, msg_size, "not a regular file (%s)", file_kind(st.st_mode));
+        goto out;
+    }
+    /* Regular files ignore O_NONBLOCK on Linux, but not every filesystem
+     * elsewhere promises it: reads below block as usual. */
+    if (fcntl(fd, F_SETFL, 0) != 0) {
+        *err = errno;
+        snprintf(msg, msg_size, "%s", strerror(errno));
         goto out;
     }
     if ((uint64_t)st.st_size > MAX_FILE_BYTES) {

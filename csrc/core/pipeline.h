@@ -57,7 +57,9 @@ fl_image_worker *fl_image_worker_get(void);
 
 /* Reads the whole file at `path` into the worker's buffer.  Returns FL_OK
  * (setting *data and *size, valid until the next read on this thread) or
- * FL_ERR_IO with strerror in msg and the errno in *err. */
+ * FL_ERR_IO with strerror in msg and the errno in *err.  Anything but a
+ * regular file (a FIFO, a directory, a device, a socket) is refused with
+ * "not a regular file" (EISDIR or EINVAL) without blocking in open(). */
 int fl_read_file(fl_image_worker *w, const char *path, const unsigned char **data, size_t *size,
                  int *err, char *msg, size_t msg_size);
 
