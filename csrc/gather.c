@@ -41,6 +41,7 @@ int fl__convert_indices(PyObject *obj, int64_t count, int64_t **out, Py_ssize_t 
     PyObject *seq = NULL;
     int64_t *idx = NULL;
     Py_ssize_t n;
+    int wide_unsigned = 0; /* values past INT64_MAX arrive wrapped to negative */
 
     if (PyArray_Check(obj)) {
         PyArrayObject *a = (PyArrayObject *)obj;
@@ -49,6 +50,7 @@ int fl__convert_indices(PyObject *obj, int64_t count, int64_t **out, Py_ssize_t 
                             "indices must be a one-dimensional array of integers");
             return -1;
         }
+        wide_unsigned = PyArray_ISUNSIGNED(a) && PyArray_ITEMSIZE(a) >= 8;
         seq = PyArray_FROMANY(obj, NPY_INT64, 1, 1, NPY_ARRAY_CARRAY_RO | NPY_ARRAY_FORCECAST);
         if (!seq)
             return -1;
@@ -89,7 +91,7 @@ int fl__convert_indices(PyObject *obj, int64_t count, int64_t **out, Py_ssize_t 
                 if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
                     PyErr_Clear();
                     PyErr_Format(PyExc_IndexError,
-                                 "index %R is out of range for a dataset of %lld samples", item,
+                                 "index %S is out of range for a dataset of %lld samples", item,
                                  (long long)count);
                 }
                 goto fail;
@@ -99,6 +101,12 @@ int fl__convert_indices(PyObject *obj, int64_t count, int64_t **out, Py_ssize_t 
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t v = idx[i];
+        if (v < 0 && wide_unsigned) {
+            PyErr_Format(PyExc_IndexError,
+                         "index %llu is out of range for a dataset of %lld samples",
+                         (unsigned long long)(uint64_t)v, (long long)count);
+            goto fail;
+        }
         if (v < 0)
             v += count;
         if (v < 0 || v >= count) {

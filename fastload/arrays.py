@@ -299,7 +299,12 @@ def _check_index(index, length):
     return i + length if i < 0 else i
 
 
+_INT64_MAX = 2**63 - 1
+
+
 def _positive_int(value, name):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if value > _INT64_MAX:
+        raise ValueError(f"{name}={value} is too large (at most 2**63 - 1)")
     return int(value)

@@ -1,4 +1,5 @@
-"""Files that change under the loader.
+"""Files that change under the loader, and indices or sizes too large for
+int64.
 
 A memory-mapped file truncated while a loader reads it (a job re-running
 np.save on the file it trains from) raises SIGBUS on the next read past its
@@ -178,3 +179,48 @@ def test_other_bus_errors_still_end_the_process(tmp_path):
     assert "not reached" not in run.stdout
     assert "Fatal Python error: Bus error" in run.stderr
     assert run.returncode != 0
+
+
+# ------------------------------------------------------------ large values
+
+
+@pytest.mark.parametrize("value", [2**63, 2**64 - 1])
+def test_uint64_indices_past_int64_are_refused(value):
+    ds = fastload.ArrayDataset(np.arange(10), np.arange(10) * 2)
+    tokens_ds = fastload.TokenDataset(np.arange(100, dtype=np.uint16), 4)
+    for d in (ds, tokens_ds):
+        with pytest.raises(IndexError, match=f"index {value} is out of range"):
+            d[np.array([0, value], dtype=np.uint64)]
+        with pytest.raises(IndexError, match=f"index {value} is out of range"):
+            d[[0, np.uint64(value)]]
+        with pytest.raises(IndexError, match=f"index {value} is out of range"):
+            d[np.uint64(value)]
+    # Values that fit still work as indices.
+    np.testing.assert_array_equal(ds[np.array([9, 2], dtype=np.uint64)][1], [18, 4])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_sampler_yielding_uint64_past_int64(num_workers):
+    ds = fastload.ArrayDataset(np.arange(10))
+    sampler = [np.uint64(1), np.uint64(2**64 - 1)]
+    loader = fastload.DataLoader(ds, batch_size=2, sampler=sampler, num_workers=num_workers)
+    with pytest.raises(IndexError, match=f"index {2**64 - 1} is out of range"):
+        list(loader)
+
+
+@pytest.mark.parametrize("stride", [2**63, 2**64, np.uint64(2**64 - 1)])
+def test_token_stride_too_large(stride):
+    with pytest.raises(ValueError, match=f"stride={int(stride)} is too large"):
+        fastload.TokenDataset(np.arange(100, dtype=np.uint16), 4, stride=stride)
+
+
+@pytest.mark.parametrize("block_size", [2**63, 2**64, np.uint64(2**64 - 1)])
+def test_token_block_size_too_large(block_size):
+    with pytest.raises(ValueError, match=f"block_size={int(block_size)} is too large"):
+        fastload.TokenDataset(np.arange(100, dtype=np.uint16), block_size)
+
+
+def test_token_stride_at_the_int64_limit():
+    ds = fastload.TokenDataset(np.arange(100, dtype=np.uint16), 4, stride=2**63 - 1)
+    assert len(ds) == 1
+    np.testing.assert_array_equal(ds[0][0], [0, 1, 2, 3])
