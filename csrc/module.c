@@ -36,9 +36,9 @@ static PyMethodDef module_methods[] = {
      "gather(arrays, files, indices, pool, convert, /)\n--\n\n"
      "Copies rows `indices` of each array in the tuple `arrays` (C-contiguous\n"
      "rows; `files[i]` None, or (path, size when opened) for a file mapping)\n"
-     "into one batch array each, with the GIL released.  The batch lives in a slot of\n"
-     "`pool`, or in fresh arrays when `pool` is None.  Returns the list of\n"
-     "batch arrays, each passed through `convert` unless that is None.\n"
+     "into one batch array each, with the GIL released.  The batch lives in a\n"
+     "slot of `pool`, or in fresh arrays when `pool` is None.  Returns the list\n"
+     "of batch arrays, each passed through `convert` unless that is None.\n"
      "Negative indices count from the end; others out of range raise\n"
      "IndexError; a mapped file that shrank under the copy raises OSError\n"
      "(EIO) naming it and the sample index."},

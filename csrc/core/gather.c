@@ -208,10 +208,10 @@ __attribute__((noinline)) static int run_guarded(void (*copy)(const void *job), 
 static size_t faulting_position(const char *base, const int64_t *starts, size_t n, int64_t scale,
                                 size_t bytes)
 {
-    const char *address = bus_address;
+    uintptr_t address = (uintptr_t)bus_address;
     for (size_t i = 0; i < n; i++) {
-        const char *start = base + starts[i] * scale;
-        if (address >= start && address < start + bytes)
+        uintptr_t start = (uintptr_t)(base + starts[i] * scale);
+        if (address >= start && address - start < bytes)
             return i;
     }
     return n;
