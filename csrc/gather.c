@@ -220,10 +220,11 @@ static long long size_now(PyObject *path)
         PyErr_Clear();
         return -1;
     }
+    const char *name = PyBytes_AS_STRING(encoded); /* valid while `encoded` is held */
     struct stat st;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = stat(PyBytes_AS_STRING(encoded), &st);
+    rc = stat(name, &st);
     Py_END_ALLOW_THREADS
     Py_DECREF(encoded);
     return rc == 0 ? (long long)st.st_size : -1;
