@@ -6,7 +6,10 @@
  * arrays), and references to the sources are held.  The copies then run in
  * the core with the GIL released, and the output arrays are built over the
  * memory.  The sources are validated by the Python classes (fastload/
- * arrays.py): C-contiguous rows of a native-order plain dtype.
+ * arrays.py): C-contiguous rows of a native-order plain dtype.  A source's
+ * `file` is None for memory that is no file mapping, else (path, the file's
+ * size in bytes when it was opened): the path names it in errors, and the
+ * size tells a truncated file from a failing one.
  *
  * The index conversion and the batch memory (fl__convert_indices,
  * fl__batch_out_*) serve every native dataset; fastload.h declares them.
@@ -15,8 +18,11 @@
 
 #include "core/gather.h"
 #include "core/slots.h"
+#include "core/status.h"
 
+#include <errno.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define BATCH_ALIGN 64 /* each output array starts on a cache line */
 #define MAX_ARRAYS FL__MAX_BATCH_ARRAYS
@@ -35,6 +41,7 @@ int fl__convert_indices(PyObject *obj, int64_t count, int64_t **out, Py_ssize_t 
     PyObject *seq = NULL;
     int64_t *idx = NULL;
     Py_ssize_t n;
+    int wide_unsigned = 0; /* values past INT64_MAX arrive wrapped to negative */
 
     if (PyArray_Check(obj)) {
         PyArrayObject *a = (PyArrayObject *)obj;
@@ -43,6 +50,7 @@ int fl__convert_indices(PyObject *obj, int64_t count, int64_t **out, Py_ssize_t 
                             "indices must be a one-dimensional array of integers");
             return -1;
         }
+        wide_unsigned = PyArray_ISUNSIGNED(a) && PyArray_ITEMSIZE(a) >= 8;
         seq = PyArray_FROMANY(obj, NPY_INT64, 1, 1, NPY_ARRAY_CARRAY_RO | NPY_ARRAY_FORCECAST);
         if (!seq)
             return -1;
@@ -83,7 +91,7 @@ int fl__convert_indices(PyObject *obj, int64_t count, int64_t **out, Py_ssize_t 
                 if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
                     PyErr_Clear();
                     PyErr_Format(PyExc_IndexError,
-                                 "index %R is out of range for a dataset of %lld samples", item,
+                                 "index %S is out of range for a dataset of %lld samples", item,
                                  (long long)count);
                 }
                 goto fail;
@@ -93,6 +101,12 @@ int fl__convert_indices(PyObject *obj, int64_t count, int64_t **out, Py_ssize_t 
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t v = idx[i];
+        if (v < 0 && wide_unsigned) {
+            PyErr_Format(PyExc_IndexError,
+                         "index %llu is out of range for a dataset of %lld samples",
+                         (unsigned long long)(uint64_t)v, (long long)count);
+            goto fail;
+        }
         if (v < 0)
             v += count;
         if (v < 0 || v >= count) {
@@ -186,6 +200,78 @@ PyObject *fl__batch_out_finish(fl__batch_out *b, PyArray_Descr **descrs, const i
     return list;
 }
 
+/* ------------------------------------------------------------- bad files */
+
+static int check_file(PyObject *file)
+{
+    if (file == Py_None ||
+        (PyTuple_Check(file) && PyTuple_GET_SIZE(file) == 2 &&
+         PyUnicode_Check(PyTuple_GET_ITEM(file, 0)) && PyLong_Check(PyTuple_GET_ITEM(file, 1))))
+        return 0;
+    PyErr_SetString(PyExc_TypeError, "gather: a file must be None or (path, size)");
+    return -1;
+}
+
+/* The file's size now, or -1 when it cannot be told. */
+static long long size_now(PyObject *path)
+{
+    PyObject *encoded = NULL;
+    if (!PyUnicode_FSConverter(path, &encoded)) {
+        PyErr_Clear();
+        return -1;
+    }
+    const char *name = PyBytes_AS_STRING(encoded); /* valid while `encoded` is held */
+    struct stat st;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = stat(name, &st);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(encoded);
+    return rc == 0 ? (long long)st.st_size : -1;
+}
+
+/* Raises OSError (EIO) for a gather stopped by a bus error while reading
+ * sample `index` (-1: not known) of a source whose `file` passed
+ * check_file().  Returns NULL. */
+static PyObject *raise_source_changed(PyObject *file, long long index)
+{
+    PyObject *sample = index >= 0 ? PyUnicode_FromFormat("sample index %lld", index)
+                                  : PyUnicode_FromString("sample index not known");
+    if (!sample)
+        return NULL;
+    PyObject *msg;
+    if (file == Py_None) {
+        msg = PyUnicode_FromFormat("memory changed under the loader: a bus error reading %U "
+                                   "(the array is a file mapping whose file was truncated, or "
+                                   "could not be read)",
+                                   sample);
+    } else {
+        PyObject *path = PyTuple_GET_ITEM(file, 0);
+        long long opened = PyLong_AsLongLong(PyTuple_GET_ITEM(file, 1));
+        if (opened == -1 && PyErr_Occurred())
+            PyErr_Clear();
+        long long now = size_now(path);
+        if (now >= 0 && now < opened)
+            msg = PyUnicode_FromFormat("file changed under the loader: %R is shorter than when "
+                                       "it was opened (%U; %lld bytes then, %lld now)",
+                                       path, sample, opened, now);
+        else
+            msg = PyUnicode_FromFormat("file changed under the loader: %R could not be read "
+                                       "(%U; a bus error: the file was truncated or rewritten "
+                                       "while in use, or its storage failed)",
+                                       path, sample);
+    }
+    Py_DECREF(sample);
+    if (!msg)
+        return NULL;
+    PyObject *args = Py_BuildValue("(iN)", EIO, msg);
+    if (args) {
+        PyErr_SetObject(PyExc_OSError, args);
+        Py_DECREF(args);
+    }
+    return NULL;
+}
+
 /* ----------------------------------------------------------------- gather */
 
 PyObject *fl__gather(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -193,14 +279,14 @@ PyObject *fl__gather(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     fastload_state *state = fl__state_of_module(module);
     if (nargs != 5) {
         PyErr_SetString(PyExc_TypeError,
-                        "gather(arrays, mapped, indices, pool, convert) takes 5 arguments");
+                        "gather(arrays, files, indices, pool, convert) takes 5 arguments");
         return NULL;
     }
-    PyObject *arrays = args[0], *mapped = args[1], *pool = args[3], *convert = args[4];
-    if (!PyTuple_Check(arrays) || !PyTuple_Check(mapped) ||
-        PyTuple_GET_SIZE(arrays) != PyTuple_GET_SIZE(mapped) || PyTuple_GET_SIZE(arrays) < 1 ||
+    PyObject *arrays = args[0], *files = args[1], *pool = args[3], *convert = args[4];
+    if (!PyTuple_Check(arrays) || !PyTuple_Check(files) ||
+        PyTuple_GET_SIZE(arrays) != PyTuple_GET_SIZE(files) || PyTuple_GET_SIZE(arrays) < 1 ||
         PyTuple_GET_SIZE(arrays) > MAX_ARRAYS) {
-        PyErr_SetString(PyExc_TypeError, "gather: arrays and mapped must be tuples of one length");
+        PyErr_SetString(PyExc_TypeError, "gather: arrays and files must be tuples of one length");
         return NULL;
     }
     int n_arrays = (int)PyTuple_GET_SIZE(arrays);
@@ -225,7 +311,9 @@ PyObject *fl__gather(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         rows[i].row_bytes = (size_t)PyArray_ITEMSIZE(a);
         for (int d = 1; d < ndims[i]; d++)
             rows[i].row_bytes *= (size_t)PyArray_DIM(a, d);
-        rows[i].file_backed = PyObject_IsTrue(PyTuple_GET_ITEM(mapped, i));
+        if (check_file(PyTuple_GET_ITEM(files, i)) < 0)
+            return NULL;
+        rows[i].file_backed = PyTuple_GET_ITEM(files, i) != Py_None;
         if (count >= 0 && rows[i].count != count) {
             PyErr_SetString(PyExc_ValueError, "gather: arrays differ in length");
             return NULL;
@@ -246,10 +334,19 @@ PyObject *fl__gather(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
     /* `arrays` (held by the caller for the whole call) keeps every source
      * alive; only core code runs here. */
+    int status = FL_OK, failed_array = 0;
+    size_t failed = 0;
     Py_BEGIN_ALLOW_THREADS
-    for (int i = 0; i < n_arrays; i++)
-        fl_gather_rows(&rows[i], idx, (size_t)n, out.data[i]);
+    for (int i = 0; i < n_arrays && status == FL_OK; i++) {
+        status = fl_gather_rows(&rows[i], idx, (size_t)n, out.data[i], &failed);
+        failed_array = i;
+    }
     Py_END_ALLOW_THREADS
+    if (status != FL_OK) {
+        raise_source_changed(PyTuple_GET_ITEM(files, failed_array),
+                             failed < (size_t)n ? (long long)idx[failed] : -1);
+        goto done;
+    }
 
     result = fl__batch_out_finish(&out, descrs, ndims, dims, convert);
 done:
@@ -262,11 +359,11 @@ PyObject *fl__gather_windows(PyObject *module, PyObject *const *args, Py_ssize_t
 {
     fastload_state *state = fl__state_of_module(module);
     if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "gather_windows(tokens, mapped, stride, block, "
+        PyErr_SetString(PyExc_TypeError, "gather_windows(tokens, file, stride, block, "
                                          "indices, pool, convert) takes 7 arguments");
         return NULL;
     }
-    PyObject *tokens_obj = args[0], *pool = args[5], *convert = args[6];
+    PyObject *tokens_obj = args[0], *file = args[1], *pool = args[5], *convert = args[6];
     if (!PyArray_Check(tokens_obj) || PyArray_NDIM((PyArrayObject *)tokens_obj) != 1 ||
         !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)tokens_obj)) {
         PyErr_SetString(PyExc_TypeError, "gather_windows: tokens must be a contiguous 1-d array");
@@ -274,7 +371,9 @@ PyObject *fl__gather_windows(PyObject *module, PyObject *const *args, Py_ssize_t
     }
     PyArrayObject *tokens = (PyArrayObject *)tokens_obj;
     int token_size = (int)PyArray_ITEMSIZE(tokens);
-    int mapped = PyObject_IsTrue(args[1]);
+    if (check_file(file) < 0)
+        return NULL;
+    int mapped = file != Py_None;
     long long stride = PyLong_AsLongLong(args[2]);
     long long block = PyLong_AsLongLong(args[3]);
     if (PyErr_Occurred())
@@ -306,10 +405,17 @@ PyObject *fl__gather_windows(PyObject *module, PyObject *const *args, Py_ssize_t
 
     const void *data = PyArray_DATA(tokens);
     int is_signed = PyArray_ISSIGNED(tokens);
+    int status;
+    size_t failed = 0;
     Py_BEGIN_ALLOW_THREADS
-    fl_gather_windows(data, token_size, is_signed, mapped, idx, (size_t)n, (size_t)block,
-                      (int64_t *)out.data[0], (int64_t *)out.data[1]);
+    status = fl_gather_windows(data, token_size, is_signed, mapped, idx, (size_t)n,
+                               (size_t)block, (int64_t *)out.data[0], (int64_t *)out.data[1],
+                               &failed);
     Py_END_ALLOW_THREADS
+    if (status != FL_OK) {
+        raise_source_changed(file, failed < (size_t)n ? (long long)(idx[failed] / stride) : -1);
+        goto done;
+    }
 
     result = fl__batch_out_finish(&out, descrs, ndims, dims, convert);
 done:

@@ -33,16 +33,17 @@ static PyMethodDef module_methods[] = {
      "not None.  Returns NotImplemented when the samples are outside those\n"
      "rules (the caller then collates in Python)."},
     {"gather", (PyCFunction)(void (*)(void))fl__gather, METH_FASTCALL,
-     "gather(arrays, mapped, indices, pool, convert, /)\n--\n\n"
+     "gather(arrays, files, indices, pool, convert, /)\n--\n\n"
      "Copies rows `indices` of each array in the tuple `arrays` (C-contiguous\n"
-     "rows; `mapped[i]` true for a file mapping worth prefetching) into one\n"
-     "batch array each, with the GIL released.  The batch lives in a slot of\n"
-     "`pool`, or in fresh arrays when `pool` is None.  Returns the list of\n"
-     "batch arrays, each passed through `convert` unless that is None.\n"
+     "rows; `files[i]` None, or (path, size when opened) for a file mapping)\n"
+     "into one batch array each, with the GIL released.  The batch lives in a\n"
+     "slot of `pool`, or in fresh arrays when `pool` is None.  Returns the list\n"
+     "of batch arrays, each passed through `convert` unless that is None.\n"
      "Negative indices count from the end; others out of range raise\n"
-     "IndexError."},
+     "IndexError; a mapped file that shrank under the copy raises OSError\n"
+     "(EIO) naming it and the sample index."},
     {"gather_windows", (PyCFunction)(void (*)(void))fl__gather_windows, METH_FASTCALL,
-     "gather_windows(tokens, mapped, stride, block, indices, pool, convert, /)\n--\n\n"
+     "gather_windows(tokens, file, stride, block, indices, pool, convert, /)\n--\n\n"
      "For window i (starting at token i * stride) of the 1-d `tokens`, the\n"
      "inputs tokens[s:s+block] and targets tokens[s+1:s+block+1], widened to\n"
      "int64: returns [x, y], each (len(indices), block), as gather() does."},

@@ -40,6 +40,25 @@ def _is_mapped(array):
     return False
 
 
+def _mapped_file(array):
+    """The file an array maps, as the gather takes it: ``(path, its size in
+    bytes now)``, so that a file truncated later is named and told apart
+    from one that fails to read; None for memory that is no named file's
+    mapping (which the gather then does not prefetch)."""
+    while array is not None:
+        if isinstance(array, np.memmap):
+            if array.filename is None:
+                return None
+            path = os.fsdecode(os.fspath(array.filename))
+            try:
+                size = os.stat(path).st_size
+            except OSError:
+                size = -1  # gone already: a later fault is reported without sizes
+            return path, size
+        array = array.base if isinstance(array, np.ndarray) else None
+    return None
+
+
 def _open_npy(path):
     """A .npy file, memory-mapped read-only; ValueError naming the file
     when it is not one NumPy can map."""
@@ -132,7 +151,7 @@ class ArrayDataset:
             detail = ", ".join(f"array {i}: {n}" for i, n in enumerate(lengths))
             raise ValueError(f"ArrayDataset arrays differ in length ({detail})")
         self.arrays = tuple(checked)
-        self._mapped = tuple(_is_mapped(a) for a in checked)
+        self._files = tuple(_mapped_file(a) for a in checked)
         self._length = lengths[0]
 
     def __len__(self):
@@ -150,7 +169,7 @@ class ArrayDataset:
         return _split_rows(self._gather(indices, None, None))
 
     def _gather(self, indices, pool, convert):
-        return _C.gather(self.arrays, self._mapped, _index_array(indices), pool, convert)
+        return _C.gather(self.arrays, self._files, _index_array(indices), pool, convert)
 
     def _native_batch(self, indices, pool, convert, seed, epoch):
         """The loader's batch path: the collated batch, in a slot of `pool`
@@ -205,7 +224,7 @@ class TokenDataset:
         self.tokens = tokens
         self.block_size = block_size
         self.stride = stride
-        self._mapped = _is_mapped(tokens)
+        self._file = _mapped_file(tokens)
         self._length = (len(tokens) - 1 - block_size) // stride + 1
 
     @staticmethod
@@ -244,7 +263,7 @@ class TokenDataset:
         return _split_rows(self._gather(indices, None, None))
 
     def _gather(self, indices, pool, convert):
-        return _C.gather_windows(self.tokens, self._mapped, self.stride, self.block_size,
+        return _C.gather_windows(self.tokens, self._file, self.stride, self.block_size,
                                  _index_array(indices), pool, convert)
 
     def _native_batch(self, indices, pool, convert, seed, epoch):
@@ -280,7 +299,12 @@ def _check_index(index, length):
     return i + length if i < 0 else i
 
 
+_INT64_MAX = 2**63 - 1
+
+
 def _positive_int(value, name):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if value > _INT64_MAX:
+        raise ValueError(f"{name}={value} is too large (at most 2**63 - 1)")
     return int(value)

@@ -280,9 +280,16 @@ int fl_engine_create(const fl_engine_config *config, const fl_engine_hooks *hook
     }
 
     /* Workers must never take a signal meant for the main thread (Ctrl-C is
-     * handled there), so they start with every signal blocked. */
+     * handled there), so they start with every signal blocked, except those
+     * a fault raises in the faulting thread itself: blocked, these end the
+     * process without running any handler (the gather's bus-error guard,
+     * faulthandler). */
     sigset_t all, saved;
     sigfillset(&all);
+    sigdelset(&all, SIGBUS);
+    sigdelset(&all, SIGSEGV);
+    sigdelset(&all, SIGFPE);
+    sigdelset(&all, SIGILL);
     pthread_sigmask(SIG_SETMASK, &all, &saved);
     int failed = 0;
     for (int i = 0; i < e->num_workers && !failed; i++) {
