@@ -18,7 +18,10 @@ Messages, per worker, over one duplex pipe (a Unix socket pair):
 * parent -> worker: ``(task, (epoch, index), freed_slot_ids)``, or None to
   stop;
 * worker -> parent: ``(task, outcome, new_slot_ids, dropped_slot_ids,
-  payload)``, then the descriptors of the new slots (SCM_RIGHTS).
+  report, payload)``, then the descriptors of the new slots (SCM_RIGHTS).
+  ``report`` is what the worker's dataset copy recorded that the user reads
+  on the loader's dataset (fastload's image datasets: skipped files), from
+  ``dataset._worker_report()``, merged there by ``_merge_worker_report``.
   ``payload`` is the batch pickled with each shared-slot array replaced by a
   reference (slot id, offset, dtype, shape, strides); arrays and tensors
   outside slots travel as torch's workers send them (ForkingPickler).
@@ -176,6 +179,7 @@ def worker_main(conn, plan, worker_id, parent_pid):
     route_torch_worker_info()
     pool = _C.SlotPool(max_free=plan.max_free_slots, memory="shared")
     worker = Worker(worker_id, _fetch_plan(plan, pool), StopFlag(), method="process")
+    report = getattr(plan.dataset, "_worker_report", None)
     sock = socket.socket(fileno=os.dup(conn.fileno()))
     announced = set()
     held = collections.defaultdict(list)
@@ -193,7 +197,8 @@ def worker_main(conn, plan, worker_id, parent_pid):
             for slot_id in freed:
                 held.pop(slot_id, None)
             outcome, value = worker.fetch(request)
-            _send_result(conn, sock, task, outcome, value, announced, held)
+            _send_result(conn, sock, task, outcome, value, report() if report else None,
+                         announced, held)
             del value
     except (EOFError, BrokenPipeError, ConnectionResetError, KeyboardInterrupt):
         return  # the parent is gone or stopping: exit quietly, as torch's workers do
@@ -202,7 +207,7 @@ def worker_main(conn, plan, worker_id, parent_pid):
         sock.close()
 
 
-def _send_result(conn, sock, task, outcome, value, announced, held):
+def _send_result(conn, sock, task, outcome, value, report, announced, held):
     new = []
     buffer = io.BytesIO()
     try:
@@ -220,7 +225,7 @@ def _send_result(conn, sock, task, outcome, value, announced, held):
     for slot_id in dropped:
         announced.discard(slot_id)
     slots = [(slot_id, nbytes) for slot_id, _fd, nbytes in new]
-    conn.send((task, outcome, slots, dropped, buffer.getvalue()))
+    conn.send((task, outcome, slots, dropped, report, buffer.getvalue()))
     if new:
         sendfds(sock, [fd for _slot_id, fd, _bytes in new])
 
@@ -269,9 +274,9 @@ class _Channel:
         return (f"DataLoader worker (pid {self.process.pid}) {_describe_exit(self.process)}. "
                 "See the worker's output above for its error, if any.")
 
-    def receive(self, to_output):
+    def receive(self, to_output, on_report):
         try:
-            task, outcome, slots, dropped, payload = self.conn.recv()
+            task, outcome, slots, dropped, report, payload = self.conn.recv()
         except (EOFError, OSError):
             self.process.join(_JOIN_SECONDS)
             raise RuntimeError(self.death()) from None
@@ -285,6 +290,8 @@ class _Channel:
                     self.maps[slot_id] = mmap.mmap(fd, nbytes)
                 finally:
                     os.close(fd)
+        if report is not None:
+            on_report(report)
         value = _SlotUnpickler(io.BytesIO(payload), self, to_output).load()
         return task, outcome, value
 
@@ -368,7 +375,9 @@ class ProcessWorkers:
     calls, so the iterator's logic is the same for both kinds of worker.
     """
 
-    def __init__(self, plan, num_workers, max_in_flight, in_order, context, to_output):
+    def __init__(self, plan, num_workers, max_in_flight, in_order, context, to_output,
+                 on_report=None):
+        self.on_report = on_report  # takes a worker's report (see the module doc)
         self.max_in_flight = max_in_flight
         self.in_order = in_order
         self.to_output = to_output
@@ -453,7 +462,7 @@ class ProcessWorkers:
     def _take(self, waiting, ready):
         for channel in waiting:
             if channel.conn in ready or channel.conn.poll():
-                task, outcome, value = channel.receive(self.to_output)
+                task, outcome, value = channel.receive(self.to_output, self.on_report)
                 del self.owner[task]
                 if outcome == _C.JOB_RETIRE:
                     channel.active = False

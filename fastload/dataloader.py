@@ -715,7 +715,8 @@ class _ProcessIter(_ThreadedIter):
         context = loader.multiprocessing_context or _process.default_context()
         to_output = torch.from_numpy if loader.output == "torch" else None
         return _process.ProcessWorkers(plan, self._num_workers, self._max_in_flight,
-                                       bool(loader.in_order), context, to_output)
+                                       bool(loader.in_order), context, to_output,
+                                       getattr(self._dataset, "_merge_worker_report", None))
 
     def _reset(self, loader):
         if not self._engine.broken:

@@ -228,9 +228,7 @@ class ImageFiles:
                     if self._loader is not None and hasattr(e, "add_note"):  # Python 3.11+
                         e.add_note(f"while loading sample index {index}: {self.path(index)}")
                     raise
-                # The GIL is held: the two updates are not torn.
-                self.skipped_count += 1
-                self.skipped.append((index, self.path(index), str(e)))
+                self._record_skips([(index, self.path(index), str(e))])
                 index = (index + 1) % len(self)
         target = int(self._labels[index])
         if self._plan is None and self.transform is not None:
@@ -275,11 +273,29 @@ class ImageFiles:
         return (functools.partial(self._decode_batch, source=source), plan.mul, plan.add,
                 plan.dtype)
 
+    def _record_skips(self, records):
+        # The GIL is held: the two updates are not torn.
+        self.skipped_count += len(records)
+        self.skipped.extend(records)
+
+    def _worker_report(self):
+        """In a worker process: the skips recorded since the last report,
+        for the loader's own dataset object (``_merge_worker_report``)."""
+        new = self.skipped_count - getattr(self, "_reported_count", 0)
+        if new == 0:
+            return None
+        self._reported_count = self.skipped_count
+        return new, list(self.skipped)[-new:]
+
+    def _merge_worker_report(self, report):
+        count, records = report
+        self.skipped_count += count
+        self.skipped.extend(records)
+
     def _decode_batch(self, indices, pool, convert, seed, epoch, source=None):
         batch, skipped = (source or self._source).batch(indices, pool, convert, seed, epoch)
-        if skipped:  # the GIL is held here: the two updates are not torn
-            self.skipped_count += len(skipped)
-            self.skipped.extend(skipped)
+        if skipped:
+            self._record_skips(skipped)
         if self._plan.tensor_output and self._plan.layout == "HWC":
             batch[0] = _nchw_view(batch[0])  # channels_last: NCHW shape over NHWC memory
         return batch

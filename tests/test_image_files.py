@@ -222,19 +222,21 @@ class RecordingLoader:
         return np.full((2, 3), n, np.int64)
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_custom_loader_feeds_transform_and_collate(small_folder, workers):
+@pytest.mark.parametrize("workers,mode", [(0, "auto"), (2, "thread"), (2, "process")])
+def test_custom_loader_feeds_transform_and_collate(small_folder, workers, mode):
     loader = RecordingLoader()
     ds = fastload.ImageFolder(small_folder, transform=lambda a: a * 10,
                               target_transform=lambda t: t + 100, loader=loader)
     assert ds.loader is loader and ds._native_batch is None
-    batches = list(fastload.DataLoader(ds, batch_size=2, num_workers=workers, output="numpy"))
+    batches = list(fastload.DataLoader(ds, batch_size=2, num_workers=workers, output="numpy",
+                                       worker_mode=mode))
     x = np.concatenate([b[0] for b in batches])
     y = np.concatenate([b[1] for b in batches])
     assert [b[0].shape for b in batches] == [(2, 2, 3), (2, 2, 3), (1, 2, 3)]
     np.testing.assert_array_equal(x, np.arange(1, 6)[:, None, None] * 10 * np.ones((1, 2, 3)))
     assert y.tolist() == [100, 100, 101, 101, 101]
-    assert sorted(loader.calls) == sorted(p for p, _ in ds.samples)
+    if mode != "process":  # a worker process calls its own copy of the loader
+        assert sorted(loader.calls) == sorted(p for p, _ in ds.samples)
 
 
 def test_positional_loader_and_fastload_transform(small_folder):
@@ -282,11 +284,13 @@ def test_loader_errors_name_the_file_and_index(small_folder, workers):
         assert f"while loading sample index 1: {ds.samples[1][0]}" in text
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_loader_errors_are_skipped_on_request(small_folder, workers):
+@pytest.mark.parametrize("workers,mode", [(0, "auto"), (2, "thread"), (2, "process")])
+def test_loader_errors_are_skipped_on_request(small_folder, workers, mode):
     ds = fastload.ImageFolder(small_folder, loader=RecordingLoader(fail="2.jpg"),
                               on_error="skip")
-    (x, y), = list(fastload.DataLoader(ds, batch_size=5, num_workers=workers, output="numpy"))
+    # Worker processes report their skips to the loader's dataset object.
+    (x, y), = list(fastload.DataLoader(ds, batch_size=5, num_workers=workers, output="numpy",
+                                       worker_mode=mode))
     assert x[:, 0, 0].tolist() == [1, 3, 3, 4, 5] and y.tolist() == [0, 1, 1, 1, 1]
     (index, path, message), = ds.skipped
     assert (index, path) == (1, ds.samples[1][0]) and "unreadable header" in message
