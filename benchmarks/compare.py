@@ -74,9 +74,9 @@ def timed_first_batch(loader, expected):
     return elapsed
 
 
-def interleave(measure, label, reps, prepare=None):
-    """``measure(kind)`` for torch and fastload alternately, ``reps`` times
-    each; returns {kind: [seconds, ...]} in repetition order.
+def interleave(measure, label, reps, prepare=None, kinds=LOADERS):
+    """``measure(kind)`` for each of ``kinds`` (torch and fastload) in turn,
+    ``reps`` times each; returns {kind: [seconds, ...]} in repetition order.
 
     ``prepare(kind)`` runs, untimed, just before each measurement.  It keeps
     one loader from paying for the other: torch's worker processes are
@@ -85,9 +85,9 @@ def interleave(measure, label, reps, prepare=None):
     fastload measurement right after a torch one pays those faults (2-3x on
     its time to first batch), a cost that exists only because both loaders
     share this process."""
-    times = {kind: [] for kind in LOADERS}
+    times = {kind: [] for kind in kinds}
     for rep in range(reps):
-        for kind in LOADERS:
+        for kind in kinds:
             log(f"{label}: {kind} {rep + 1}/{reps}")
             if prepare is not None:
                 prepare(kind)
@@ -95,9 +95,11 @@ def interleave(measure, label, reps, prepare=None):
     return times
 
 
-def summarise(times):
+def summarise(times, against="fastload"):
+    """Each loader's median, and the range of torch's time over
+    ``against``'s time across the repetitions' pairs."""
     med = {kind: statistics.median(ts) for kind, ts in times.items()}
-    pairs = [t / f for t, f in zip(times["torch"], times["fastload"])]
+    pairs = [t / f for t, f in zip(times["torch"], times[against])]
     return med, min(pairs), max(pairs)
 
 
