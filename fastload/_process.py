@@ -32,6 +32,7 @@ and an iterable worker that reports its end gets no more tasks.
 """
 
 import collections
+import ctypes
 import importlib
 import io
 import itertools
@@ -63,6 +64,8 @@ from .collate import backend_for
 # How long a worker waits for a request before checking that its parent is
 # still alive (a parent killed by SIGKILL cannot tell it to stop).
 _PARENT_CHECK_SECONDS = 1.0
+# Freed heap memory a worker process keeps for its next batches.
+_KEPT_FREE_BYTES = 128 << 20
 # How long shutdown waits for the workers to exit by themselves (after
 # their current batch) before the rest are terminated.
 _JOIN_SECONDS = 5.0
@@ -119,6 +122,21 @@ class _SlotPickler(ForkingPickler):
         return (slot_id, offset, obj.dtype, obj.shape, obj.strides)
 
 
+def _keep_freed_memory():
+    """A worker frees and reallocates batch-sized memory over and over (its
+    samples live until they are collated).  glibc hands large freed blocks
+    back to the kernel at once, so every batch would fault them in again;
+    a worker keeps up to _KEPT_FREE_BYTES of them instead.  (Not done in the
+    user's process, whose memory is the user's business.)"""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # not glibc
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's <malloc.h>
+    mallopt(m_mmap_threshold, 32 << 20)  # glibc's largest; also ends its sliding threshold
+    mallopt(m_trim_threshold, _KEPT_FREE_BYTES)
+
+
 def _seed_globals(base_seed, worker_id):
     """Seeds the process's global generators as torch seeds its workers'."""
     seed = base_seed + worker_id
@@ -168,6 +186,7 @@ def worker_main(conn, plan, worker_id, parent_pid):
     # Ctrl-C reaches the whole process group: the parent handles it and
     # stops the workers, which must not die half-way through a message.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _keep_freed_memory()
     if torch is not None:
         # torch's tensor reductions for ForkingPickler, as its workers use.
         importlib.import_module("torch.multiprocessing")
