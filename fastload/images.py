@@ -191,13 +191,27 @@ class ImageFiles:
         if self._loader is not None:
             self._plan = None
         self._native = self._plan is not None and self._plan.output_shape() is not None
+        self._make_sources()
+
+    def _make_sources(self):
+        exact = self.decode == "exact"
         self._source = _C.ImageSource(
             self._paths, self._offsets, self._labels,
             self._plan.as_tuple() if self._plan is not None else None,
-            decode == "exact", self.max_pixels, on_error == "skip", _fallback(), DecodeError)
-        self._raw = _C.ImageSource(self._paths, self._offsets, self._labels, None,
-                                   decode == "exact", self.max_pixels, False, _fallback(),
-                                   DecodeError)
+            exact, self.max_pixels, self.on_error == "skip", _fallback(), DecodeError)
+        self._raw = _C.ImageSource(self._paths, self._offsets, self._labels, None, exact,
+                                   self.max_pixels, False, _fallback(), DecodeError)
+
+    def __getstate__(self):
+        # The C sources hold per-thread decoders: a copy (a spawned worker
+        # process's) builds its own.
+        state = self.__dict__.copy()
+        del state["_source"], state["_raw"]
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._make_sources()
 
     def __len__(self):
         return len(self._offsets)

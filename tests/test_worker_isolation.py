@@ -603,3 +603,30 @@ def test_ctrl_c_while_waiting_for_a_stuck_process_worker():
     finally:
         proc.kill()
     assert "KeyboardInterrupt" in err and proc.returncode != 0
+
+
+@pytest.mark.parametrize("context", [None, "spawn"])
+def test_native_image_dataset_in_process_workers(tmp_path, context):
+    from PIL import Image
+
+    from fastload import transforms as T
+
+    rng = np.random.default_rng(0)
+    for label in "ab":
+        (tmp_path / label).mkdir()
+        for i in range(3):
+            pixels = rng.integers(0, 256, (40, 50, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(tmp_path / label / f"{i}.jpg")
+    ds = fastload.ImageFolder(tmp_path, transform=T.Compose([T.RandomResizedCrop(16),
+                                                             T.ToTensor()]))
+
+    def batches(mode, **extra):
+        g = torch.Generator().manual_seed(1)
+        return list(fastload.DataLoader(ds, batch_size=3, num_workers=2, generator=g,
+                                        worker_mode=mode, **extra))
+
+    # Crops are keyed by (seed, epoch, index): the same in any worker.
+    want, got = batches("thread"), batches("process", multiprocessing_context=context)
+    assert len(got) == len(want) == 2
+    for (gx, gy), (wx, wy) in zip(got, want):
+        assert torch.equal(gx, wx) and torch.equal(gy, wy)
