@@ -378,6 +378,16 @@ def parse_args(argv):
     return args
 
 
+def load_average():
+    """The 1-minute load average, as a sentence: other jobs on the machine
+    take cores from the workers (and hurt torch's worker processes most on
+    a GIL-bound dataset)."""
+    try:
+        return f"Load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
+    except OSError:
+        return "Load average unknown"
+
+
 def format_table(rows):
     """The result rows as an aligned text table."""
     header = ("workload", "num_workers", "torch samples/s", "fastload samples/s", "speed-up")
@@ -409,7 +419,7 @@ def main(argv=None):
         print("torch is not installed: running fastload alone, with NumPy batches "
               "(pip install torch to see the comparison).")
     print(f"Batch size {args.batch_size}; each configuration runs {args.repeat} time(s) per loader, "
-          "alternating; samples/s is the median.\n")
+          f"alternating; samples/s is the median.  {load_average()}.\n")
 
     rows = []
     measured = {}
@@ -445,7 +455,7 @@ def main(argv=None):
         print(file=sys.stderr)
 
     print("All batches checked: every sample arrived (checksums match where the data is "
-          "not randomly augmented).\n")
+          f"not randomly augmented).  {load_average()}.\n")
     print(format_table(rows))
     print()
     for name in measured:
