@@ -1,6 +1,6 @@
 """fastload next to torch's DataLoader, on data generated on the spot.
 
-    python benchmarks/demo.py                      # two to three minutes
+    python benchmarks/demo.py                      # a few minutes
     python benchmarks/demo.py --workload images --images 2000 --workers 1 2
     python benchmarks/demo.py --workload text --workers 0 1 2
 
@@ -56,7 +56,8 @@ WORKLOADS = {
                "Normalize"),
     "fixed": ("FixedArrays", "3x64x64 float32 images, nearly free to make: the loader's own cost"),
     "numpy": ("NumpyWork", "~1 ms of GIL-releasing NumPy work per sample"),
-    "text": ("PythonTokenizer", "text split and word-piece tokenised in pure Python: holds the GIL"),
+    "text": ("PythonTokenizer",
+             "text split and word-piece tokenised in pure Python: holds the GIL"),
 }
 
 TORCHVISION_VERSION = "0.28.0"  # the release paired with torch 2.13.0 (scripts/demo.sh installs it)
@@ -300,8 +301,8 @@ def image_loaders(root, kinds, num_workers, batch_size, torchvision, decode):
     loaders = {}
     if "torch" in kinds:
         use_tv = torchvision is not None
-        dataset = pil_pipeline.image_folder(root, pil_pipeline.train_transform(use_torchvision=use_tv),
-                                            use_torchvision=use_tv)
+        transform = pil_pipeline.train_transform(use_torchvision=use_tv)
+        dataset = pil_pipeline.image_folder(root, transform, use_torchvision=use_tv)
         loaders["torch"] = torch.utils.data.DataLoader(dataset, batch_size=batch_size,
                                                        shuffle=True, num_workers=num_workers)
     dataset = fastload.ImageFolder(root, transform=images_bench.fastload_transform("train"),
@@ -401,7 +402,8 @@ def format_table(rows):
         return "  ".join(c.ljust(w) if i < 2 else c.rjust(w)
                          for i, (c, w) in enumerate(zip(cells, widths)))
 
-    return "\n".join([join(header), join(["-" * w for w in widths])] + [join(line) for line in lines])
+    rule = ["-" * w for w in widths]
+    return "\n".join([join(header), join(rule)] + [join(line) for line in lines])
 
 
 def main(argv=None):
