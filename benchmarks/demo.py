@@ -75,8 +75,9 @@ def import_torchvision():
     try:
         import torchvision
         return torchvision
-    except ImportError:
-        return None
+    except ModuleNotFoundError as e:
+        if e.name == "torchvision":  # not installed
+            return None
     except Exception:  # noqa: BLE001 - see the docstring
         pass
     for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
@@ -100,7 +101,7 @@ def image_pipelines(torchvision, decode):
         torch_side = (f"torchvision {torchvision.__version__} ImageFolder + transforms "
                       "(Pillow decodes the whole image)")
     else:
-        torch_side = ("torchvision is not installed: a Pillow re-implementation of its "
+        torch_side = ("torchvision cannot be imported here: a Pillow re-implementation of its "
                       "ImageFolder + transforms (benchmarks/pil_pipeline.py, same results)")
     if decode == "fast":
         fastload_side = ('fastload.ImageFolder + fastload.transforms, decode="fast" (region '

@@ -2,6 +2,8 @@
 checked against checksums, and the table and its notes say what ran.  The
 numbers come from ``./scripts/demo.sh``."""
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -60,5 +62,48 @@ def test_image_workload_says_what_each_loader_runs(tmp_path, capsys):
 
 def test_image_notes_name_the_stand_in_without_torchvision():
     notes = demo.image_pipelines(None, "exact")
-    assert "torchvision is not installed" in notes["torch"]
+    assert "torchvision cannot be imported" in notes["torch"]
     assert 'decode="exact"' in notes["fastload"]
+
+
+def _forget_torchvision():
+    for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
+        del sys.modules[name]
+
+
+def test_torchvision_built_for_another_torch_is_imported_without_meta_registrations(
+        tmp_path, monkeypatch):
+    # A stand-in package that fails at import as torchvision 0.28.0 does on
+    # the CPU-only torch: its meta registrations name operators that never
+    # loaded.
+    package = tmp_path / "torchvision"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        "from . import _meta_registrations\nfrom . import datasets, transforms\n")
+    (package / "_meta_registrations.py").write_text(
+        "raise RuntimeError('operator torchvision::nms does not exist')\n")
+    (package / "datasets.py").write_text("")
+    (package / "transforms.py").write_text("")
+    saved = {n: m for n, m in sys.modules.items()
+             if n == "torchvision" or n.startswith("torchvision.")}
+    _forget_torchvision()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        torchvision = demo.import_torchvision()
+        assert torchvision is not None and torchvision.__file__ == str(package / "__init__.py")
+        assert not hasattr(sys.modules["torchvision._meta_registrations"], "__file__")
+    finally:
+        _forget_torchvision()
+        sys.modules.update(saved)
+
+
+def test_missing_torchvision_gives_none():
+    saved = {n: m for n, m in sys.modules.items()
+             if n == "torchvision" or n.startswith("torchvision.")}
+    _forget_torchvision()
+    sys.modules["torchvision"] = None  # the import raises ModuleNotFoundError
+    try:
+        assert demo.import_torchvision() is None
+    finally:
+        _forget_torchvision()
+        sys.modules.update(saved)
