@@ -19,7 +19,7 @@ way: FixedArrays and NumpyWork measure the loader itself, and
 PythonTokenizer is a dataset whose __getitem__ is pure Python and holds the
 GIL throughout.  There fastload's worker threads take turns on one GIL
 while torch's worker processes run in parallel: the case where torch's
-DataLoader is the faster one.
+DataLoader can be the faster one.
 
 Runs both loaders on the same dataset and configuration, with a progress bar
 on stderr while each runs, then prints samples/s per loader and the speed-up.
@@ -59,8 +59,6 @@ WORKLOADS = {
     "text": ("PythonTokenizer",
              "text split and word-piece tokenised in pure Python: holds the GIL"),
 }
-
-TORCHVISION_VERSION = "0.28.0"  # the release paired with torch 2.13.0 (scripts/demo.sh installs it)
 
 
 def import_torchvision():
