@@ -1,15 +1,25 @@
 """fastload next to torch's DataLoader, on data generated on the spot.
 
-    python benchmarks/demo.py                      # a minute or two
+    python benchmarks/demo.py                      # a few minutes
     python benchmarks/demo.py --workload images --images 2000 --workers 1 2
-    python benchmarks/demo.py --workload fixed --workers 0 1 2
+    python benchmarks/demo.py --workload text --workers 0 1 2
 
 The headline workload is image training input: a folder of photo-like JPEGs
 (made once, cached) through RandomResizedCrop(224) + RandomHorizontalFlip +
-ToTensor + Normalize — torch's DataLoader with the same transforms written
-with Pillow (torchvision's when installed), against fastload.ImageFolder with
-fastload.transforms, decoded and augmented in C.  The others measure the
-loader itself on Python datasets.
+ToTensor + Normalize.  torch's DataLoader runs torchvision's ImageFolder and
+transforms (Pillow decodes the whole image); where torchvision cannot be
+imported, a Pillow re-implementation of them (benchmarks/pil_pipeline.py)
+stands in, and the table says so.  fastload runs fastload.ImageFolder with
+fastload.transforms, decoded and augmented in C, with decode="fast" (its
+default: DCT-domain downscaling when the crop is much larger than the
+output; --decode exact turns it off).
+
+The other workloads are Python datasets, which both loaders call the same
+way: FixedArrays and NumpyWork measure the loader itself, and
+PythonTokenizer is a dataset whose __getitem__ is pure Python and holds the
+GIL throughout.  There fastload's worker threads take turns on one GIL
+while torch's worker processes run in parallel: the case where torch's
+DataLoader can be the faster one.
 
 Runs both loaders on the same dataset and configuration, with a progress bar
 on stderr while each runs, then prints samples/s per loader and the speed-up.
@@ -24,9 +34,11 @@ Works without torch installed: fastload then runs alone (NumPy batches).
 import argparse
 import os
 import platform
+import random
 import statistics
 import sys
 import time
+import types
 
 try:
     import fastload
@@ -44,7 +56,175 @@ WORKLOADS = {
                "Normalize"),
     "fixed": ("FixedArrays", "3x64x64 float32 images, nearly free to make: the loader's own cost"),
     "numpy": ("NumpyWork", "~1 ms of GIL-releasing NumPy work per sample"),
+    "text": ("PythonTokenizer",
+             "text split and word-piece tokenised in pure Python: holds the GIL"),
 }
+
+
+def import_torchvision():
+    """torchvision, or None when it cannot be imported here.
+
+    A torchvision wheel built against another torch build (the PyPI
+    torchvision with the CPU-only torch) fails at import: its compiled
+    operators do not load, and torchvision._meta_registrations then refers
+    to operators that do not exist.  The transforms and ImageFolder this demo
+    uses are pure Python and need neither, so the import is retried with
+    that one module replaced by an empty one."""
+    try:
+        import torchvision
+        return torchvision
+    except ModuleNotFoundError as e:
+        if e.name == "torchvision":  # not installed
+            return None
+    except Exception:  # noqa: BLE001 - see the docstring
+        pass
+    for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
+        del sys.modules[name]
+    sys.modules["torchvision._meta_registrations"] = types.ModuleType(
+        "torchvision._meta_registrations")
+    try:
+        import torchvision
+        from torchvision import datasets, transforms  # noqa: F401 - what the demo needs
+    except Exception:  # noqa: BLE001 - not importable after all
+        for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
+            del sys.modules[name]
+        return None
+    return torchvision
+
+
+def image_pipelines(torchvision, decode):
+    """``{loader: what it runs}`` for the image workload, for the notes
+    under the table."""
+    if torchvision is not None:
+        torch_side = (f"torchvision {torchvision.__version__} ImageFolder + transforms "
+                      "(Pillow decodes the whole image)")
+    else:
+        torch_side = ("torchvision cannot be imported here: a Pillow re-implementation of its "
+                      "ImageFolder + transforms (benchmarks/pil_pipeline.py, same results)")
+    if decode == "fast":
+        fastload_side = ('fastload.ImageFolder + fastload.transforms, decode="fast" (region '
+                         "decode, DCT-domain downscaling when the crop is much larger than "
+                         '224 px; decode="exact" turns that off)')
+    else:
+        fastload_side = ('fastload.ImageFolder + fastload.transforms, decode="exact" (region '
+                         "decode, no DCT-domain downscaling)")
+    return {"torch": torch_side, "fastload": fastload_side}
+
+
+class PythonTokenizer:
+    """``n`` samples ``(token_ids, label)`` whose cost is pure Python.
+
+    Sample i is document ``i % DOCS`` (about 120 generated words with some
+    capitals and punctuation, made once in ``__init__``) lower-cased, split
+    into words and punctuation one character at a time, and each word
+    tokenised by greedy longest-match word-piece lookup in a dict, the
+    way a simple Python tokenizer does it; the ids are padded with 0 to a
+    ``(SEQ,)`` int64 array.  ``label = index % 10``.  Every call does the
+    whole job again (nothing is cached), and all of it holds the GIL: no
+    NumPy work to speak of, no I/O.
+
+    The checksum of a sample (the sum of its ids plus its label) depends on
+    the document only, so ``expected_checksum`` calls the dataset once per
+    document.
+    """
+
+    SEQ = 512
+    DOCS = 64
+    NUM_CLASSES = 10
+    UNKNOWN = 1
+
+    def __init__(self, n, seed=0):
+        self.n = int(n)
+        rng = random.Random(seed)
+        consonants, vowels = "bcdfghjklmnprstvwz", "aeiou"
+        syllables = sorted({rng.choice(consonants) + rng.choice(vowels)
+                            + rng.choice(["", "", rng.choice(consonants)]) for _ in range(300)})
+        words = ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 4)))
+                 for _ in range(3000)]
+        # Half the syllables start words; every syllable continues one
+        # ("##" prefix); single letters catch the rest.
+        pieces = (syllables[: len(syllables) // 2] + ["##" + s for s in syllables]
+                  + list(consonants + vowels) + ["##" + c for c in consonants + vowels]
+                  + list(".,;:!?"))
+        self.vocab = {"[PAD]": 0, "[UNK]": self.UNKNOWN}
+        for piece in pieces:
+            self.vocab.setdefault(piece, len(self.vocab))
+        self.longest_piece = max(len(p) for p in self.vocab)
+        self.docs = []
+        for _ in range(self.DOCS):
+            doc = []
+            for _ in range(rng.randint(100, 140)):
+                word = rng.choice(words)
+                if rng.random() < 0.1:
+                    word = word.capitalize()
+                if rng.random() < 0.15:
+                    word += rng.choice(".,;:!?")
+                doc.append(word)
+            self.docs.append(" ".join(doc))
+        self._doc_sums = None  # filled lazily by expected_checksum
+
+    def __len__(self):
+        return self.n
+
+    def tokenize(self, text):
+        """The ids of ``text``: words by word-piece, punctuation one id each."""
+        ids = []
+        word = []
+        for ch in text.lower() + " ":
+            if ch.isalnum():
+                word.append(ch)
+                continue
+            if word:
+                self._word_pieces("".join(word), ids)
+                word = []
+            if not ch.isspace():
+                ids.append(self.vocab.get(ch, self.UNKNOWN))
+        return ids
+
+    def _word_pieces(self, word, ids):
+        start = 0
+        while start < len(word):
+            for end in range(min(len(word), start + self.longest_piece), start, -1):
+                piece = word[start:end] if start == 0 else "##" + word[start:end]
+                token = self.vocab.get(piece)
+                if token is not None:
+                    ids.append(token)
+                    start = end
+                    break
+            else:
+                ids.append(self.UNKNOWN)  # no piece fits: the whole word is unknown
+                return
+
+    def __getitem__(self, index):
+        if not 0 <= index < self.n:
+            raise IndexError(f"index {index} out of range for {self.n} samples")
+        ids = self.tokenize(self.docs[index % self.DOCS])[: self.SEQ]
+        tokens = np.zeros(self.SEQ, dtype=np.int64)
+        tokens[: len(ids)] = ids
+        return tokens, index % self.NUM_CLASSES
+
+    def expected_checksum(self, indices):
+        """The checksum of these samples, from the dataset called once per
+        document."""
+        if self._doc_sums is None:
+            self._doc_sums = [int(self[d][0].sum()) for d in range(min(self.DOCS, self.n))]
+        idx = np.asarray(indices, dtype=np.int64)
+        counts = np.bincount(idx % self.DOCS, minlength=self.DOCS)
+        return (sum(int(c) * s for c, s in zip(counts, self._doc_sums))
+                + int((idx % self.NUM_CLASSES).sum()))
+
+    def time_per_item(self, calls=100):
+        """Median seconds per ``__getitem__`` call on this machine."""
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            for i in range(calls):
+                self[i % self.n]
+            times.append((time.perf_counter() - start) / calls)
+        return statistics.median(times)
+
+    def __repr__(self):
+        return f"PythonTokenizer(n={self.n})"
 
 
 class ProgressBar:
@@ -113,22 +293,25 @@ def consume_images(loader, on_batch):
     return done
 
 
-def image_loaders(root, kinds, num_workers, batch_size):
+def image_loaders(root, kinds, num_workers, batch_size, torchvision, decode):
     import images_bench
     import pil_pipeline
 
     loaders = {}
     if "torch" in kinds:
-        dataset = pil_pipeline.image_folder(root, pil_pipeline.train_transform())
+        use_tv = torchvision is not None
+        transform = pil_pipeline.train_transform(use_torchvision=use_tv)
+        dataset = pil_pipeline.image_folder(root, transform, use_torchvision=use_tv)
         loaders["torch"] = torch.utils.data.DataLoader(dataset, batch_size=batch_size,
                                                        shuffle=True, num_workers=num_workers)
-    dataset = fastload.ImageFolder(root, transform=images_bench.fastload_transform("train"))
+    dataset = fastload.ImageFolder(root, transform=images_bench.fastload_transform("train"),
+                                   decode=decode)
     loaders["fastload"] = fastload.DataLoader(dataset, batch_size=batch_size, shuffle=True,
                                               num_workers=num_workers)
     return loaders, len(dataset)
 
 
-def run_images(args, kinds):
+def run_images(args, kinds, torchvision):
     """The image workload; returns result rows."""
     try:
         import imagenet_like
@@ -142,7 +325,7 @@ def run_images(args, kinds):
     print(f"{title} ({args.images} images): {what}", file=sys.stderr)
     rows = []
     for nw in [w for w in args.workers if w > 0 or torch is None] or [1]:
-        loaders, n = image_loaders(root, kinds, nw, args.batch_size)
+        loaders, n = image_loaders(root, kinds, nw, args.batch_size, torchvision, args.decode)
         times = {kind: [] for kind in loaders}
         for rep in range(args.repeat + 1):
             for kind, loader in loaders.items():
@@ -163,8 +346,6 @@ def run_images(args, kinds):
     return rows
 
 
-
-
 def parse_args(argv):
     parser = argparse.ArgumentParser(
         description="Compare fastload.DataLoader with torch.utils.data.DataLoader.")
@@ -172,31 +353,65 @@ def parse_args(argv):
                         help="samples per epoch of FixedArrays (default 32768)")
     parser.add_argument("--work-samples", type=int, default=1024,
                         help="samples per epoch of NumpyWork, ~1 ms each (default 1024)")
+    parser.add_argument("--text-samples", type=int, default=2048,
+                        help="samples per epoch of PythonTokenizer, ~0.5 ms each (default 2048)")
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2], metavar="N",
-                        help="num_workers values to run (default: 0 2)")
+                        help="num_workers values to run (default: 0 2; the image workload "
+                             "skips 0)")
     parser.add_argument("--images", type=int, default=1024,
                         help="JPEGs in the generated image folder (default 1024)")
+    parser.add_argument("--decode", choices=["fast", "exact"], default="fast",
+                        help="fastload.ImageFolder's decode mode (default fast, its default)")
     parser.add_argument("--data", default=os.environ.get("FASTLOAD_BENCH_DATA",
                                                          "/tmp/fastload-bench"),
                         help="where the image folder is made and kept")
-    parser.add_argument("--workload", choices=["images", "fixed", "numpy", "all"],
+    parser.add_argument("--workload", choices=["images", "fixed", "numpy", "text", "all"],
                         default="all")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=3,
                         help="runs per loader and configuration; the median is reported (default 3)")
     args = parser.parse_args(argv)
-    if (min(args.workers) < 0 or args.samples < 1 or args.work_samples < 1 or args.repeat < 1
-            or args.images < 1):
-        parser.error("--workers must be >= 0; --samples, --work-samples, --images and "
-                     "--repeat >= 1")
+    if (min(args.workers) < 0 or args.samples < 1 or args.work_samples < 1
+            or args.text_samples < 1 or args.repeat < 1 or args.images < 1):
+        parser.error("--workers must be >= 0; --samples, --work-samples, --text-samples, "
+                     "--images and --repeat >= 1")
     return args
+
+
+def load_average():
+    """The 1-minute load average, as a sentence: other jobs on the machine
+    take cores from the workers (and hurt torch's worker processes most on
+    a GIL-bound dataset)."""
+    try:
+        return f"Load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
+    except OSError:
+        return "Load average unknown"
+
+
+def format_table(rows):
+    """The result rows as an aligned text table."""
+    header = ("workload", "num_workers", "torch samples/s", "fastload samples/s", "speed-up")
+    lines = []
+    for title, nw, t, f in rows:
+        lines.append((title, str(nw), f"{t:,.0f}" if t else "n/a", f"{f:,.0f}",
+                      f"{f / t:.2f}x" if t else "n/a"))
+    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
+
+    def join(cells):
+        return "  ".join(c.ljust(w) if i < 2 else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths)))
+
+    rule = ["-" * w for w in widths]
+    return "\n".join([join(header), join(rule)] + [join(line) for line in lines])
 
 
 def main(argv=None):
     args = parse_args(argv)
     kinds = loader_kinds()
-    names = ["images", "fixed", "numpy"] if args.workload == "all" else [args.workload]
-    datasets = {"fixed": FixedArrays(args.samples), "numpy": NumpyWork(args.work_samples)}
+    names = ["images", "fixed", "numpy", "text"] if args.workload == "all" else [args.workload]
+    datasets = {"fixed": FixedArrays(args.samples), "numpy": NumpyWork(args.work_samples),
+                "text": PythonTokenizer(args.text_samples)}
+    torchvision = import_torchvision() if "images" in names and torch is not None else None
 
     torch_version = torch.__version__ if torch is not None else "not installed"
     print(f"fastload {fastload.__version__}, torch {torch_version}, NumPy {np.__version__}, "
@@ -205,19 +420,24 @@ def main(argv=None):
         print("torch is not installed: running fastload alone, with NumPy batches "
               "(pip install torch to see the comparison).")
     print(f"Batch size {args.batch_size}; each configuration runs {args.repeat} time(s) per loader, "
-          "alternating; samples/s is the median.\n")
+          f"alternating; samples/s is the median.  {load_average()}.\n")
 
     rows = []
+    measured = {}
     for name in names:
         if name == "images":
-            rows += run_images(args, kinds)
+            image_rows = run_images(args, kinds, torchvision)
+            rows += image_rows
+            if image_rows:
+                measured[name] = ""
             continue
         dataset = datasets[name]
         title, what = WORKLOADS[name]
         expected = (len(dataset), dataset.expected_checksum(range(len(dataset))))
-        extra = ""
-        if name == "numpy":
-            extra = f", {dataset.time_per_item(calls=50) * 1e3:.2f} ms per sample measured here"
+        measured[name] = ""
+        if name in ("numpy", "text"):
+            measured[name] = f"{dataset.time_per_item() * 1e3:.2f} ms per sample measured here"
+        extra = f", {measured[name]}" if measured[name] else ""
         print(f"{title} ({len(dataset)} samples): {what}{extra}", file=sys.stderr)
         for nw in args.workers:
             loaders = {kind: make_loader(kind, dataset, nw, args.batch_size) for kind in kinds}
@@ -236,17 +456,19 @@ def main(argv=None):
         print(file=sys.stderr)
 
     print("All batches checked: every sample arrived (checksums match where the data is "
-          "not randomly augmented).\n")
-    header = ("workload", "num_workers", "torch samples/s", "fastload samples/s", "speed-up")
-    lines = []
-    for title, nw, t, f in rows:
-        lines.append((title, str(nw), f"{t:,.0f}" if t else "n/a", f"{f:,.0f}",
-                      f"{f / t:.2f}x" if t else "n/a"))
-    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
-    print("  ".join(h.ljust(w) if i < 2 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths))))
-    print("  ".join("-" * w for w in widths))
-    for line in lines:
-        print("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))))
+          f"not randomly augmented).  {load_average()}.\n")
+    print(format_table(rows))
+    print()
+    for name in measured:
+        title, what = WORKLOADS[name]
+        print(f"{title}: {what}" + (f"; {measured[name]}." if measured[name] else "."))
+        if name == "images":
+            for kind, runs in image_pipelines(torchvision, args.decode).items():
+                if kind in kinds:
+                    print(f"  {kind}: {runs}.")
+        if name == "text" and torch is not None:
+            print("  fastload's worker threads take turns on one GIL here; torch's worker "
+                  "processes each have their own.")
     if torch is not None:
         print("\nspeed-up = fastload samples/s / torch samples/s, same process, same data.  "
               "Full benchmarks: benchmarks/images_bench.py, compare.py, arrays_bench.py "
