@@ -17,9 +17,10 @@ output; --decode exact turns it off).
 The other workloads are Python datasets, which both loaders call the same
 way: FixedArrays and NumpyWork measure the loader itself, and
 PythonTokenizer is a dataset whose __getitem__ is pure Python and holds the
-GIL throughout.  There fastload's worker threads take turns on one GIL
-while torch's worker processes run in parallel: the case where torch's
-DataLoader can be the faster one.
+GIL throughout.  fastload runs Python datasets in worker processes, as torch
+does, so there the two loaders do the same work and differ only in the
+hand-off; worker threads (worker_mode="thread") would take turns on one GIL
+and lose.
 
 Runs both loaders on the same dataset and configuration, with a progress bar
 on stderr while each runs, then prints samples/s per loader and the speed-up.
@@ -467,8 +468,8 @@ def main(argv=None):
                 if kind in kinds:
                     print(f"  {kind}: {runs}.")
         if name == "text" and torch is not None:
-            print("  fastload's worker threads take turns on one GIL here; torch's worker "
-                  "processes each have their own.")
+            print("  both loaders run this dataset in worker processes (fastload's "
+                  "worker_mode='auto'); worker threads would take turns on one GIL.")
     if torch is not None:
         print("\nspeed-up = fastload samples/s / torch samples/s, same process, same data.  "
               "Full benchmarks: benchmarks/images_bench.py, compare.py, arrays_bench.py "
