@@ -34,8 +34,10 @@ static PyObject *SlotPool_new(PyTypeObject *type, PyObject *args, PyObject *kwds
     if (max_free_bytes_obj != Py_None) {
         max_free_bytes = PyLong_AsSize_t(max_free_bytes_obj);
         if (max_free_bytes == (size_t)-1 && PyErr_Occurred()) {
-            PyErr_SetString(PyExc_ValueError,
-                            "SlotPool: max_free_bytes must be None or an int >= 0");
+            if (PyErr_ExceptionMatches(PyExc_OverflowError))
+                PyErr_Format(PyExc_ValueError,
+                             "SlotPool: max_free_bytes must be None or an int from 0 to %zu",
+                             (size_t)SIZE_MAX);
             return NULL;
         }
     }
