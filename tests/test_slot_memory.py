@@ -56,6 +56,9 @@ print(before, holding, anon_rss_bytes())
 """
 
 
+@pytest.mark.skipif(bool(os.environ.get("FASTLOAD_SANITIZER_RUN")),
+                    reason="AddressSanitizer's allocator holds freed memory in quarantine, "
+                           "so RSS does not follow the slots there")
 @pytest.mark.parametrize("source", ["arrays", "python"])
 @pytest.mark.parametrize("workers", [0, 2])
 def test_released_batches_give_their_memory_back(source, workers):
