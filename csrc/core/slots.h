@@ -51,8 +51,9 @@ struct fl_slot {
      * may still be queued when the batch is freed).  NULL until set. */
     void *fence;
     fl_slot_pool *pool;   /* holds a reference while the slot is acquired */
-    /* Free-list links, newer and older neighbours; guarded by the pool's
-     * lock and meaningful only while the slot is on the list. */
+    /* Free-list links: `next` the neighbour released before this slot,
+     * `prev` the one released after; guarded by the pool's lock and
+     * meaningful only while the slot is on the list. */
     struct fl_slot *next, *prev;
 };
 
