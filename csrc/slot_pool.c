@@ -12,22 +12,35 @@
 #include "core/shm.h"
 #include "core/status.h"
 
+#include <stdint.h>
 #include <string.h>
 
 /* ---------------------------------------------------------------- SlotPool */
 
 static PyObject *SlotPool_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"max_free", "memory", "device", NULL};
+    static char *kwlist[] = {"max_free", "memory", "device", "max_free_bytes", NULL};
     Py_ssize_t max_free = 16;
     const char *memory = "host";
     int device = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|n$si:SlotPool", kwlist, &max_free, &memory,
-                                     &device))
+    PyObject *max_free_bytes_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|n$siO:SlotPool", kwlist, &max_free, &memory,
+                                     &device, &max_free_bytes_obj))
         return NULL;
     if (max_free < 0) {
         PyErr_SetString(PyExc_ValueError, "SlotPool: max_free must be >= 0");
         return NULL;
+    }
+    size_t max_free_bytes = SIZE_MAX;
+    if (max_free_bytes_obj != Py_None) {
+        max_free_bytes = PyLong_AsSize_t(max_free_bytes_obj);
+        if (max_free_bytes == (size_t)-1 && PyErr_Occurred()) {
+            if (PyErr_ExceptionMatches(PyExc_OverflowError))
+                PyErr_Format(PyExc_ValueError,
+                             "SlotPool: max_free_bytes must be None or an int from 0 to %zu",
+                             (size_t)SIZE_MAX);
+            return NULL;
+        }
     }
     fl_slot_allocator cuda_memory, shared_memory, *allocator = NULL;
     int staging = strcmp(memory, "staging") == 0;
@@ -54,7 +67,7 @@ static PyObject *SlotPool_new(PyTypeObject *type, PyObject *args, PyObject *kwds
     SlotPoolObject *self = (SlotPoolObject *)type->tp_alloc(type, 0);
     if (!self)
         return NULL;
-    self->pool = fl_slot_pool_new((size_t)max_free, allocator);
+    self->pool = fl_slot_pool_new((size_t)max_free, max_free_bytes, allocator);
     if (!self->pool) {
         Py_DECREF(self);
         return PyErr_NoMemory();
@@ -78,15 +91,29 @@ static PyObject *SlotPool_counts(SlotPoolObject *self, PyObject *unused)
     return Py_BuildValue("(nn)", (Py_ssize_t)live, (Py_ssize_t)free_listed);
 }
 
+static PyObject *SlotPool_stats(SlotPoolObject *self, PyObject *unused)
+{
+    (void)unused;
+    fl_slot_pool_stats stats;
+    fl_slot_pool_stats_get(self->pool, &stats);
+    return Py_BuildValue("{snsnsnsn}", "live", (Py_ssize_t)stats.live, "free",
+                         (Py_ssize_t)stats.free, "free_bytes", (Py_ssize_t)stats.free_bytes,
+                         "allocations", (Py_ssize_t)stats.allocations);
+}
+
 static PyMethodDef SlotPool_methods[] = {
     {"counts", (PyCFunction)SlotPool_counts, METH_NOARGS,
      "counts()\n--\n\n(allocated slots, slots waiting on the free list)"},
+    {"stats", (PyCFunction)SlotPool_stats, METH_NOARGS,
+     "stats()\n--\n\n{'live', 'free', 'free_bytes', 'allocations'}: slots allocated now,\n"
+     "those idle on the free list and their bytes, slots allocated over the pool's life."},
     {NULL, NULL, 0, NULL},
 };
 
 static PyType_Slot SlotPool_slots[] = {
-    {Py_tp_doc, "SlotPool(max_free=16, *, memory='host', device=0)\n--\n\n"
-                "Batch buffers, recycled; at most max_free kept idle.  memory: 'host'\n"
+    {Py_tp_doc, "SlotPool(max_free=16, *, memory='host', device=0, max_free_bytes=None)\n--\n\n"
+                "Batch buffers, recycled; at most max_free kept idle, of at most\n"
+                "max_free_bytes together (None: no byte bound).  memory: 'host'\n"
                 "(page-aligned), 'pinned' (page-locked by the CUDA driver, fenced on\n"
                 "release against queued copies), 'staging' (page-locked, read only by\n"
                 "fastload's upload stage), 'device' (memory of CUDA device `device`) or\n"

@@ -9,6 +9,7 @@
 #include "core/status.h"
 
 #include <pthread.h>
+#include <stdint.h>
 #include <string.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -170,7 +171,7 @@ static void *slot_churn(void *arg)
 
 static void churn_slots(void)
 {
-    fl_slot_pool *pool = fl_slot_pool_new(4, NULL);
+    fl_slot_pool *pool = fl_slot_pool_new(4, SIZE_MAX, NULL);
     CHECK(pool);
     pthread_t threads[4];
     for (int i = 0; i < 4; i++)
