@@ -24,11 +24,18 @@ def rss_bytes():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def anon_rss_bytes():
+def anon_rss_bytes(shared=False):
     """Resident private memory (heap, buffers), without mapped files: the
-    pages of a memory-mapped dataset file belong to the page cache."""
+    pages of a memory-mapped dataset file belong to the page cache.  With
+    `shared`, also resident shared memory (batches from worker processes
+    live in memfd slots)."""
+    wanted = ("RssAnon:", "RssShmem:") if shared else ("RssAnon:",)
+    total, found = 0, 0
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no RssAnon in /proc/self/status")
+            if line.startswith(wanted):
+                total += int(line.split()[1]) * 1024
+                found += 1
+    if found != len(wanted):
+        raise RuntimeError(f"no {' '.join(wanted)} in /proc/self/status")
+    return total
