@@ -504,12 +504,14 @@ def _fetch_plan(it, loader, num_workers):
 # interpreter exit) sets the stop flag, so workers stop between samples, and
 # waits for the sample each one is in -- for at most _SHUTDOWN_GRACE_SECONDS,
 # as torch waits for a worker process before terminating it; once a timeout
-# has fired on the iterator, for at most that timeout.  A worker still in its
-# sample then is stuck: it cannot be killed, so its thread is detached and left
-# running with what it uses (dataset, engine) kept alive, and a RuntimeWarning
-# names it and the sample.  Healthy workers finish a sample well within the
-# bound and are always joined.
+# has fired on the iterator, for at most that timeout, but _MIN_GRACE_SECONDS
+# at least (an idle worker needs the GIL a moment to exit).  A worker still in
+# its sample then is stuck: it cannot be killed, so its thread is detached and
+# left running with what it uses (dataset, engine) kept alive, and a
+# RuntimeWarning names it and the sample.  Healthy workers finish a sample
+# well within the bound and are always joined.
 _SHUTDOWN_GRACE_SECONDS = 5.0
+_MIN_GRACE_SECONDS = 1.0
 
 # Iterators still alive at interpreter exit are shut down before
 # finalization: a worker still running then would be ended (or parked) by
@@ -622,7 +624,7 @@ class _ThreadedIter(_BaseIter):
             self._stop_flag.stopped = True
             grace = _SHUTDOWN_GRACE_SECONDS
             if self._timed_out:
-                grace = min(grace, self._timeout)
+                grace = min(grace, max(self._timeout, _MIN_GRACE_SECONDS))
             stuck = engine.close(grace)
             if stuck:
                 which = ", ".join(f"worker {w.id} (stuck {_stuck_at(w)})" for w in stuck)
