@@ -13,11 +13,22 @@
  * Once the threads are joined, anything left (a forked child never ran them)
  * belongs to the Engine object again.  Job payloads belong to the core from
  * submit until delivery, then to whoever takes them.
+ *
+ * Shutdown waits for workers with a bound (close(timeout)): a worker stuck in
+ * the dataset is detached instead of joined.  Such a thread still runs
+ * Python, so it keeps everything it uses — the core engine, engine_shared,
+ * its own Python objects (and through them the dataset and batch slots) and
+ * the job it runs: all deliberately leaked.  If its call ever returns, it
+ * exits as usual and drops its Python objects itself.  If the interpreter is
+ * finalizing by then, CPython ends (or parks) the thread when it asks for
+ * the GIL; it holds no fastload lock at that point, since no hook takes the
+ * GIL while holding one.
  */
 #include "fastload.h"
 
 #include <sched.h>
 #include <stdatomic.h>
+#include <string.h>
 #include <structmember.h>
 #include <time.h>
 
@@ -27,6 +38,12 @@
 /* The GIL-free wait in next() wakes this often to let signal handlers run
  * (Ctrl-C must interrupt a wait for a slow batch). */
 #define SIGNAL_CHECK_SECONDS 0.1
+
+/* How long dealloc waits for the workers of an engine nobody closed (the
+ * loader always closes its engines, with its own bound). */
+#define DEALLOC_GRACE_SECONDS 5.0
+
+#define MAX_WORKERS 1024
 
 /* ------------------------------------------------------- hand-off priority
  *
@@ -123,6 +140,7 @@ typedef struct EngineObject {
     engine_shared *shared;    /* the hooks' context; freed with the engine */
     int num_workers;
     int closed;
+    int abandoned;            /* workers were detached: engine and shared leak */
     PyObject *weakreflist;
 } EngineObject;
 
@@ -213,27 +231,65 @@ static int engine_usable(EngineObject *self)
     return 1;
 }
 
-/* Stops and joins the workers and drops every undelivered job.  Safe to call
- * repeatedly; the core engine itself is freed only in dealloc, because
- * another thread may still be returning from next(). */
-static void engine_close(EngineObject *self)
+/* Stops the workers, waiting at most timeout_s seconds (< 0: no limit) for
+ * each to finish its current job, and drops every undelivered job.  Workers
+ * still running at the deadline are detached (see the top of the file) and
+ * flagged in left[0..num_workers); returns their number.  Safe to call
+ * repeatedly (later calls return 0); the core engine itself is freed only in
+ * dealloc, because another thread may still be returning from next(). */
+static int engine_close(EngineObject *self, double timeout_s, char *left)
 {
+    memset(left, 0, (size_t)self->num_workers);
     if (!self->engine || self->closed)
-        return;
+        return 0;
     self->closed = 1;
     fl_engine *e = self->engine;
+    int running;
     Py_BEGIN_ALLOW_THREADS
-    fl_engine_stop(e);
+    running = fl_engine_stop_within(e, timeout_s);
     Py_END_ALLOW_THREADS
+    if (running > 0) {
+        for (int i = 0; i < self->num_workers; i++)
+            left[i] = (char)fl_engine_worker_running(e, i);
+        fl_engine_abandon(e);
+        self->abandoned = 1;
+    }
     void *payload;
     while (fl_engine_take_leftover(e, &payload) == FL_OK)
         job_free(payload);
-    /* Workers clear their own objects as they exit; a forked child's
-     * inherited engine never ran them, so clear what is left. */
+    /* Joined workers cleared their own objects as they exited; a forked
+     * child's inherited engine never ran them, so clear what is left.  A
+     * detached worker's objects stay with it. */
     for (int i = 0; i < self->shared->num_workers; i++) {
+        if (left[i])
+            continue;
         Py_CLEAR(self->shared->workers[i].fetch);
         Py_CLEAR(self->shared->workers[i].worker);
     }
+    return running;
+}
+
+/* Warns that dealloc left workers running; never raises. */
+static void warn_left_running(const char *left, int num_workers)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *saved = PyErr_GetRaisedException();
+#else
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+#endif
+    for (int i = 0; i < num_workers; i++) {
+        if (left[i] && PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
+                                        "fastload: worker thread %d did not stop within %g "
+                                        "seconds; it is left running, detached",
+                                        i, DEALLOC_GRACE_SECONDS) < 0)
+            PyErr_WriteUnraisable(NULL);
+    }
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(saved);
+#else
+    PyErr_Restore(type, value, tb);
+#endif
 }
 
 /* -------------------------------------------------------------- methods */
@@ -251,7 +307,7 @@ static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (!seq)
         return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    if (n < 1 || n > 1024 || max_in_flight < 1) {
+    if (n < 1 || n > MAX_WORKERS || max_in_flight < 1) {
         Py_DECREF(seq);
         PyErr_SetString(PyExc_ValueError,
                         "Engine: need 1..1024 workers and max_in_flight >= 1");
@@ -332,9 +388,13 @@ static void Engine_dealloc(EngineObject *self)
              * deliberate leak in a rare case). */
             fl_engine_abandon(self->engine);
         } else {
-            engine_close(self);
-            fl_engine_free(self->engine);
-            PyMem_RawFree(self->shared);
+            char left[MAX_WORKERS];
+            if (engine_close(self, DEALLOC_GRACE_SECONDS, left) > 0)
+                warn_left_running(left, self->num_workers);
+            if (!self->abandoned) {
+                fl_engine_free(self->engine);
+                PyMem_RawFree(self->shared);
+            }
         }
         self->engine = NULL;
         self->shared = NULL;
@@ -452,16 +512,42 @@ static PyObject *Engine_reset(EngineObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-static PyObject *Engine_close(EngineObject *self, PyObject *unused)
+static PyObject *Engine_close(EngineObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    (void)unused;
+    double timeout = -1.0;
+    if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError, "close(timeout=None) takes at most 1 argument");
+        return NULL;
+    }
+    if (nargs == 1 && args[0] != Py_None) {
+        timeout = PyFloat_AsDouble(args[0]);
+        if (timeout == -1.0 && PyErr_Occurred())
+            return NULL;
+        if (timeout < 0) {
+            PyErr_SetString(PyExc_ValueError, "close: timeout must be >= 0 or None");
+            return NULL;
+        }
+    }
     if (self->engine && fl_engine_is_own_thread(self->engine)) {
         PyErr_SetString(PyExc_RuntimeError,
                         "fastload: a loader iterator cannot be closed from its own worker");
         return NULL;
     }
-    engine_close(self);
-    Py_RETURN_NONE;
+    char left[MAX_WORKERS];
+    int running = engine_close(self, timeout, left);
+    PyObject *out = PyTuple_New(running);
+    if (!out)
+        return NULL;
+    /* The worker objects themselves, so the caller can say what each was
+     * doing; the detached thread keeps its own reference. */
+    for (int i = 0, k = 0; i < self->num_workers && k < running; i++) {
+        if (left[i]) {
+            PyObject *worker = self->shared->workers[i].worker;
+            Py_INCREF(worker);
+            PyTuple_SET_ITEM(out, k++, worker);
+        }
+    }
+    return out;
 }
 
 static PyObject *Engine_get_in_flight(EngineObject *self, void *closure)
@@ -490,8 +576,12 @@ static PyMethodDef Engine_methods[] = {
      "cancel_pending()\n--\n\nDelivers every job no worker has started as cancelled."},
     {"reset", (PyCFunction)Engine_reset, METH_NOARGS,
      "reset()\n--\n\nStarts a new epoch on the same threads (nothing may be in flight)."},
-    {"close", (PyCFunction)Engine_close, METH_NOARGS,
-     "close()\n--\n\nStops and joins the worker threads; idempotent."},
+    {"close", (PyCFunction)(void (*)(void))Engine_close, METH_FASTCALL,
+     "close(timeout=None, /)\n--\n\n"
+     "Stops the worker threads and joins them, waiting at most `timeout`\n"
+     "seconds (None: no limit) for each to finish its current job.  Returns\n"
+     "the worker objects whose threads were still running then: they are\n"
+     "left running, detached.  Idempotent (later calls return ())."},
     {NULL, NULL, 0, NULL},
 };
 

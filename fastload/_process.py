@@ -495,16 +495,19 @@ class ProcessWorkers:
         while self.next(timeout) is not None:
             pass
 
-    def close(self):
+    def close(self, grace=_JOIN_SECONDS):
+        """Stops the workers: each finishes its batch, or is terminated after
+        `grace` seconds.  Returns the workers left running: none (the thread
+        engine's close returns its stuck threads)."""
         self.closed = True
         finalizer = getattr(self, "_finalizer", None)
-        if finalizer is not None:
-            finalizer()
-        else:
-            _close_channels(self.channels, os.getpid())
+        if finalizer is not None and finalizer.alive:
+            finalizer.detach()
+        _close_channels(self.channels, os.getpid(), grace)
+        return ()
 
 
-def _close_channels(channels, creator_pid):
+def _close_channels(channels, creator_pid, grace=_JOIN_SECONDS):
     if os.getpid() != creator_pid:
         # A forked child's copy: the workers are its parent's, not to be
         # stopped from here.  Only the inherited descriptors go.
@@ -515,7 +518,7 @@ def _close_channels(channels, creator_pid):
         return
     for channel in channels:
         channel.ask_to_stop()
-    deadline = time.monotonic() + _JOIN_SECONDS
+    deadline = time.monotonic() + grace
     for channel in channels:
         channel.close(deadline)
     channels.clear()

@@ -589,19 +589,48 @@ def _fetch_plan(it, loader, num_workers):
     )
 
 
-# Engines still running at interpreter exit are joined before finalization:
-# a worker thread that wanted the GIL after that would never get it.
-_live_engines = weakref.WeakSet()
+# Shutting down (an iterator exhausted or dropped, its loader dropped,
+# interpreter exit) sets the stop flag, so workers stop between samples, and
+# waits for the sample each one is in -- for at most _SHUTDOWN_GRACE_SECONDS,
+# as torch waits for a worker process before terminating it; once a timeout
+# has fired on the iterator, for at most that timeout, but _MIN_GRACE_SECONDS
+# at least (an idle worker needs the GIL a moment to exit).  A worker still in
+# its sample then is stuck: it cannot be killed, so its thread is detached and
+# left running with what it uses (dataset, engine) kept alive, and a
+# RuntimeWarning names it and the sample.  Healthy workers finish a sample
+# well within the bound and are always joined.
+_SHUTDOWN_GRACE_SECONDS = 5.0
+_MIN_GRACE_SECONDS = 1.0
+
+# Iterators still alive at interpreter exit are shut down before
+# finalization: a worker still running then would be ended (or parked) by
+# CPython when it next asks for the GIL.
+_live_iters = weakref.WeakSet()
 
 
 @atexit.register
 def _close_all_engines():
-    for engine in list(_live_engines):
-        engine.close()
+    for it in list(_live_iters):
+        it._shutdown()
+
+
+def _stuck_at(worker):
+    """Where a worker that did not stop is stuck, for the warning."""
+    fetcher = worker.fetcher
+    if fetcher is None:
+        return "while starting (worker_init_fn)" if worker.plan.worker_init_fn else "while starting"
+    position = getattr(fetcher, "position", None)
+    if position is None:
+        return "while fetching a batch"
+    if hasattr(position, "tolist"):  # a native batch's index array
+        return f"at sample indices {position.tolist()!r}"
+    return f"at sample index {position!r}"
 
 
 class _ThreadedIter(_BaseIter):
     """num_workers > 0: batches are fetched by the engine's worker threads."""
+
+    _timed_out = False  # a wait for a batch has timed out: workers may be stuck
 
     def __init__(self, loader):
         super().__init__(loader)
@@ -613,7 +642,7 @@ class _ThreadedIter(_BaseIter):
         self._stop_flag = StopFlag()
         self._pid = os.getpid()  # the workers belong to this process
         self._engine = self._start_workers(loader)
-        _live_engines.add(self._engine)
+        _live_iters.add(self)
         self._epoch = 0
         self._finished = False  # this epoch has ended (StopIteration raised)
         self._prime()
@@ -639,11 +668,17 @@ class _ThreadedIter(_BaseIter):
 
     def _discard_in_flight(self):
         # Batches still queued are cancelled; the ones running stop between
-        # samples (the stop flag) and are dropped.
+        # samples (the stop flag) and are dropped.  The wait for them is a
+        # wait for a batch, so the loader's timeout bounds it.
         self._stop_flag.stopped = True
         self._engine.cancel_pending()
-        while self._engine.next() is not None:
-            pass
+        timeout = self._timeout if self._timeout > 0 else None
+        try:
+            while self._engine.next(timeout) is not None:
+                pass
+        except TimeoutError:
+            self._timed_out = True
+            raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from None
         self._stop_flag.stopped = False
 
     def _try_put_index(self):
@@ -662,6 +697,7 @@ class _ThreadedIter(_BaseIter):
             try:
                 delivered = self._engine.next(timeout)
             except TimeoutError:
+                self._timed_out = True
                 raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from None
             if delivered is None:
                 self._finished = True
@@ -682,7 +718,18 @@ class _ThreadedIter(_BaseIter):
         engine = getattr(self, "_engine", None)
         if engine is not None and not engine.closed:
             self._stop_flag.stopped = True
-            engine.close()
+            grace = _SHUTDOWN_GRACE_SECONDS
+            if self._timed_out:
+                grace = min(grace, max(self._timeout, _MIN_GRACE_SECONDS))
+            stuck = engine.close(grace)
+            if stuck:
+                which = ", ".join(f"worker {w.id} (stuck {_stuck_at(w)})" for w in stuck)
+                left = "its thread is" if len(stuck) == 1 else "their threads are"
+                warnings.warn(
+                    f"DataLoader {which} did not stop within {grace:g} seconds of shutdown; "
+                    f"{left} left running, detached, with the dataset kept alive",
+                    RuntimeWarning,
+                )
 
     def __del__(self):
         self._shutdown()
@@ -725,7 +772,6 @@ class _ProcessIter(_ThreadedIter):
         self._engine.close()
         _BaseIter._reset(self, loader)
         self._engine = self._start_workers(loader)
-        _live_engines.add(self._engine)
         self._epoch += 1
         self._finished = False
         self._prime()
@@ -737,6 +783,7 @@ class _ProcessIter(_ThreadedIter):
         try:
             self._engine.discard_in_flight(timeout)
         except TimeoutError:
+            self._timed_out = True
             raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from None
 
 

@@ -10,7 +10,7 @@
  *
  * Condition variables: each worker sleeps on its own `wake` (so a submit wakes
  * exactly the worker it queued for); the owner sleeps on `done` in
- * fl_engine_next.  Run hooks are called with `lock` released; the lock is
+ * fl_engine_next and, waiting for workers to exit, in fl_engine_stop_within.  Run hooks are called with `lock` released; the lock is
  * never held across anything that can block on another lock (the GIL
  * included).
  */
@@ -43,7 +43,8 @@ typedef struct worker {
     fl_engine *engine;
     int id;
     pthread_t thread;
-    int started;     /* thread created (so it must be joined or detached) */
+    int started;     /* thread created and not yet joined or detached; owner only */
+    int exited;      /* the thread is past its last use of the engine; guarded by lock */
     pthread_cond_t wake;
     int head, tail;  /* FIFO of queued records; guarded by lock */
     int assigned;    /* queued, running or done-undelivered jobs; guarded by lock */
@@ -52,7 +53,8 @@ typedef struct worker {
 
 struct fl_engine {
     pthread_mutex_t lock;
-    pthread_cond_t done;       /* signalled when a job becomes deliverable */
+    pthread_cond_t done;       /* signalled when a job becomes deliverable or a
+                                  worker exits */
     fl__fork_entry fork_entry; /* keeps `lock` usable in a forked child */
 
     fl_engine_hooks hooks;
@@ -180,6 +182,12 @@ static void *worker_main(void *arg)
     if (e->hooks.worker_stop)
         e->hooks.worker_stop(e->hooks.ctx, w->id);
     current_engine = NULL;
+
+    /* Last touch of the engine: after this the owner may join and free it. */
+    pthread_mutex_lock(&e->lock);
+    w->exited = 1;
+    pthread_cond_broadcast(&e->done);
+    pthread_mutex_unlock(&e->lock);
     return NULL;
 }
 
@@ -319,27 +327,71 @@ int fl_engine_create(const fl_engine_config *config, const fl_engine_hooks *hook
 
 void fl_engine_stop(fl_engine *e)
 {
+    (void)fl_engine_stop_within(e, -1.0);
+}
+
+/* Workers started and not yet past their last use of the engine.  Lock held. */
+static int count_running_locked(const fl_engine *e)
+{
+    int running = 0;
+    for (int i = 0; i < e->num_workers; i++)
+        running += e->workers[i].started && !e->workers[i].exited;
+    return running;
+}
+
+int fl_engine_stop_within(fl_engine *e, double timeout_s)
+{
+    struct timespec deadline;
+    if (timeout_s >= 0)
+        abs_deadline(timeout_s, &deadline);
+
     pthread_mutex_lock(&e->lock);
     if (e->stopped) {
         pthread_mutex_unlock(&e->lock);
-        return;
+        return 0;
     }
     e->stopping = 1;
     for (int i = 0; i < e->num_workers; i++)
         pthread_cond_signal(&e->workers[i].wake);
     pthread_cond_broadcast(&e->done); /* an owner thread waiting in next() */
+    /* A worker inside a job exits when the job returns; one stuck there may
+     * never do so, hence the bound. */
+    while (count_running_locked(e) > 0) {
+        int wrc = timeout_s >= 0 ? pthread_cond_timedwait(&e->done, &e->lock, &deadline)
+                                 : pthread_cond_wait(&e->done, &e->lock);
+        if (wrc == ETIMEDOUT)
+            break;
+    }
     pthread_mutex_unlock(&e->lock);
 
+    /* Join the exited workers (quick: they are past their last lock). */
+    int running = 0;
     for (int i = 0; i < e->num_workers; i++) {
-        if (e->workers[i].started) {
-            pthread_join(e->workers[i].thread, NULL);
-            e->workers[i].started = 0;
+        worker *w = &e->workers[i];
+        if (!w->started)
+            continue;
+        pthread_mutex_lock(&e->lock);
+        int exited = w->exited;
+        pthread_mutex_unlock(&e->lock);
+        if (exited) {
+            pthread_join(w->thread, NULL);
+            w->started = 0;
+        } else {
+            running++;
         }
     }
 
-    pthread_mutex_lock(&e->lock);
-    e->stopped = 1;
-    pthread_mutex_unlock(&e->lock);
+    if (running == 0) {
+        pthread_mutex_lock(&e->lock);
+        e->stopped = 1;
+        pthread_mutex_unlock(&e->lock);
+    }
+    return running;
+}
+
+int fl_engine_worker_running(const fl_engine *e, int worker)
+{
+    return worker >= 0 && worker < e->num_workers && e->workers[worker].started;
 }
 
 void fl_engine_abandon(fl_engine *e)
@@ -361,7 +413,9 @@ int fl_engine_take_leftover(fl_engine *e, void **payload)
     pthread_mutex_lock(&e->lock);
     for (int i = 0; i < e->capacity; i++) {
         job *j = &e->jobs[i];
-        if (j->state != JOB_FREE) {
+        /* RUNNING only on a detached worker (a joined one finished its job):
+         * that worker still uses the payload. */
+        if (j->state != JOB_FREE && j->state != JOB_RUNNING) {
             *payload = j->payload;
             release_record_locked(e, i);
             e->in_flight--;

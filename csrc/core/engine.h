@@ -15,7 +15,8 @@
  * Threads: fl_engine_submit, _next, _cancel_pending, _reset, _stop and _free
  * belong to the owner (one thread at a time).  The hooks run on worker
  * threads with no engine lock held.  No call blocks except fl_engine_next
- * (bounded by its timeout) and fl_engine_stop (joins the workers).
+ * (bounded by its timeout), fl_engine_stop (joins the workers) and
+ * fl_engine_stop_within (bounded by its timeout).
  *
  * Fork: a child process inherits engines without their threads.  Every call
  * on such an engine returns FL_ERR_CLOSED; fl_engine_stop and fl_engine_free
@@ -100,19 +101,33 @@ int fl_engine_is_own_thread(const fl_engine *engine);
  * the same engine (see fl_engine_abandon). */
 void fl_engine_stop(fl_engine *engine);
 
-/* After fl_engine_stop: hands back, one per call, every payload that was
- * submitted and not delivered.  Returns FL_OK or FL_ERR_EMPTY when none is
- * left. */
+/* fl_engine_stop with a bound: waits at most timeout_s seconds (< 0: no
+ * limit) for the workers to finish their current job, and joins those that
+ * did.  Returns 0 when every worker is joined (the engine is then stopped),
+ * else the number still running: fl_engine_worker_running names them, and
+ * the owner may call this again or let them go with fl_engine_abandon. */
+int fl_engine_stop_within(fl_engine *engine, double timeout_s);
+
+/* Nonzero while worker `worker`'s thread is started and neither joined nor
+ * detached.  Owner only. */
+int fl_engine_worker_running(const fl_engine *engine, int worker);
+
+/* After fl_engine_stop or fl_engine_abandon: hands back, one per call, every
+ * payload that was submitted and not delivered, except those a detached
+ * worker is still running (it still uses them; they are never handed back).
+ * Returns FL_OK or FL_ERR_EMPTY when none is left. */
 int fl_engine_take_leftover(fl_engine *engine, void **payload);
 
 /* Frees a stopped engine (one that fl_engine_stop joined, or one inherited
  * by a forked child).  Leftover payloads not taken are the caller's loss. */
 void fl_engine_free(fl_engine *engine);
 
-/* For the one case where the owner lets go of an engine on one of the
- * engine's own worker threads (and so cannot join it): asks the workers to
- * exit and detaches them.  The engine's memory is deliberately not freed,
- * because exiting workers still read it; payloads are left with the caller. */
+/* For the cases where the owner cannot join the workers: it runs on one of
+ * the engine's own worker threads, or fl_engine_stop_within left workers
+ * running (stuck in a job).  Asks the workers to exit and detaches those not
+ * yet joined.  The engine must then never be freed, because the detached
+ * workers still use it (a deliberate leak); payloads are left with the
+ * caller (see fl_engine_take_leftover). */
 void fl_engine_abandon(fl_engine *engine);
 
 #endif /* FL_ENGINE_H */

@@ -1,7 +1,8 @@
 /* A stress test of the core alone (no Python), meant to run under
  * ThreadSanitizer as well as plainly: the engine with many short jobs of
  * uneven run times, in order and out of order, with retirement,
- * cancellation, reset and stop; and the slot pool shared by several threads.
+ * cancellation, reset and stop; a bounded stop that leaves a stuck worker
+ * behind; and the slot pool shared by several threads.
  * Exits 0 when every check holds; prints the first failure otherwise. */
 #define _POSIX_C_SOURCE 200809L
 #include "core/engine.h"
@@ -141,6 +142,112 @@ static void run_epochs(int workers, int in_order, int capacity, long jobs_per_ep
     fl_engine_free(e);
 }
 
+/* ------------------------------------------------- a worker stuck in a job */
+
+typedef struct gate_ctx {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int entered;          /* the gated job has started */
+    int open;             /* the gated job may return */
+    atomic_int stopped;   /* workers past their stop hook */
+    job *written;         /* the gated job's payload, written after the gate */
+} gate_ctx;
+
+static void gate_stop(void *arg, int w)
+{
+    (void)w;
+    atomic_fetch_add(&((gate_ctx *)arg)->stopped, 1);
+}
+
+static int gate_run(void *arg, int w, void *payload)
+{
+    gate_ctx *g = arg;
+    job *j = payload;
+    if (j->id == 0) { /* the stuck one: waits until the gate opens */
+        pthread_mutex_lock(&g->lock);
+        g->entered = 1;
+        pthread_cond_broadcast(&g->cond);
+        while (!g->open)
+            pthread_cond_wait(&g->cond, &g->lock);
+        pthread_mutex_unlock(&g->lock);
+    }
+    j->ran_on = w; /* the payload is still the worker's to write */
+    return FL_JOB_DONE;
+}
+
+/* fl_engine_stop_within gives up on a worker stuck in its job, joins the
+ * others, keeps the stuck job's payload out of the leftovers; abandoned, the
+ * worker exits on its own once its job returns.  The engine is leaked, as
+ * the contract requires. */
+static void stop_with_stuck_worker(int workers)
+{
+    gate_ctx g = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+    fl_engine_config config = {workers, 4 * workers, 1, "fl-stuck"};
+    fl_engine_hooks hooks = {&g, NULL, gate_run, gate_stop};
+    fl_engine *e = NULL;
+    CHECK(fl_engine_create(&config, &hooks, &e) == FL_OK);
+    job jobs[64];
+    int submitted = 0;
+    for (int i = 0; i < 4 * workers; i++) {
+        jobs[i].id = i;
+        jobs[i].ran_on = -1;
+        CHECK(fl_engine_submit(e, &jobs[i], NULL, NULL) == FL_OK);
+        submitted++;
+    }
+    pthread_mutex_lock(&g.lock);
+    while (!g.entered)
+        pthread_cond_wait(&g.cond, &g.lock);
+    pthread_mutex_unlock(&g.lock);
+
+    CHECK(fl_engine_stop_within(e, 0.05) == 1);
+    CHECK(fl_engine_worker_running(e, 0));
+    for (int w = 1; w < workers; w++)
+        CHECK(!fl_engine_worker_running(e, w));
+    CHECK(atomic_load(&g.stopped) == workers - 1);
+    fl_engine_abandon(e);
+    void *leftover;
+    int leftovers = 0;
+    while (fl_engine_take_leftover(e, &leftover) == FL_OK) {
+        CHECK(leftover != &jobs[0]);
+        leftovers++;
+    }
+    CHECK(leftovers < submitted);
+
+    pthread_mutex_lock(&g.lock);
+    g.open = 1;
+    pthread_cond_broadcast(&g.cond);
+    pthread_mutex_unlock(&g.lock);
+    while (atomic_load(&g.stopped) < workers) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    CHECK(jobs[0].ran_on == 0);
+    /* The detached thread may still be returning: the engine stays. */
+}
+
+/* A slow job that finishes within the bound is waited for and joined. */
+static void stop_within_joins_slow_job(void)
+{
+    ctx c = {0};
+    c.retire_worker_after = -1;
+    fl_engine_config config = {2, 4, 1, "fl-slow"};
+    fl_engine_hooks hooks = {&c, start, run, stop};
+    fl_engine *e = NULL;
+    CHECK(fl_engine_create(&config, &hooks, &e) == FL_OK);
+    job jobs[4];
+    for (int i = 0; i < 4; i++) {
+        jobs[i].id = 7 * i; /* the slow kind of job */
+        CHECK(fl_engine_submit(e, &jobs[i], NULL, NULL) == FL_OK);
+    }
+    CHECK(fl_engine_stop_within(e, 30.0) == 0);
+    CHECK(!fl_engine_worker_running(e, 0) && !fl_engine_worker_running(e, 1));
+    CHECK(atomic_load(&c.stopped) == 2);
+    void *leftover;
+    while (fl_engine_take_leftover(e, &leftover) == FL_OK)
+        ;
+    fl_engine_free(e);
+}
+
 static void *slot_churn(void *arg)
 {
     fl_slot_pool *pool = arg;
@@ -193,6 +300,9 @@ int main(void)
         run_epochs(workers, 1, 3 * workers, 500, 50);
         run_epochs(workers, 0, 3 * workers, 500, 50);
     }
+    for (int workers = 1; workers <= 3; workers++)
+        stop_with_stuck_worker(workers);
+    stop_within_joins_slow_job();
     puts("engine stress: ok");
     return 0;
 }
