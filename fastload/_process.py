@@ -410,7 +410,9 @@ class ProcessWorkers:
         self.closed = False
         self.broken = False  # a worker died: these workers cannot serve another epoch
         self.reset()
-        self._finalizer = weakref.finalize(self, _close_channels, self.channels, os.getpid())
+        self._creator_pid = os.getpid()  # a forked child's copy must not stop them
+        self._finalizer = weakref.finalize(self, _close_channels, self.channels,
+                                           self._creator_pid)
 
     def reset(self):
         """A new epoch: the round-robin restarts at worker 0 and every
@@ -503,7 +505,7 @@ class ProcessWorkers:
         finalizer = getattr(self, "_finalizer", None)
         if finalizer is not None and finalizer.alive:
             finalizer.detach()
-        _close_channels(self.channels, os.getpid(), grace)
+        _close_channels(self.channels, getattr(self, "_creator_pid", os.getpid()), grace)
         return ()
 
 
