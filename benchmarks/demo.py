@@ -49,8 +49,8 @@ except ImportError:  # run from a checkout that is built in place, not installed
 
 import numpy as np
 
-from workloads import (FixedArrays, NumpyWork, consume, cpu_model, loader_kinds, make_loader, torch,
-                       warm_up)
+from workloads import (FixedArrays, NumpyWork, consume, cpu_model, loader_kinds, make_loader,
+                       seconds_per_item, torch, warm_up)
 
 WORKLOADS = {
     "images": ("ImageFolder", "photo-like JPEGs, RandomResizedCrop(224) + flip + ToTensor + "
@@ -216,13 +216,7 @@ class PythonTokenizer:
 
     def time_per_item(self, calls=100):
         """Median seconds per ``__getitem__`` call on this machine."""
-        times = []
-        for _ in range(5):
-            start = time.perf_counter()
-            for i in range(calls):
-                self[i % self.n]
-            times.append((time.perf_counter() - start) / calls)
-        return statistics.median(times)
+        return seconds_per_item(self, calls)
 
     def __repr__(self):
         return f"PythonTokenizer(n={self.n})"

@@ -48,11 +48,25 @@ __all__ = [
     "consume",
     "make_loader",
     "loader_kinds",
+    "seconds_per_item",
     "torch",
     "warm_up",
 ]
 
 BATCH_SIZE = 64
+
+
+def seconds_per_item(dataset, calls):
+    """Median seconds per ``dataset[i]`` call on this machine (5 rounds of
+    `calls`, after one warm-up call)."""
+    dataset[0]
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for i in range(calls):
+            dataset[i % len(dataset)]
+        times.append((time.perf_counter() - start) / calls)
+    return float(np.median(times))
 
 
 class FixedArrays(_DatasetBase):
@@ -188,14 +202,7 @@ class NumpyWork(_DatasetBase):
 
     def time_per_item(self, calls=200):
         """Median seconds per ``__getitem__`` call on this machine."""
-        self[0]
-        times = []
-        for _ in range(5):
-            start = time.perf_counter()
-            for i in range(calls):
-                self[i % self.n]
-            times.append((time.perf_counter() - start) / calls)
-        return float(np.median(times))
+        return seconds_per_item(self, calls)
 
     def __repr__(self):
         return f"NumpyWork(n={self.n})"
