@@ -33,6 +33,7 @@ and an iterable worker that reports its end gets no more tasks.
 
 import collections
 import ctypes
+import functools
 import importlib
 import io
 import itertools
@@ -170,10 +171,9 @@ def _fetch_plan(plan, pool):
         collate_fn = _SlotCollate(pool, backend, convert=None)  # the parent converts
     native_batch = None
     if plan.native:
-        native = plan.dataset._native_batch
-
-        def native_batch(index, epoch, _native=native):
-            return _native(index, epoch=epoch, pool=pool, convert=None, seed=plan.base_seed)
+        # The batch lands in this worker's shared slots, unconverted.
+        native_batch = functools.partial(plan.dataset._native_batch, pool=pool, convert=None,
+                                         seed=plan.base_seed)
     return FetchPlan(
         dataset=plan.dataset, iterable=plan.iterable, auto_collation=plan.auto_collation,
         collate_fn=collate_fn, drop_last=plan.drop_last, worker_init_fn=plan.worker_init_fn,
