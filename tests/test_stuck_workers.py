@@ -109,6 +109,7 @@ def test_stuck_getitem_after_timeout_exits(block, drop):
                 got.append(int(batch[0]))
         except RuntimeError as e:
             print(e)
+        entered.wait()  # on a busy machine the timeout may come before sample 3 starts
         print("got " + str(got))
         {"del it" if drop == "del it" else "pass"}
         print("end of script", flush=True)
@@ -180,6 +181,7 @@ def test_stuck_worker_without_timeout_is_left_at_exit():
                                      output="numpy")
         it = iter(loader)
         print("got " + str([int(next(it)[0]) for _ in range(3)]), flush=True)
+        entered.wait()  # worker 1 has sample 3 queued: exit only once it is stuck there
     """))
     assert_clean_exit(result)
     assert "got [0, 1, 2]" in result.stdout
