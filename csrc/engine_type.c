@@ -8,6 +8,14 @@
  * it), and the owner always waits for workers with the GIL released, so a
  * worker waiting for the GIL can always get it.
  *
+ * Two kinds of job.  A Python job calls worker.fetch(request) with the GIL.
+ * A native job (an engine made with a native `source`: the loader's dataset
+ * is fastload's own and collates by default) runs the source's batch in
+ * plain C without the GIL (native_batch.c): the request's indices are
+ * checked when it is submitted, and the slot is wrapped, or the recorded
+ * error raised, in next() on the consumer's thread.  Such a batch crosses
+ * into Python only there (and for files only Pillow can decode).
+ *
  * Ownership: a worker's Python objects (worker_ctx.worker, .fetch) belong to
  * its thread while it runs — it drops them itself, with the GIL, as it exits.
  * Once the threads are joined, anything left (a forked child never ran them)
@@ -45,18 +53,22 @@
 
 #define MAX_WORKERS 1024
 
+/* next()'s outcome for a native job that failed: the value is the
+ * exception (the core's outcomes are all >= 0). */
+#define JOB_FAILED (-1)
+
 /* ------------------------------------------------------- hand-off priority
  *
  * A consumer returning from next() with a batch needs the GIL back.  A
  * worker running Python would keep it until the interpreter's switch
  * interval (5 ms) forces a hand-over: a stall on every batch, and a delay of
- * the first.  So while a consumer waits for the GIL, workers step aside at
- * their yield points — before each job, and between samples through
- * yield_to_consumer() — for at most YIELD_LIMIT_NS, so that a consumer
- * stuck behind some other thread cannot stall them for long. */
+ * the first.  So while a consumer of an engine that runs Python jobs waits
+ * for the GIL, that engine's workers step aside at their yield points --
+ * before each job, and between samples through yield_to_consumer() -- for at
+ * most YIELD_LIMIT_NS, so that a consumer stuck behind some other thread
+ * cannot stall them for long.  Native jobs need no GIL: their consumers do
+ * not ask. */
 #define YIELD_LIMIT_NS 2000000L
-
-static atomic_int consumers_waiting;
 
 static int64_t monotonic_ns(void)
 {
@@ -66,73 +78,51 @@ static int64_t monotonic_ns(void)
 }
 
 /* Called without the GIL. */
-static void step_aside_for_consumers(void)
+static void step_aside_for_consumers(atomic_int *consumers_waiting)
 {
-    if (atomic_load_explicit(&consumers_waiting, memory_order_relaxed) == 0)
+    if (atomic_load_explicit(consumers_waiting, memory_order_relaxed) == 0)
         return;
     int64_t deadline = monotonic_ns() + YIELD_LIMIT_NS;
-    while (atomic_load(&consumers_waiting) > 0 && monotonic_ns() < deadline)
+    while (atomic_load(consumers_waiting) > 0 && monotonic_ns() < deadline)
         sched_yield();
-}
-
-PyObject *fl__yield_to_consumer(PyObject *module, PyObject *unused)
-{
-    (void)module;
-    (void)unused;
-    if (atomic_load_explicit(&consumers_waiting, memory_order_relaxed) > 0) {
-        Py_BEGIN_ALLOW_THREADS
-        step_aside_for_consumers();
-        Py_END_ALLOW_THREADS
-    }
-    Py_RETURN_NONE;
 }
 
 typedef struct worker_ctx {
     PyObject *worker;         /* see the ownership note above */
     PyObject *fetch;          /* bound worker.fetch */
+    PyObject *init_error;     /* what worker.start() returned when not None */
     PyThreadState *tstate;    /* this thread's state while it lacks the GIL */
     PyGILState_STATE gilstate;
 } worker_ctx;
 
 typedef struct engine_shared {
+    atomic_int consumers_waiting; /* see "hand-off priority" */
     int num_workers;
     worker_ctx workers[];
 } engine_shared;
 
+/* The engine whose worker this thread is, for yield_to_consumer(). */
+static _Thread_local engine_shared *current_engine;
+
+PyObject *fl__yield_to_consumer(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    engine_shared *shared = current_engine;
+    if (shared && atomic_load_explicit(&shared->consumers_waiting, memory_order_relaxed) > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        step_aside_for_consumers(&shared->consumers_waiting);
+        Py_END_ALLOW_THREADS
+    }
+    Py_RETURN_NONE;
+}
+
 typedef struct job {
-    PyObject *request;        /* owned */
+    PyObject *request;        /* owned; a Python job's */
+    fl__native_job *native;   /* a native job's */
     PyObject *result;         /* owned; the value fetch returned */
-    PyObject *error;          /* owned; the exception fetch raised, if any */
+    PyObject *error;          /* owned; the exception fetch (or submit) raised */
 } job;
-
-/* Moves the current exception (with its traceback) out of the thread state. */
-static PyObject *take_exception(void)
-{
-#if PY_VERSION_HEX >= 0x030C0000
-    return PyErr_GetRaisedException();
-#else
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    PyErr_NormalizeException(&type, &value, &tb);
-    if (tb && value)
-        PyException_SetTraceback(value, tb);
-    Py_XDECREF(type);
-    Py_XDECREF(tb);
-    return value;
-#endif
-}
-
-/* Raises `error` (stealing the reference) in the calling thread. */
-static void raise_exception(PyObject *error)
-{
-#if PY_VERSION_HEX >= 0x030C0000
-    PyErr_SetRaisedException(error);
-#else
-    PyObject *type = (PyObject *)Py_TYPE(error);
-    Py_INCREF(type);
-    PyErr_Restore(type, error, PyException_GetTraceback(error));
-#endif
-}
 
 typedef struct EngineObject {
     PyObject_HEAD
@@ -141,6 +131,12 @@ typedef struct EngineObject {
     int num_workers;
     int closed;
     int abandoned;            /* workers were detached: engine and shared leak */
+    /* Native jobs (source is NULL for an engine of Python jobs): */
+    PyObject *source;         /* the native source */
+    PyObject *pool;           /* SlotPool the batches go to */
+    PyObject *convert;        /* applied to each batch array, or None */
+    PyObject *report;         /* called with the skipped-sample records, or None */
+    uint64_t seed;
     PyObject *weakreflist;
 } EngineObject;
 
@@ -157,8 +153,14 @@ static void call_hook(PyObject *worker, const char *name)
 static void hook_worker_start(void *ctx, int w)
 {
     worker_ctx *wc = &((engine_shared *)ctx)->workers[w];
+    current_engine = ctx;
     wc->gilstate = PyGILState_Ensure();
-    call_hook(wc->worker, "start");
+    PyObject *r = PyObject_CallMethod(wc->worker, "start", NULL);
+    if (!r)
+        PyErr_WriteUnraisable(wc->worker); /* the Python side catches its own errors */
+    else if (r != Py_None)
+        wc->init_error = Py_NewRef(r); /* delivered by the first native job */
+    Py_XDECREF(r);
     wc->tstate = PyEval_SaveThread();
 }
 
@@ -168,23 +170,34 @@ static int hook_run(void *ctx, int w, void *payload)
     job *j = payload;
     int outcome = FL_JOB_DONE;
 
-    step_aside_for_consumers();
+    if (j->native || j->error) {
+        /* Native: no GIL.  The references move between the worker and the
+         * job without a count change, so that needs none either. */
+        if (wc->init_error) {
+            j->result = wc->init_error;
+            wc->init_error = NULL;
+        } else if (j->native) {
+            fl__native_job_run(j->native);
+        }
+        return outcome;
+    }
+    step_aside_for_consumers(&((engine_shared *)ctx)->consumers_waiting);
     PyEval_RestoreThread(wc->tstate);
     PyObject *res = PyObject_CallOneArg(wc->fetch, j->request);
     if (!res) {
-        j->error = take_exception();
+        j->error = fl__take_exception();
     } else if (PyTuple_Check(res) && PyTuple_GET_SIZE(res) == 2) {
         long code = PyLong_AsLong(PyTuple_GET_ITEM(res, 0));
         if (code == FL_JOB_SKIPPED || code == FL_JOB_RETIRE)
             outcome = (int)code;
         else if (code == -1 && PyErr_Occurred())
-            j->error = take_exception();
+            j->error = fl__take_exception();
         j->result = PyTuple_GET_ITEM(res, 1);
         Py_INCREF(j->result);
         Py_DECREF(res);
     } else {
         PyErr_SetString(PyExc_TypeError, "fastload: worker.fetch must return (code, value)");
-        j->error = take_exception();
+        j->error = fl__take_exception();
         Py_DECREF(res);
     }
     wc->tstate = PyEval_SaveThread();
@@ -198,7 +211,9 @@ static void hook_worker_stop(void *ctx, int w)
     call_hook(wc->worker, "stop");
     Py_CLEAR(wc->fetch);
     Py_CLEAR(wc->worker);
+    Py_CLEAR(wc->init_error);
     wc->tstate = NULL;
+    current_engine = NULL;
     PyGILState_Release(wc->gilstate);
 }
 
@@ -209,6 +224,7 @@ static void job_free(job *j)
     if (!j)
         return;
     Py_XDECREF(j->request);
+    fl__native_job_free(j->native);
     Py_XDECREF(j->result);
     Py_XDECREF(j->error);
     PyMem_RawFree(j);
@@ -265,6 +281,7 @@ static int engine_close(EngineObject *self, double timeout_s, char *left)
             continue;
         Py_CLEAR(self->shared->workers[i].fetch);
         Py_CLEAR(self->shared->workers[i].worker);
+        Py_CLEAR(self->shared->workers[i].init_error);
     }
     return running;
 }
@@ -296,13 +313,24 @@ static void warn_left_running(const char *left, int num_workers)
 
 static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"workers", "max_in_flight", "in_order", "name", NULL};
-    PyObject *workers;
+    static char *kwlist[] = {"workers", "max_in_flight", "in_order", "name", "source", "pool",
+                             "convert", "seed", "report", NULL};
+    PyObject *workers, *source = Py_None, *pool = Py_None, *convert = Py_None;
+    PyObject *report = Py_None;
     int max_in_flight, in_order = 1;
+    unsigned long long seed = 0;
     const char *name = "fastload-w";
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Oi|ps:Engine", kwlist, &workers,
-                                     &max_in_flight, &in_order, &name))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Oi|ps$OOOKO:Engine", kwlist, &workers,
+                                     &max_in_flight, &in_order, &name, &source, &pool, &convert,
+                                     &seed, &report))
         return NULL;
+    fastload_state *state = fl__state_of_type(type);
+    if (source != Py_None &&
+        (!fl__is_native_source(state, source) || !PyObject_TypeCheck(pool, state->SlotPool_type))) {
+        PyErr_SetString(PyExc_TypeError, "Engine: source must be a native source, with a "
+                                         "SlotPool as pool");
+        return NULL;
+    }
     PyObject *seq = PySequence_Fast(workers, "Engine: workers must be a sequence");
     if (!seq)
         return NULL;
@@ -359,6 +387,13 @@ static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     }
     self->shared = shared;
     self->num_workers = (int)n;
+    if (source != Py_None) {
+        self->source = Py_NewRef(source);
+        self->pool = Py_NewRef(pool);
+        self->convert = Py_NewRef(convert);
+        self->report = Py_NewRef(report);
+        self->seed = seed;
+    }
     Py_DECREF(seq);
     return (PyObject *)self;
 
@@ -375,11 +410,10 @@ fail:
     return NULL;
 }
 
-static void Engine_dealloc(EngineObject *self)
+/* Stops the workers (within DEALLOC_GRACE_SECONDS) and drops every Python
+ * object the engine holds, except what detached workers still use. */
+static void engine_release(EngineObject *self)
 {
-    PyTypeObject *type = Py_TYPE(self);
-    if (self->weakreflist)
-        PyObject_ClearWeakRefs((PyObject *)self);
     if (self->engine) {
         if (fl_engine_is_own_thread(self->engine)) {
             /* Dropped by code running on one of its own workers: that thread
@@ -387,6 +421,7 @@ static void Engine_dealloc(EngineObject *self)
              * engine and its context stay allocated for them (a bounded,
              * deliberate leak in a rare case). */
             fl_engine_abandon(self->engine);
+            self->abandoned = 1;
         } else {
             char left[MAX_WORKERS];
             if (engine_close(self, DEALLOC_GRACE_SECONDS, left) > 0)
@@ -399,6 +434,50 @@ static void Engine_dealloc(EngineObject *self)
         self->engine = NULL;
         self->shared = NULL;
     }
+    if (!self->abandoned) {
+        /* Detached workers may still run native jobs of this source. */
+        Py_CLEAR(self->source);
+        Py_CLEAR(self->pool);
+        Py_CLEAR(self->convert);
+        Py_CLEAR(self->report);
+    }
+}
+
+static int Engine_traverse(EngineObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    /* A detached worker's objects are its own: not visited, so a cycle
+     * through them is never collected under it. */
+    if (self->abandoned)
+        return 0;
+    Py_VISIT(self->source);
+    Py_VISIT(self->pool);
+    Py_VISIT(self->convert);
+    Py_VISIT(self->report);
+    for (int i = 0; self->shared && i < self->shared->num_workers; i++) {
+        Py_VISIT(self->shared->workers[i].worker);
+        Py_VISIT(self->shared->workers[i].fetch);
+        Py_VISIT(self->shared->workers[i].init_error);
+    }
+    return 0;
+}
+
+/* A cycle through the engine (a dataset holding its loader, whose
+ * persistent iterator holds the engine) is broken here: the workers stop
+ * first, so none of them runs on with what is cleared. */
+static int Engine_clear(EngineObject *self)
+{
+    engine_release(self);
+    return 0;
+}
+
+static void Engine_dealloc(EngineObject *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    if (self->weakreflist)
+        PyObject_ClearWeakRefs((PyObject *)self);
+    engine_release(self);
     type->tp_free(self);
     Py_DECREF(type);
 }
@@ -410,8 +489,22 @@ static PyObject *Engine_submit(EngineObject *self, PyObject *request)
     job *j = PyMem_RawCalloc(1, sizeof *j);
     if (!j)
         return PyErr_NoMemory();
-    Py_INCREF(request);
-    j->request = request;
+    if (self->source) {
+        /* (epoch, indices).  A bad index fails this batch, in its turn, as
+         * the dataset's own error would in a worker. */
+        unsigned long long epoch;
+        PyObject *indices;
+        if (!PyArg_ParseTuple(request, "KO:submit", &epoch, &indices)) {
+            PyMem_RawFree(j);
+            return NULL;
+        }
+        j->native = fl__native_job_new(fl__state_of_type(Py_TYPE(self)), self->source, indices,
+                                       self->pool, self->seed, epoch);
+        if (!j->native)
+            j->error = fl__take_exception();
+    } else {
+        j->request = Py_NewRef(request);
+    }
     int rc = fl_engine_submit(self->engine, j, NULL, NULL);
     if (rc == FL_OK)
         return PyLong_FromLong(0);
@@ -422,6 +515,27 @@ static PyObject *Engine_submit(EngineObject *self, PyObject *request)
         return closed_error();
     PyErr_Format(PyExc_RuntimeError, "fastload: cannot submit a batch: %s", fl_status_str(rc));
     return NULL;
+}
+
+/* A finished native job on the consumer's thread: (JOB_DONE, worker,
+ * batch), with the skipped-sample records passed to `report`; or
+ * (JOB_FAILED, worker, the exception) when the batch failed. */
+static PyObject *native_result(EngineObject *self, job *j, int worker)
+{
+    PyObject *skipped;
+    PyObject *batch = fl__native_job_finish(fl__state_of_type(Py_TYPE(self)), j->native,
+                                            self->convert, &skipped);
+    if (batch && skipped && self->report != Py_None) {
+        PyObject *r = PyObject_CallOneArg(self->report, skipped);
+        if (!r)
+            Py_CLEAR(batch);
+        Py_XDECREF(r);
+    }
+    Py_XDECREF(skipped);
+    if (batch)
+        return Py_BuildValue("(iiN)", FL_JOB_DONE, worker, batch);
+    PyObject *exc = fl__take_exception();
+    return exc ? Py_BuildValue("(iiN)", JOB_FAILED, worker, exc) : NULL;
 }
 
 static PyObject *Engine_next(EngineObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -451,13 +565,17 @@ static PyObject *Engine_next(EngineObject *self, PyObject *const *args, Py_ssize
         double slice = SIGNAL_CHECK_SECONDS;
         if (timeout > 0 && timeout - waited < slice)
             slice = timeout - waited;
+        /* Workers of Python jobs step aside while this thread takes the
+         * GIL back (see "hand-off priority"). */
+        atomic_int *waiting = self->source ? NULL : &self->shared->consumers_waiting;
         Py_BEGIN_ALLOW_THREADS
         rc = fl_engine_next(e, slice, &d);
-        if (rc != FL_ERR_TIMEOUT)
-            atomic_fetch_add(&consumers_waiting, 1);
+        if (rc != FL_ERR_TIMEOUT && waiting)
+            atomic_fetch_add(waiting, 1);
         Py_END_ALLOW_THREADS
         if (rc != FL_ERR_TIMEOUT) {
-            atomic_fetch_sub(&consumers_waiting, 1);
+            if (waiting)
+                atomic_fetch_sub(waiting, 1);
             break;
         }
         if (PyErr_CheckSignals() < 0)
@@ -475,8 +593,13 @@ static PyObject *Engine_next(EngineObject *self, PyObject *const *args, Py_ssize
 
     job *j = d.payload;
     PyObject *out = NULL;
-    if (j->error) {
-        raise_exception(j->error);
+    int native_done = self->source && d.outcome == FL_JOB_DONE && !j->result;
+    if (native_done && j->error) {
+        out = Py_BuildValue("(iiO)", JOB_FAILED, d.worker, j->error);
+    } else if (native_done) {
+        out = native_result(self, j, d.worker);
+    } else if (j->error && !self->source) {
+        fl__raise_exception(j->error);
         j->error = NULL;
     } else {
         PyObject *result = j->result ? j->result : Py_None;
@@ -603,6 +726,8 @@ static PyType_Slot Engine_slots[] = {
                 "start(), fetch(request) per job and stop() on its own thread."},
     {Py_tp_new, Engine_new},
     {Py_tp_dealloc, Engine_dealloc},
+    {Py_tp_traverse, Engine_traverse},
+    {Py_tp_clear, Engine_clear},
     {Py_tp_methods, Engine_methods},
     {Py_tp_getset, Engine_getset},
     {Py_tp_members, Engine_members},
@@ -612,7 +737,7 @@ static PyType_Slot Engine_slots[] = {
 PyType_Spec fl__Engine_spec = {
     .name = "fastload._C.Engine",
     .basicsize = sizeof(EngineObject),
-    .flags = Py_TPFLAGS_DEFAULT,
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .slots = Engine_slots,
 };
 
@@ -621,7 +746,8 @@ int fl__engine_module_exec(PyObject *module)
     if (PyModule_AddIntConstant(module, "JOB_DONE", FL_JOB_DONE) < 0 ||
         PyModule_AddIntConstant(module, "JOB_SKIPPED", FL_JOB_SKIPPED) < 0 ||
         PyModule_AddIntConstant(module, "JOB_RETIRE", FL_JOB_RETIRE) < 0 ||
-        PyModule_AddIntConstant(module, "JOB_CANCELLED", FL_JOB_CANCELLED) < 0)
+        PyModule_AddIntConstant(module, "JOB_CANCELLED", FL_JOB_CANCELLED) < 0 ||
+        PyModule_AddIntConstant(module, "JOB_FAILED", JOB_FAILED) < 0)
         return -1;
     return 0;
 }

@@ -34,6 +34,9 @@ typedef struct fastload_state {
     PyTypeObject *SlotOwner_type;
     PyTypeObject *Engine_type;
     PyTypeObject *ImageSource_type;
+    PyTypeObject *RowSource_type;
+    PyTypeObject *WindowSource_type;
+    PyObject *DecodeError;  /* fastload.DecodeError */
     PyTypeObject *CudaStream_type;
     PyTypeObject *CudaEvent_type;
     PyTypeObject *DeviceArray_type;
@@ -82,7 +85,91 @@ PyObject *fl__take_freed_shared_slots(PyObject *module, PyObject *unused);
 PyObject *fl__collate(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fl__set_tensor_type(PyObject *module, PyObject *type);
 
-/* gather.c: indices and batch outputs, shared by the native datasets */
+/* native_batch.c: the native batch path.  A native source (ImageSource,
+ * RowSource, WindowSource) turns an index array into a collated batch in
+ * plain C, so a worker thread runs the whole batch without the GIL: the
+ * Python work (checking the request, wrapping the slot as arrays, raising a
+ * recorded error) happens before and after, on the threads that submit and
+ * consume it. */
+
+#define FL__MAX_BATCH_ARRAYS 32
+#define FL__MSG_SIZE 256
+
+typedef struct fl__native_job fl__native_job;
+
+typedef struct fl__native_ops {
+    /* With the GIL, at submission: describes the outputs (n_out, descrs,
+     * ndims, dims; dims[i][0] is the batch size) and allocates what run()
+     * needs.  Returns 0, or -1 with an exception set. */
+    int (*plan)(PyObject *source, fl__native_job *job);
+    /* Without the GIL, on any thread: fills job->data[] from `core` (the
+     * source's plain-C part).  A failure is recorded in the job. */
+    void (*run)(const void *core, fl__native_job *job);
+    /* With the GIL: the recorded failure as a new exception instance. */
+    PyObject *(*failure)(PyObject *source, const fl__native_job *job);
+    /* With the GIL, optional: the samples replaced (on_error="skip") as a
+     * list of (index, path, message), or NULL with an exception set. */
+    PyObject *(*skipped)(PyObject *source, const fl__native_job *job);
+} fl__native_ops;
+
+/* The head every native source object starts with. */
+typedef struct fl__native_source {
+    PyObject_HEAD
+    const fl__native_ops *ops;
+    const void *core;  /* what run() reads: plain C, fixed at creation */
+    int64_t length;    /* number of samples */
+} fl__native_source;
+
+struct fl__native_job {
+    fl__native_source *source;  /* borrowed: the submitter keeps it alive */
+    int64_t *indices;           /* checked, in [0, length) */
+    size_t n;
+    uint64_t seed, epoch;       /* key the random augmentation */
+    /* outputs */
+    int n_out;
+    PyArray_Descr *descrs[FL__MAX_BATCH_ARRAYS];
+    int ndims[FL__MAX_BATCH_ARRAYS];
+    npy_intp dims[FL__MAX_BATCH_ARRAYS][NPY_MAXDIMS];
+    int channels_first[FL__MAX_BATCH_ARRAYS]; /* see (N, H, W, C) memory as (N, C, H, W) */
+    size_t offsets[FL__MAX_BATCH_ARRAYS];     /* of each output in the slot */
+    size_t bytes;                             /* the slot's size */
+    fl_slot_pool *pool;                       /* borrowed; NULL: fresh arrays */
+    fl_slot *slot;                            /* taken by run() */
+    PyObject *arrays[FL__MAX_BATCH_ARRAYS];   /* without a pool */
+    char *data[FL__MAX_BATCH_ARRAYS];         /* where each output's bytes go */
+    /* outcome, recorded by run() */
+    int status;                               /* FL_OK or an fl_status */
+    int no_slot;                              /* the slot could not be allocated */
+    int64_t sample;                           /* the failing sample, or -1 */
+    int part;                                 /* the source's part that failed */
+    int err;                                  /* errno for FL_ERR_IO */
+    char msg[FL__MSG_SIZE];
+    void *records;                            /* the source's own (PyMem_Raw) */
+    size_t n_records;
+};
+
+/* Whether `obj` is a native source of this module. */
+int fl__is_native_source(fastload_state *state, PyObject *obj);
+
+/* A job for the samples `indices` of `source`, its memory a slot of `pool`
+ * (a SlotPool, or None for fresh arrays).  With the GIL; NULL with an
+ * exception set (a bad index raises IndexError). */
+fl__native_job *fl__native_job_new(fastload_state *state, PyObject *source, PyObject *indices,
+                                   PyObject *pool, uint64_t seed, uint64_t epoch);
+/* Runs the job; without the GIL, on any thread. */
+void fl__native_job_run(fl__native_job *job);
+/* With the GIL: the batch (a list of arrays, each passed through `convert`
+ * unless it is None), or NULL with the job's failure raised.  *skipped gets
+ * a new list of replaced samples, or NULL when there were none. */
+PyObject *fl__native_job_finish(fastload_state *state, fl__native_job *job, PyObject *convert,
+                                PyObject **skipped);
+/* With the GIL. */
+void fl__native_job_free(fl__native_job *job);
+
+/* The batch(indices, pool, convert, seed, epoch) method every native
+ * source shares: the same job run on the calling thread, returning
+ * (batch, skipped list). */
+PyObject *fl__native_batch_method(PyObject *source, PyObject *const *args, Py_ssize_t nargs);
 
 /* Converts a sequence of integers (or an integer array) into a PyMem_Raw
  * array of int64 in [0, count), wrapping negative indices once, as NumPy and
@@ -93,33 +180,24 @@ int fl__convert_indices(PyObject *obj, int64_t count, int64_t **out, Py_ssize_t 
  * Returns -1. */
 int fl__index_error(long long index, int64_t count);
 
-#define FL__MAX_BATCH_ARRAYS 32
+/* The raised exception, with its traceback, taken out of the thread state
+ * (NULL when none); and raising one again (the reference is stolen). */
+PyObject *fl__take_exception(void);
+void fl__raise_exception(PyObject *exc);
 
-/* Where a batch goes: either one slot from a pool holding every output
- * array, or (pool None) one fresh NumPy array each. */
-typedef struct fl__batch_out {
-    int n;                                   /* output arrays */
-    PyObject *owner;                         /* SlotOwner, or NULL */
-    size_t offsets[FL__MAX_BATCH_ARRAYS];    /* of each array in the slot */
-    PyObject *arrays[FL__MAX_BATCH_ARRAYS];  /* no pool: owned, uninitialised arrays */
-    char *data[FL__MAX_BATCH_ARRAYS];        /* where each array's bytes go */
-} fl__batch_out;
+/* gather.c: RowSource and WindowSource, the native sources of ArrayDataset
+ * and TokenDataset */
+extern PyType_Spec fl__RowSource_spec;
+extern PyType_Spec fl__WindowSource_spec;
 
-/* Takes the memory for n arrays of shapes dims[i] (ndims[i] dimensions) and
- * dtypes descrs[i] (borrowed) from `pool` (a SlotPool, or None). */
-int fl__batch_out_alloc(fl__batch_out *b, fastload_state *state, PyObject *pool, int n,
-                        PyArray_Descr **descrs, const int *ndims,
-                        npy_intp dims[][NPY_MAXDIMS]);
-/* The output list; arrays over the slot are passed through `convert`. */
-PyObject *fl__batch_out_finish(fl__batch_out *b, PyArray_Descr **descrs, const int *ndims,
-                               npy_intp dims[][NPY_MAXDIMS], PyObject *convert);
-void fl__batch_out_clear(fl__batch_out *b);
-
-PyObject *fl__gather(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-PyObject *fl__gather_windows(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-
-/* image_source.c */
+/* image_source.c: ImageSource, the native source of the image datasets;
+ * image_plan.c: reading a fastload.transforms.Plan */
 extern PyType_Spec fl__ImageSource_spec;
+struct fl_image_plan;
+int fl__parse_plan(PyObject *plan, struct fl_image_plan *out);
+/* The NumPy dtype of the plan's output, and one image's shape in its layout. */
+PyArray_Descr *fl__plan_descr(const struct fl_image_plan *plan);
+void fl__image_dims(const struct fl_image_plan *plan, int width, int height, npy_intp *dims);
 PyObject *fl__transform_image(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 /* cuda.c */

@@ -1,204 +1,25 @@
-/* fastload._C: gather() and gather_windows() — the batch paths of
- * ArrayDataset and TokenDataset.
+/* fastload._C: RowSource and WindowSource — the native sources of
+ * ArrayDataset and TokenDataset (see native_batch.c for how a batch runs).
  *
- * Everything Python is done first, with the GIL: the indices are converted
- * to int64 and checked, the batch memory is taken (a slot, or fresh NumPy
- * arrays), and references to the sources are held.  The copies then run in
- * the core with the GIL released, and the output arrays are built over the
- * memory.  The sources are validated by the Python classes (fastload/
- * arrays.py): C-contiguous rows of a native-order plain dtype.  A source's
- * `file` is None for memory that is no file mapping, else (path, the file's
- * size in bytes when it was opened): the path names it in errors, and the
- * size tells a truncated file from a failing one.
- *
- * The index conversion and the batch memory (fl__convert_indices,
- * fl__batch_out_*) serve every native dataset; fastload.h declares them.
+ * A RowSource serves rows of a tuple of arrays, a WindowSource windows of a
+ * token array.  Each reads its arrays once, at creation, into the core's
+ * plain-C descriptions (csrc/core/gather.h) and holds them, so the memory
+ * stays valid for every batch.  The arrays are validated by the Python
+ * classes (fastload/arrays.py): C-contiguous rows of a native-order plain
+ * dtype.  A source's `file` is None for memory that is no file mapping, else
+ * (path, the file's size in bytes when it was opened): the path names it in
+ * errors, and the size tells a truncated file from a failing one.
  */
 #include "fastload.h"
 
 #include "core/gather.h"
-#include "core/slots.h"
 #include "core/status.h"
 
 #include <errno.h>
 #include <string.h>
 #include <sys/stat.h>
 
-#define BATCH_ALIGN 64 /* each output array starts on a cache line */
 #define MAX_ARRAYS FL__MAX_BATCH_ARRAYS
-
-/* ----------------------------------------------------------------- indices */
-
-int fl__index_error(long long index, int64_t count)
-{
-    PyErr_Format(PyExc_IndexError, "index %lld is out of range for a dataset of %lld samples",
-                 index, (long long)count);
-    return -1;
-}
-
-int fl__convert_indices(PyObject *obj, int64_t count, int64_t **out, Py_ssize_t *n_out)
-{
-    PyObject *seq = NULL;
-    int64_t *idx = NULL;
-    Py_ssize_t n;
-    int wide_unsigned = 0; /* values past INT64_MAX arrive wrapped to negative */
-
-    if (PyArray_Check(obj)) {
-        PyArrayObject *a = (PyArrayObject *)obj;
-        if (PyArray_NDIM(a) != 1 || !PyArray_ISINTEGER(a)) {
-            PyErr_SetString(PyExc_TypeError,
-                            "indices must be a one-dimensional array of integers");
-            return -1;
-        }
-        wide_unsigned = PyArray_ISUNSIGNED(a) && PyArray_ITEMSIZE(a) >= 8;
-        seq = PyArray_FROMANY(obj, NPY_INT64, 1, 1, NPY_ARRAY_CARRAY_RO | NPY_ARRAY_FORCECAST);
-        if (!seq)
-            return -1;
-        n = PyArray_DIM((PyArrayObject *)seq, 0);
-        idx = PyMem_RawMalloc(sizeof *idx * (size_t)(n > 0 ? n : 1));
-        if (!idx)
-            goto nomem;
-        memcpy(idx, PyArray_DATA((PyArrayObject *)seq), sizeof *idx * (size_t)n);
-    } else {
-        seq = PySequence_Fast(obj, "indices must be a sequence of integers");
-        if (!seq)
-            return -1;
-        n = PySequence_Fast_GET_SIZE(seq);
-        idx = PyMem_RawMalloc(sizeof *idx * (size_t)(n > 0 ? n : 1));
-        if (!idx)
-            goto nomem;
-        PyObject **items = PySequence_Fast_ITEMS(seq);
-        for (Py_ssize_t i = 0; i < n; i++) {
-            PyObject *item = items[i];
-            long long v;
-            if (PyLong_CheckExact(item)) {
-                v = PyLong_AsLongLong(item);
-            } else {
-                PyObject *as_int = PyNumber_Index(item); /* NumPy integers, bool is refused */
-                if (!as_int || PyBool_Check(item)) {
-                    Py_XDECREF(as_int);
-                    if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError)) {
-                        PyErr_Clear();
-                        PyErr_Format(PyExc_TypeError, "indices must be integers, not %.100s",
-                                     Py_TYPE(item)->tp_name);
-                    }
-                    goto fail;
-                }
-                v = PyLong_AsLongLong(as_int);
-                Py_DECREF(as_int);
-            }
-            if (v == -1 && PyErr_Occurred()) {
-                if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
-                    PyErr_Clear();
-                    PyErr_Format(PyExc_IndexError,
-                                 "index %S is out of range for a dataset of %lld samples", item,
-                                 (long long)count);
-                }
-                goto fail;
-            }
-            idx[i] = v;
-        }
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int64_t v = idx[i];
-        if (v < 0 && wide_unsigned) {
-            PyErr_Format(PyExc_IndexError,
-                         "index %llu is out of range for a dataset of %lld samples",
-                         (unsigned long long)(uint64_t)v, (long long)count);
-            goto fail;
-        }
-        if (v < 0)
-            v += count;
-        if (v < 0 || v >= count) {
-            fl__index_error((long long)idx[i], count);
-            goto fail;
-        }
-        idx[i] = v;
-    }
-    Py_DECREF(seq);
-    *out = idx;
-    *n_out = n;
-    return 0;
-
-nomem:
-    PyErr_NoMemory();
-fail:
-    PyMem_RawFree(idx);
-    Py_XDECREF(seq);
-    return -1;
-}
-
-/* ----------------------------------------------------------------- output */
-
-void fl__batch_out_clear(fl__batch_out *b)
-{
-    Py_CLEAR(b->owner);
-    for (int i = 0; i < b->n; i++)
-        Py_CLEAR(b->arrays[i]);
-}
-
-int fl__batch_out_alloc(fl__batch_out *b, fastload_state *state, PyObject *pool, int n,
-                           PyArray_Descr **descrs, const int *ndims, npy_intp dims[][NPY_MAXDIMS])
-{
-    b->n = n;
-    if (pool == Py_None) {
-        for (int i = 0; i < n; i++) {
-            Py_INCREF(descrs[i]);
-            b->arrays[i] = PyArray_NewFromDescr(&PyArray_Type, descrs[i], ndims[i], dims[i], NULL,
-                                                NULL, 0, NULL);
-            if (!b->arrays[i])
-                return -1;
-            b->data[i] = PyArray_BYTES((PyArrayObject *)b->arrays[i]);
-        }
-        return 0;
-    }
-    if (!PyObject_TypeCheck(pool, state->SlotPool_type)) {
-        PyErr_SetString(PyExc_TypeError, "pool must be a SlotPool or None");
-        return -1;
-    }
-    size_t total = 0;
-    for (int i = 0; i < n; i++) {
-        size_t bytes = (size_t)PyDataType_ELSIZE(descrs[i]);
-        for (int d = 0; d < ndims[i]; d++)
-            bytes *= (size_t)dims[i][d];
-        b->offsets[i] = total;
-        total += (bytes + BATCH_ALIGN - 1) / BATCH_ALIGN * BATCH_ALIGN;
-    }
-    fl_slot *slot;
-    if (fl__acquire_slot(pool, total, &slot) < 0)
-        return -1;
-    b->owner = fl__SlotOwner_new(state, slot);
-    if (!b->owner)
-        return -1;
-    for (int i = 0; i < n; i++)
-        b->data[i] = (char *)slot->data + b->offsets[i];
-    return 0;
-}
-
-PyObject *fl__batch_out_finish(fl__batch_out *b, PyArray_Descr **descrs, const int *ndims,
-                                  npy_intp dims[][NPY_MAXDIMS], PyObject *convert)
-{
-    PyObject *list = PyList_New(b->n);
-    if (!list)
-        return NULL;
-    for (int i = 0; i < b->n; i++) {
-        PyObject *item;
-        if (b->owner) {
-            Py_INCREF(descrs[i]);
-            item = fl__slot_array(b->owner, b->offsets[i], descrs[i], ndims[i], dims[i], convert);
-        } else if (convert != Py_None) {
-            item = PyObject_CallOneArg(convert, b->arrays[i]);
-        } else {
-            item = Py_NewRef(b->arrays[i]);
-        }
-        if (!item) {
-            Py_DECREF(list);
-            return NULL;
-        }
-        PyList_SET_ITEM(list, i, item);
-    }
-    return list;
-}
 
 /* ------------------------------------------------------------- bad files */
 
@@ -208,7 +29,7 @@ static int check_file(PyObject *file)
         (PyTuple_Check(file) && PyTuple_GET_SIZE(file) == 2 &&
          PyUnicode_Check(PyTuple_GET_ITEM(file, 0)) && PyLong_Check(PyTuple_GET_ITEM(file, 1))))
         return 0;
-    PyErr_SetString(PyExc_TypeError, "gather: a file must be None or (path, size)");
+    PyErr_SetString(PyExc_TypeError, "a file must be None or (path, size)");
     return -1;
 }
 
@@ -230,10 +51,10 @@ static long long size_now(PyObject *path)
     return rc == 0 ? (long long)st.st_size : -1;
 }
 
-/* Raises OSError (EIO) for a gather stopped by a bus error while reading
+/* The OSError (EIO) for a gather stopped by a bus error while reading
  * sample `index` (-1: not known) of a source whose `file` passed
- * check_file().  Returns NULL. */
-static PyObject *raise_source_changed(PyObject *file, long long index)
+ * check_file(); NULL with an exception set when it cannot be built. */
+static PyObject *source_changed(PyObject *file, long long index)
 {
     PyObject *sample = index >= 0 ? PyUnicode_FromFormat("sample index %lld", index)
                                   : PyUnicode_FromString("sample index not known");
@@ -265,162 +86,287 @@ static PyObject *raise_source_changed(PyObject *file, long long index)
     if (!msg)
         return NULL;
     PyObject *args = Py_BuildValue("(iN)", EIO, msg);
-    if (args) {
-        PyErr_SetObject(PyExc_OSError, args);
-        Py_DECREF(args);
-    }
-    return NULL;
+    if (!args)
+        return NULL;
+    PyObject *exc = PyObject_Call(PyExc_OSError, args, NULL);
+    Py_DECREF(args);
+    return exc;
 }
 
-/* ----------------------------------------------------------------- gather */
+/* ------------------------------------------------------------ RowSource */
 
-PyObject *fl__gather(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    fastload_state *state = fl__state_of_module(module);
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError,
-                        "gather(arrays, files, indices, pool, convert) takes 5 arguments");
-        return NULL;
-    }
-    PyObject *arrays = args[0], *files = args[1], *pool = args[3], *convert = args[4];
-    if (!PyTuple_Check(arrays) || !PyTuple_Check(files) ||
-        PyTuple_GET_SIZE(arrays) != PyTuple_GET_SIZE(files) || PyTuple_GET_SIZE(arrays) < 1 ||
-        PyTuple_GET_SIZE(arrays) > MAX_ARRAYS) {
-        PyErr_SetString(PyExc_TypeError, "gather: arrays and files must be tuples of one length");
-        return NULL;
-    }
-    int n_arrays = (int)PyTuple_GET_SIZE(arrays);
-    PyArray_Descr *descrs[MAX_ARRAYS];
-    int ndims[MAX_ARRAYS];
-    npy_intp dims[MAX_ARRAYS][NPY_MAXDIMS];
+typedef struct row_table {
+    int n_arrays;
     fl_rows rows[MAX_ARRAYS];
-    int64_t count = -1;
-    for (int i = 0; i < n_arrays; i++) {
+} row_table;
+
+typedef struct RowSourceObject {
+    fl__native_source head;
+    row_table core;
+    PyObject *arrays; /* tuple of the arrays read by core */
+    PyObject *files;  /* tuple: None or (path, size) each */
+} RowSourceObject;
+
+static int rows_plan(PyObject *source, fl__native_job *job)
+{
+    RowSourceObject *self = (RowSourceObject *)source;
+    job->n_out = self->core.n_arrays;
+    for (int i = 0; i < job->n_out; i++) {
+        PyArrayObject *a = (PyArrayObject *)PyTuple_GET_ITEM(self->arrays, i);
+        job->descrs[i] = PyArray_DESCR(a);
+        Py_INCREF(job->descrs[i]);
+        job->ndims[i] = PyArray_NDIM(a);
+        memcpy(job->dims[i], PyArray_DIMS(a), sizeof(npy_intp) * (size_t)job->ndims[i]);
+        job->dims[i][0] = (npy_intp)job->n;
+    }
+    return 0;
+}
+
+static void rows_run(const void *core, fl__native_job *job)
+{
+    const row_table *t = core;
+    for (int i = 0; i < t->n_arrays; i++) {
+        size_t failed = 0;
+        if (fl_gather_rows(&t->rows[i], job->indices, job->n, job->data[i], &failed) != FL_OK) {
+            job->status = FL_ERR_IO;
+            job->part = i;
+            job->sample = failed < job->n ? job->indices[failed] : -1;
+            return;
+        }
+    }
+}
+
+static PyObject *rows_failure(PyObject *source, const fl__native_job *job)
+{
+    RowSourceObject *self = (RowSourceObject *)source;
+    return source_changed(PyTuple_GET_ITEM(self->files, job->part), (long long)job->sample);
+}
+
+static const fl__native_ops row_ops = {
+    .plan = rows_plan,
+    .run = rows_run,
+    .failure = rows_failure,
+};
+
+static PyObject *RowSource_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"arrays", "files", NULL};
+    PyObject *arrays, *files;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!:RowSource", kwlist, &PyTuple_Type,
+                                     &arrays, &PyTuple_Type, &files))
+        return NULL;
+    Py_ssize_t n_arrays = PyTuple_GET_SIZE(arrays);
+    if (PyTuple_GET_SIZE(files) != n_arrays || n_arrays < 1 || n_arrays > MAX_ARRAYS) {
+        PyErr_SetString(PyExc_TypeError,
+                        "RowSource: arrays and files must be tuples of one length (1 to 32)");
+        return NULL;
+    }
+    row_table t = {.n_arrays = (int)n_arrays};
+    for (int i = 0; i < t.n_arrays; i++) {
         PyObject *obj = PyTuple_GET_ITEM(arrays, i);
-        if (!PyArray_Check(obj) || PyArray_NDIM((PyArrayObject *)obj) < 1) {
-            PyErr_SetString(PyExc_TypeError, "gather: arrays must be NumPy arrays with rows");
+        PyArrayObject *a = (PyArrayObject *)obj;
+        if (!PyArray_Check(obj) || PyArray_NDIM(a) < 1) {
+            PyErr_SetString(PyExc_TypeError, "RowSource: arrays must be NumPy arrays with rows");
             return NULL;
         }
-        PyArrayObject *a = (PyArrayObject *)obj;
-        descrs[i] = PyArray_DESCR(a);
-        ndims[i] = PyArray_NDIM(a);
-        memcpy(dims[i], PyArray_DIMS(a), sizeof(npy_intp) * (size_t)ndims[i]);
-        rows[i].base = PyArray_BYTES(a);
-        rows[i].count = PyArray_DIM(a, 0);
-        rows[i].stride = PyArray_STRIDE(a, 0);
-        rows[i].row_bytes = (size_t)PyArray_ITEMSIZE(a);
-        for (int d = 1; d < ndims[i]; d++)
-            rows[i].row_bytes *= (size_t)PyArray_DIM(a, d);
+        fl_rows *r = &t.rows[i];
+        r->base = PyArray_BYTES(a);
+        r->count = PyArray_DIM(a, 0);
+        r->stride = PyArray_STRIDE(a, 0);
+        r->row_bytes = (size_t)PyArray_ITEMSIZE(a);
+        for (int d = 1; d < PyArray_NDIM(a); d++)
+            r->row_bytes *= (size_t)PyArray_DIM(a, d);
         if (check_file(PyTuple_GET_ITEM(files, i)) < 0)
             return NULL;
-        rows[i].file_backed = PyTuple_GET_ITEM(files, i) != Py_None;
-        if (count >= 0 && rows[i].count != count) {
-            PyErr_SetString(PyExc_ValueError, "gather: arrays differ in length");
+        r->file_backed = PyTuple_GET_ITEM(files, i) != Py_None;
+        if (r->count != t.rows[0].count) {
+            PyErr_SetString(PyExc_ValueError, "RowSource: arrays differ in length");
             return NULL;
         }
-        count = rows[i].count;
     }
-
-    int64_t *idx = NULL;
-    Py_ssize_t n;
-    fl__batch_out out = {0};
-    PyObject *result = NULL;
-    if (fl__convert_indices(args[2], count, &idx, &n) < 0)
+    RowSourceObject *self = (RowSourceObject *)type->tp_alloc(type, 0);
+    if (!self)
         return NULL;
-    for (int i = 0; i < n_arrays; i++)
-        dims[i][0] = n;
-    if (fl__batch_out_alloc(&out, state, pool, n_arrays, descrs, ndims, dims) < 0)
-        goto done;
-
-    /* `arrays` (held by the caller for the whole call) keeps every source
-     * alive; only core code runs here. */
-    int status = FL_OK, failed_array = 0;
-    size_t failed = 0;
-    Py_BEGIN_ALLOW_THREADS
-    for (int i = 0; i < n_arrays && status == FL_OK; i++) {
-        status = fl_gather_rows(&rows[i], idx, (size_t)n, out.data[i], &failed);
-        failed_array = i;
-    }
-    Py_END_ALLOW_THREADS
-    if (status != FL_OK) {
-        raise_source_changed(PyTuple_GET_ITEM(files, failed_array),
-                             failed < (size_t)n ? (long long)idx[failed] : -1);
-        goto done;
-    }
-
-    result = fl__batch_out_finish(&out, descrs, ndims, dims, convert);
-done:
-    fl__batch_out_clear(&out);
-    PyMem_RawFree(idx);
-    return result;
+    self->core = t;
+    self->arrays = Py_NewRef(arrays);
+    self->files = Py_NewRef(files);
+    self->head.ops = &row_ops;
+    self->head.core = &self->core;
+    self->head.length = t.rows[0].count;
+    return (PyObject *)self;
 }
 
-PyObject *fl__gather_windows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+static void RowSource_dealloc(RowSourceObject *self)
 {
-    fastload_state *state = fl__state_of_module(module);
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "gather_windows(tokens, file, stride, block, "
-                                         "indices, pool, convert) takes 7 arguments");
-        return NULL;
+    PyTypeObject *type = Py_TYPE(self);
+    Py_XDECREF(self->arrays);
+    Py_XDECREF(self->files);
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+PyDoc_STRVAR(rows_batch_doc,
+             "batch(indices, pool, convert, seed, epoch, /)\n--\n\n"
+             "Copies rows `indices` of every array into one batch array each, with\n"
+             "the GIL released, in a slot of `pool` (fresh arrays when it is None);\n"
+             "returns (list of arrays passed through `convert`, []).  Negative\n"
+             "indices count from the end; others out of range raise IndexError; a\n"
+             "mapped file that shrank under the copy raises OSError (EIO) naming it\n"
+             "and the sample index.  seed and epoch are unused: rows are rows.");
+
+static PyMethodDef RowSource_methods[] = {
+    {"batch", (PyCFunction)(void (*)(void))fl__native_batch_method, METH_FASTCALL,
+     rows_batch_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot RowSource_slots[] = {
+    {Py_tp_doc, "RowSource(arrays, files)\n--\n\n"
+                "Rows of a tuple of arrays (C-contiguous rows): ArrayDataset's native source."},
+    {Py_tp_new, RowSource_new},
+    {Py_tp_dealloc, RowSource_dealloc},
+    {Py_tp_methods, RowSource_methods},
+    {0, NULL},
+};
+
+PyType_Spec fl__RowSource_spec = {
+    .name = "fastload._C.RowSource",
+    .basicsize = sizeof(RowSourceObject),
+    .flags = Py_TPFLAGS_DEFAULT,
+    .slots = RowSource_slots,
+};
+
+/* --------------------------------------------------------- WindowSource */
+
+typedef struct window_table {
+    const void *tokens;
+    int token_size;    /* 1, 2, 4 or 8 bytes */
+    int is_signed;
+    int file_backed;
+    int64_t stride;    /* tokens from one window to the next */
+    size_t block;      /* tokens a window */
+} window_table;
+
+typedef struct WindowSourceObject {
+    fl__native_source head;
+    window_table core;
+    PyObject *tokens;
+    PyObject *file;
+} WindowSourceObject;
+
+static int windows_plan(PyObject *source, fl__native_job *job)
+{
+    WindowSourceObject *self = (WindowSourceObject *)source;
+    job->n_out = 2;
+    for (int i = 0; i < 2; i++) {
+        job->descrs[i] = PyArray_DescrFromType(NPY_INT64);
+        job->ndims[i] = 2;
+        job->dims[i][0] = (npy_intp)job->n;
+        job->dims[i][1] = (npy_intp)self->core.block;
     }
-    PyObject *tokens_obj = args[0], *file = args[1], *pool = args[5], *convert = args[6];
+    for (size_t i = 0; i < job->n; i++)
+        job->indices[i] *= self->core.stride; /* window index -> first token */
+    return 0;
+}
+
+static void windows_run(const void *core, fl__native_job *job)
+{
+    const window_table *t = core;
+    size_t failed = 0;
+    if (fl_gather_windows(t->tokens, t->token_size, t->is_signed, t->file_backed, job->indices,
+                          job->n, t->block, (int64_t *)job->data[0], (int64_t *)job->data[1],
+                          &failed) != FL_OK) {
+        job->status = FL_ERR_IO;
+        job->sample = failed < job->n ? job->indices[failed] / t->stride : -1;
+    }
+}
+
+static PyObject *windows_failure(PyObject *source, const fl__native_job *job)
+{
+    return source_changed(((WindowSourceObject *)source)->file, (long long)job->sample);
+}
+
+static const fl__native_ops window_ops = {
+    .plan = windows_plan,
+    .run = windows_run,
+    .failure = windows_failure,
+};
+
+static PyObject *WindowSource_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"tokens", "file", "stride", "block", NULL};
+    PyObject *tokens_obj, *file;
+    long long stride, block;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOLL:WindowSource", kwlist, &tokens_obj, &file,
+                                     &stride, &block))
+        return NULL;
     if (!PyArray_Check(tokens_obj) || PyArray_NDIM((PyArrayObject *)tokens_obj) != 1 ||
         !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)tokens_obj)) {
-        PyErr_SetString(PyExc_TypeError, "gather_windows: tokens must be a contiguous 1-d array");
+        PyErr_SetString(PyExc_TypeError, "WindowSource: tokens must be a contiguous 1-d array");
         return NULL;
     }
-    PyArrayObject *tokens = (PyArrayObject *)tokens_obj;
-    int token_size = (int)PyArray_ITEMSIZE(tokens);
     if (check_file(file) < 0)
         return NULL;
-    int mapped = file != Py_None;
-    long long stride = PyLong_AsLongLong(args[2]);
-    long long block = PyLong_AsLongLong(args[3]);
-    if (PyErr_Occurred())
-        return NULL;
+    PyArrayObject *tokens = (PyArrayObject *)tokens_obj;
+    int token_size = (int)PyArray_ITEMSIZE(tokens);
     int64_t n_tokens = PyArray_DIM(tokens, 0);
     if (stride < 1 || block < 1 || block >= n_tokens ||
         !(token_size == 1 || token_size == 2 || token_size == 4 || token_size == 8)) {
-        PyErr_SetString(PyExc_ValueError, "gather_windows: bad stride, block or token size");
+        PyErr_SetString(PyExc_ValueError, "WindowSource: bad stride, block or token size");
         return NULL;
     }
-    int64_t windows = (n_tokens - 1 - block) / stride + 1;
-
-    int64_t *idx = NULL;
-    Py_ssize_t n;
-    fl__batch_out out = {0};
-    PyObject *result = NULL;
-    PyArray_Descr *int64 = PyArray_DescrFromType(NPY_INT64);
-    PyArray_Descr *descrs[2] = {int64, int64};
-    int ndims[2] = {2, 2};
-    npy_intp dims[2][NPY_MAXDIMS];
-    if (fl__convert_indices(args[4], windows, &idx, &n) < 0)
-        goto done;
-    for (Py_ssize_t i = 0; i < n; i++)
-        idx[i] *= stride; /* window index -> first token */
-    dims[0][0] = dims[1][0] = n;
-    dims[0][1] = dims[1][1] = (npy_intp)block;
-    if (fl__batch_out_alloc(&out, state, pool, 2, descrs, ndims, dims) < 0)
-        goto done;
-
-    const void *data = PyArray_DATA(tokens);
-    int is_signed = PyArray_ISSIGNED(tokens);
-    int status;
-    size_t failed = 0;
-    Py_BEGIN_ALLOW_THREADS
-    status = fl_gather_windows(data, token_size, is_signed, mapped, idx, (size_t)n,
-                               (size_t)block, (int64_t *)out.data[0], (int64_t *)out.data[1],
-                               &failed);
-    Py_END_ALLOW_THREADS
-    if (status != FL_OK) {
-        raise_source_changed(file, failed < (size_t)n ? (long long)(idx[failed] / stride) : -1);
-        goto done;
-    }
-
-    result = fl__batch_out_finish(&out, descrs, ndims, dims, convert);
-done:
-    fl__batch_out_clear(&out);
-    PyMem_RawFree(idx);
-    Py_DECREF(int64);
-    return result;
+    WindowSourceObject *self = (WindowSourceObject *)type->tp_alloc(type, 0);
+    if (!self)
+        return NULL;
+    self->core = (window_table){
+        .tokens = PyArray_DATA(tokens),
+        .token_size = token_size,
+        .is_signed = PyArray_ISSIGNED(tokens),
+        .file_backed = file != Py_None,
+        .stride = stride,
+        .block = (size_t)block,
+    };
+    self->tokens = Py_NewRef(tokens_obj);
+    self->file = Py_NewRef(file);
+    self->head.ops = &window_ops;
+    self->head.core = &self->core;
+    self->head.length = (n_tokens - 1 - block) / stride + 1;
+    return (PyObject *)self;
 }
+
+static void WindowSource_dealloc(WindowSourceObject *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    Py_XDECREF(self->tokens);
+    Py_XDECREF(self->file);
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+PyDoc_STRVAR(windows_batch_doc,
+             "batch(indices, pool, convert, seed, epoch, /)\n--\n\n"
+             "For window i (starting at token i * stride), the inputs\n"
+             "tokens[s:s+block] and targets tokens[s+1:s+block+1], widened to int64:\n"
+             "returns ([x, y], []), each (len(indices), block), as RowSource.batch.");
+
+static PyMethodDef WindowSource_methods[] = {
+    {"batch", (PyCFunction)(void (*)(void))fl__native_batch_method, METH_FASTCALL,
+     windows_batch_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot WindowSource_slots[] = {
+    {Py_tp_doc, "WindowSource(tokens, file, stride, block)\n--\n\n"
+                "Token windows of a 1-d array: TokenDataset's native source."},
+    {Py_tp_new, WindowSource_new},
+    {Py_tp_dealloc, WindowSource_dealloc},
+    {Py_tp_methods, WindowSource_methods},
+    {0, NULL},
+};
+
+PyType_Spec fl__WindowSource_spec = {
+    .name = "fastload._C.WindowSource",
+    .basicsize = sizeof(WindowSourceObject),
+    .flags = Py_TPFLAGS_DEFAULT,
+    .slots = WindowSource_slots,
+};

@@ -32,21 +32,6 @@ static PyMethodDef module_methods[] = {
      "Leaves become arrays over the slot, passed through `convert` when it is\n"
      "not None.  Returns NotImplemented when the samples are outside those\n"
      "rules (the caller then collates in Python)."},
-    {"gather", (PyCFunction)(void (*)(void))fl__gather, METH_FASTCALL,
-     "gather(arrays, files, indices, pool, convert, /)\n--\n\n"
-     "Copies rows `indices` of each array in the tuple `arrays` (C-contiguous\n"
-     "rows; `files[i]` None, or (path, size when opened) for a file mapping)\n"
-     "into one batch array each, with the GIL released.  The batch lives in a\n"
-     "slot of `pool`, or in fresh arrays when `pool` is None.  Returns the list\n"
-     "of batch arrays, each passed through `convert` unless that is None.\n"
-     "Negative indices count from the end; others out of range raise\n"
-     "IndexError; a mapped file that shrank under the copy raises OSError\n"
-     "(EIO) naming it and the sample index."},
-    {"gather_windows", (PyCFunction)(void (*)(void))fl__gather_windows, METH_FASTCALL,
-     "gather_windows(tokens, file, stride, block, indices, pool, convert, /)\n--\n\n"
-     "For window i (starting at token i * stride) of the 1-d `tokens`, the\n"
-     "inputs tokens[s:s+block] and targets tokens[s+1:s+block+1], widened to\n"
-     "int64: returns [x, y], each (len(indices), block), as gather() does."},
     {"transform_image", (PyCFunction)(void (*)(void))fl__transform_image, METH_FASTCALL,
      "transform_image(plan, image, seed, max_pixels, /)\n--\n\n"
      "Runs a compiled transform plan (fastload.transforms) on an HWC uint8 RGB\n"
@@ -98,9 +83,18 @@ static int module_exec(PyObject *module)
         add_type(module, &fl__SlotOwner_spec, NULL, &state->SlotOwner_type) < 0 ||
         add_type(module, &fl__Engine_spec, NULL, &state->Engine_type) < 0 ||
         add_type(module, &fl__ImageSource_spec, NULL, &state->ImageSource_type) < 0 ||
+        add_type(module, &fl__RowSource_spec, NULL, &state->RowSource_type) < 0 ||
+        add_type(module, &fl__WindowSource_spec, NULL, &state->WindowSource_type) < 0 ||
         add_type(module, &fl__CudaStream_spec, NULL, &state->CudaStream_type) < 0 ||
         add_type(module, &fl__CudaEvent_spec, NULL, &state->CudaEvent_type) < 0 ||
         add_type(module, &fl__DeviceArray_spec, NULL, &state->DeviceArray_type) < 0)
+        return -1;
+    state->DecodeError = PyErr_NewExceptionWithDoc(
+        "fastload.DecodeError",
+        "A sample's file is not an image fastload can decode (corrupt,\n"
+        "truncated, not an image, too large); the message names it.",
+        PyExc_OSError, NULL);
+    if (!state->DecodeError || PyModule_AddObjectRef(module, "DecodeError", state->DecodeError) < 0)
         return -1;
     return fl__engine_module_exec(module);
 }
@@ -112,6 +106,9 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(state->SlotOwner_type);
     Py_VISIT(state->Engine_type);
     Py_VISIT(state->ImageSource_type);
+    Py_VISIT(state->RowSource_type);
+    Py_VISIT(state->WindowSource_type);
+    Py_VISIT(state->DecodeError);
     Py_VISIT(state->CudaStream_type);
     Py_VISIT(state->CudaEvent_type);
     Py_VISIT(state->DeviceArray_type);
@@ -126,6 +123,9 @@ static int module_clear(PyObject *module)
     Py_CLEAR(state->SlotOwner_type);
     Py_CLEAR(state->Engine_type);
     Py_CLEAR(state->ImageSource_type);
+    Py_CLEAR(state->RowSource_type);
+    Py_CLEAR(state->WindowSource_type);
+    Py_CLEAR(state->DecodeError);
     Py_CLEAR(state->CudaStream_type);
     Py_CLEAR(state->CudaEvent_type);
     Py_CLEAR(state->DeviceArray_type);

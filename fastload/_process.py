@@ -33,7 +33,6 @@ and an iterable worker that reports its end gets no more tasks.
 
 import collections
 import ctypes
-import functools
 import importlib
 import io
 import itertools
@@ -52,6 +51,7 @@ from multiprocessing.reduction import ForkingPickler, recvfds, sendfds
 import numpy as np
 
 from . import _C
+from ._native import NativeBatches, source_of
 from ._torch import torch
 from ._worker import (
     ExceptionWrapper,
@@ -172,8 +172,8 @@ def _fetch_plan(plan, pool):
     native_batch = None
     if plan.native:
         # The batch lands in this worker's shared slots, unconverted.
-        native_batch = functools.partial(plan.dataset._native_batch, pool=pool, convert=None,
-                                         seed=plan.base_seed)
+        native_batch = NativeBatches(source_of(plan.dataset), pool, None, plan.base_seed,
+                                     getattr(plan.dataset, "_record_skips", None))
     return FetchPlan(
         dataset=plan.dataset, iterable=plan.iterable, auto_collation=plan.auto_collation,
         collate_fn=collate_fn, drop_last=plan.drop_last, worker_init_fn=plan.worker_init_fn,

@@ -13,6 +13,7 @@ import random
 import sys
 import threading
 import traceback
+import weakref
 
 import numpy as np
 
@@ -85,15 +86,26 @@ class WorkerInfo:
     ``WorkerRNG``, and ``worker_method`` = "thread" or "process".
     """
 
-    __slots__ = ("id", "num_workers", "seed", "dataset", "rng", "worker_method")
+    __slots__ = ("id", "num_workers", "seed", "_dataset", "rng", "worker_method")
 
     def __init__(self, id, num_workers, seed, dataset, rng=None, worker_method="thread"):
         object.__setattr__(self, "id", id)
         object.__setattr__(self, "num_workers", num_workers)
         object.__setattr__(self, "seed", seed)
-        object.__setattr__(self, "dataset", dataset)
+        # A worker thread keeps its info in a thread-local, where the
+        # collector cannot see it: held weakly (the loader holds the
+        # dataset), it does not keep a cycle through the dataset alive.
+        try:
+            dataset = weakref.ref(dataset)
+        except TypeError:
+            dataset = _Strong(dataset)
+        object.__setattr__(self, "_dataset", dataset)
         object.__setattr__(self, "rng", rng)
         object.__setattr__(self, "worker_method", worker_method)
+
+    @property
+    def dataset(self):
+        return self._dataset()
 
     def __setattr__(self, key, value):
         raise RuntimeError(f"Cannot assign attributes to {self.__class__.__name__} objects")
@@ -103,6 +115,18 @@ class WorkerInfo:
             f"WorkerInfo(id={self.id}, num_workers={self.num_workers}, seed={self.seed}, "
             f"dataset={self.dataset!r})"
         )
+
+
+class _Strong:
+    """A strong reference that reads like a weak one."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def __call__(self):
+        return self.value
 
 
 def get_worker_info():
@@ -245,7 +269,7 @@ class FetchPlan:
                  num_workers, base_seed, native_batch=None, loader_token=None):
         self.dataset = dataset
         self.loader_token = loader_token  # marks the loader's own workers
-        self.native_batch = native_batch  # indices -> collated batch, or None
+        self.native_batch = native_batch  # (indices, epoch) -> batch (fastload._native), or None
         self.iterable = iterable
         self.auto_collation = auto_collation
         self.collate_fn = collate_fn
@@ -269,6 +293,9 @@ class Worker:
         self.init_error = None
 
     def start(self):
+        """Runs on the worker's thread before any job.  Returns the
+        worker_init_fn's error (also delivered by the first fetch), or None:
+        the engine hands it to the first native job, which calls no fetch."""
         plan = self.plan
         if plan.iterable and self.method == "thread":
             # A worker process iterates its own copy of the dataset; so does
@@ -283,6 +310,7 @@ class Worker:
             self.fetcher = make_fetcher(plan, self.stop_flag)
         except BaseException:
             self.init_error = ExceptionWrapper(sys.exc_info(), self.where)
+        return self.init_error
 
     def fetch(self, request):
         epoch, index = request

@@ -153,6 +153,19 @@ class ArrayDataset:
         self.arrays = tuple(checked)
         self._files = tuple(_mapped_file(a) for a in checked)
         self._length = lengths[0]
+        self._make_source()
+
+    def _make_source(self):
+        self._source = _C.RowSource(self.arrays, self._files)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        del state["_source"]  # a copy (a spawned worker's) builds its own
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._make_source()
 
     def __len__(self):
         return self._length
@@ -169,12 +182,12 @@ class ArrayDataset:
         return _split_rows(self._gather(indices, None, None))
 
     def _gather(self, indices, pool, convert):
-        return _C.gather(self.arrays, self._files, _index_array(indices), pool, convert)
+        return self._source.batch(_index_array(indices), pool, convert, 0, 0)[0]
 
-    def _native_batch(self, indices, pool, convert, seed, epoch):
-        """The loader's batch path: the collated batch, in a slot of `pool`
-        (the random key is unused: rows are rows)."""
-        return self._gather(indices, pool, convert)
+    def _native_source(self, uint8=False):
+        """The loader's batch path (see fastload._native): rows gathered
+        in C into the batch slot."""
+        return None if uint8 else self._source
 
     def __repr__(self):
         shapes = ", ".join(f"{a.dtype}{list(a.shape[1:])}" for a in self.arrays)
@@ -226,6 +239,19 @@ class TokenDataset:
         self.stride = stride
         self._file = _mapped_file(tokens)
         self._length = (len(tokens) - 1 - block_size) // stride + 1
+        self._make_source()
+
+    def _make_source(self):
+        self._source = _C.WindowSource(self.tokens, self._file, self.stride, self.block_size)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        del state["_source"]  # a copy (a spawned worker's) builds its own
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._make_source()
 
     @staticmethod
     def _open(path, dtype):
@@ -263,12 +289,12 @@ class TokenDataset:
         return _split_rows(self._gather(indices, None, None))
 
     def _gather(self, indices, pool, convert):
-        return _C.gather_windows(self.tokens, self._file, self.stride, self.block_size,
-                                 _index_array(indices), pool, convert)
+        return self._source.batch(_index_array(indices), pool, convert, 0, 0)[0]
 
-    def _native_batch(self, indices, pool, convert, seed, epoch):
-        """The loader's batch path: [x, y] in a slot of `pool`."""
-        return self._gather(indices, pool, convert)
+    def _native_source(self, uint8=False):
+        """The loader's batch path (see fastload._native): [x, y] windows
+        gathered in C into the batch slot."""
+        return None if uint8 else self._source
 
     def __repr__(self):
         return (f"TokenDataset({self._length} windows of {self.block_size}+1 "

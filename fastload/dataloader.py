@@ -15,7 +15,6 @@ generators give the same batches in the same order.
 """
 
 import atexit
-import functools
 import multiprocessing
 import os
 import re
@@ -24,7 +23,7 @@ import uuid
 import warnings
 import weakref
 
-from . import _C, _process, cuda
+from . import _C, _native, _process, cuda
 from ._random import draw_seed
 from ._upload import DeviceIter, Pump
 from ._torch import torch
@@ -363,16 +362,16 @@ class _Upload:
         self.depth = max(2, in_flight)
         self.pool = _C.SlotPool(max_free=self.depth + 2, memory="device", device=device_index)
         self.to_torch = loader.output == "torch"
-        self.normalize = None
-        self.native_batch = None
+        self.normalize = None     # (mul, add, dtype) applied on the device
+        self.native_source = None  # the dataset's uint8 source, with normalize
         if loader.normalize_on_device:
-            split = getattr(loader.dataset, "_uint8_batches", None)
-            split = split() if split is not None else None
-            if split is None:
+            source = _native.source_of(loader.dataset, uint8=True)
+            if source is None:
                 raise ValueError(
                     "normalize_on_device=True needs a fastload image dataset whose transform "
                     "is a fastload.transforms.Compose ending in ToTensor (and Normalize)")
-            self.native_batch, *self.normalize = split
+            self.native_source = source
+            self.normalize = loader.dataset._device_normalization()
         self._pump = None
 
     def stop(self):
@@ -469,15 +468,10 @@ class _BaseIter:
                 "pinned memory won't be used.",
                 stacklevel=3,
             )
-        native = _native_batch(self, loader)
-        self._native_batch = native  # bound to its pool and seed below
+        self._native_source = _native_source(self, loader)
         # torch's order: the sampler iterator, then the base seed.
         self._sampler_iter = self._index_iter()
         self._base_seed = draw_seed(loader.generator)
-        if native is not None:
-            self._native_batch = functools.partial(
-                native, pool=loader._slot_pool, convert=self._collate_fn.to_output,
-                seed=self._base_seed)
         self._num_yielded = 0
 
     def __iter__(self):
@@ -486,7 +480,7 @@ class _BaseIter:
     def _index_iter(self):
         # A native dataset takes index arrays from fastload's own batch
         # sampler: the same indices without a Python int each.
-        if self._native_batch is not None and isinstance(self._index_sampler, BatchSampler):
+        if self._native_source is not None and isinstance(self._index_sampler, BatchSampler):
             arrays = self._index_sampler._array_batches()
             if arrays is not None:
                 return arrays
@@ -555,23 +549,30 @@ def _worker_mode(loader):
     """'thread' or 'process' for a loader with workers (see worker_mode)."""
     if loader.worker_mode != "auto":
         return loader.worker_mode
-    native = (getattr(loader.dataset, "_native_batch", None) is not None
+    native = (_native.source_of(loader.dataset) is not None
               and loader._dataset_kind == "map" and loader._auto_collation
               and _default_collation(loader))
     return "thread" if native else "process"
 
 
-def _native_batch(it, loader):
-    """A native dataset's batch function, when the loader collates with the
-    default rules (which the native path reproduces)."""
-    native = getattr(it._dataset, "_native_batch", None)
-    if native is not None and loader._upload is not None and loader._upload.native_batch:
-        native = loader._upload.native_batch  # uint8, normalized on the device
-    if native is None or it._iterable or not it._auto_collation:
+def _native_source(it, loader):
+    """The dataset's native source (fastload._native) when the loader takes
+    the native path: a map-style dataset collated by the default rules,
+    which the source reproduces."""
+    if it._iterable or not it._auto_collation or not isinstance(it._collate_fn, _SlotCollate):
         return None
-    if not isinstance(it._collate_fn, _SlotCollate):
+    if loader._upload is not None and loader._upload.native_source is not None:
+        return loader._upload.native_source  # uint8, normalized on the device
+    return _native.source_of(it._dataset)
+
+
+def _native_batches(it, pool):
+    """The iterator's native source as a batch function on the calling
+    thread (num_workers=0), or None."""
+    if it._native_source is None:
         return None
-    return native
+    return _native.NativeBatches(it._native_source, pool, it._collate_fn.to_output,
+                                 it._base_seed, getattr(it._dataset, "_record_skips", None))
 
 
 def _fetch_plan(it, loader, num_workers):
@@ -584,7 +585,7 @@ def _fetch_plan(it, loader, num_workers):
         worker_init_fn=loader.worker_init_fn,
         num_workers=num_workers,
         base_seed=it._base_seed,
-        native_batch=it._native_batch,
+        native_batch=_native_batches(it, loader._slot_pool),
         loader_token=loader._token,
     )
 
@@ -651,7 +652,13 @@ class _ThreadedIter(_BaseIter):
         plan = _fetch_plan(self, loader, self._num_workers)
         workers = [Worker(i, plan, self._stop_flag) for i in range(self._num_workers)]
         _torch_compat.route_torch_worker_info()
-        return _C.Engine(workers, self._max_in_flight, bool(loader.in_order))
+        if self._native_source is None:
+            return _C.Engine(workers, self._max_in_flight, bool(loader.in_order))
+        # Native jobs: each batch runs in C on a worker, without the GIL.
+        return _C.Engine(workers, self._max_in_flight, bool(loader.in_order),
+                         source=self._native_source, pool=loader._slot_pool,
+                         convert=self._collate_fn.to_output, seed=self._base_seed,
+                         report=getattr(self._dataset, "_record_skips", None))
 
     def _prime(self):
         for _ in range(self._max_in_flight):
@@ -704,12 +711,15 @@ class _ThreadedIter(_BaseIter):
                 if not self._persistent:
                     self._shutdown()
                 raise StopIteration
-            outcome, _worker, value = delivered
+            outcome, worker, value = delivered
             if outcome in (_C.JOB_SKIPPED, _C.JOB_CANCELLED):
                 continue
             self._try_put_index()
             if outcome == _C.JOB_RETIRE:
                 continue
+            if outcome == _C.JOB_FAILED:  # a native batch's error, raised as a worker's
+                value = ExceptionWrapper((type(value), value, value.__traceback__),
+                                         f"in DataLoader worker {worker}")
             if isinstance(value, ExceptionWrapper):
                 value.reraise()
             return value
@@ -740,7 +750,7 @@ class _ProcessIter(_ThreadedIter):
     worker processes (fastload._process)."""
 
     def _start_workers(self, loader):
-        if loader._upload is not None and loader._upload.native_batch is not None:
+        if loader._upload is not None and loader._upload.native_source is not None:
             raise ValueError("normalize_on_device=True needs worker_mode='thread'")
         collate_fn = loader.collate_fn
         default = isinstance(self._collate_fn, _SlotCollate)
@@ -755,7 +765,7 @@ class _ProcessIter(_ThreadedIter):
             worker_init_fn=loader.worker_init_fn,
             num_workers=self._num_workers,
             base_seed=self._base_seed,
-            native=self._native_batch is not None,
+            native=self._native_source is not None,
             loader_token=loader._token,
             max_free_slots=self._max_in_flight + 2,
         )

@@ -19,7 +19,6 @@ regular files: a FIFO named ``x.jpg`` would otherwise hang the reader.
 import collections
 import copy
 import errno
-import functools
 import os
 import stat
 import sys
@@ -35,12 +34,10 @@ __all__ = ["DecodeError", "ImageFiles", "ImageFolder", "IMG_EXTENSIONS", "defaul
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 SKIP_RECORDS = 1000  # failures remembered in dataset.skipped
-MAX_SKIPS_PER_SAMPLE = 64  # then the last error is raised (as in csrc/image_source.c)
+MAX_SKIPS_PER_SAMPLE = 64  # then the last error is raised (FL_IMAGE_MAX_SKIPS in csrc/core/image_source.h)
 
 
-class DecodeError(OSError):
-    """A sample's file is not an image fastload can decode (corrupt,
-    truncated, not an image, too large); the message names it."""
+DecodeError = _C.DecodeError  # OSError: a file that is not an image fastload can decode
 
 
 def _file_kind(mode):
@@ -194,13 +191,13 @@ class ImageFiles:
         self._make_sources()
 
     def _make_sources(self):
-        exact = self.decode == "exact"
-        self._source = _C.ImageSource(
-            self._paths, self._offsets, self._labels,
-            self._plan.as_tuple() if self._plan is not None else None,
-            exact, self.max_pixels, self.on_error == "skip", _fallback(), DecodeError)
-        self._raw = _C.ImageSource(self._paths, self._offsets, self._labels, None, exact,
-                                   self.max_pixels, False, _fallback(), DecodeError)
+        self._source = self._image_source(self._plan, skip=self.on_error == "skip")
+        self._raw = self._image_source(None, skip=False)
+
+    def _image_source(self, plan, skip):
+        return _C.ImageSource(self._paths, self._offsets, self._labels, plan,
+                              exact=self.decode == "exact", max_pixels=self.max_pixels,
+                              skip=skip, fallback=_fallback())
 
     def __getstate__(self):
         # The C sources hold per-thread decoders: a copy (a spawned worker
@@ -263,29 +260,29 @@ class ImageFiles:
             return image
         return self._raw.sample(index, 0, 0)
 
-    @property
-    def _native_batch(self):
-        """The loader's batch path, when the transform is fused and fixes
-        the output size (else None: samples go through __getitem__)."""
+    def _native_source(self, uint8=False):
+        """The loader's batch path (see fastload._native), when the
+        transform is fused and fixes the output size; with ``uint8``, the
+        same crops as uint8 (``_device_normalization`` gives the rest)."""
         if not self._native or self.target_transform is not None:
             return None
-        return self._decode_batch
-
-    def _uint8_batches(self):
-        """For normalize_on_device: (batch function, mul, add, dtype) where
-        the function decodes the same crops as uint8 and ``image * mul + add``
-        per channel, in float32 then cast to ``dtype``, gives the float
-        output; None when the transform does not end in a float tensor."""
-        plan = self._plan
-        if self._native_batch is None or not plan.tensor_output or plan.dtype == "uint8":
+        if not uint8:
+            return self._source
+        if self._device_normalization() is None:
             return None
-        raw = copy.copy(plan)
+        raw = copy.copy(self._plan)
         raw.dtype, raw.mul, raw.add = "uint8", (1.0, 1.0, 1.0), (0.0, 0.0, 0.0)
-        source = _C.ImageSource(self._paths, self._offsets, self._labels, raw.as_tuple(),
-                                self.decode == "exact", self.max_pixels,
-                                self.on_error == "skip", _fallback(), DecodeError)
-        return (functools.partial(self._decode_batch, source=source), plan.mul, plan.add,
-                plan.dtype)
+        return self._image_source(raw, skip=self.on_error == "skip")
+
+    def _device_normalization(self):
+        """For normalize_on_device: (mul, add, dtype) such that the uint8
+        batch of ``_native_source(uint8=True)`` times ``mul`` plus ``add``
+        per channel, in float32 then cast to ``dtype``, is the float output;
+        None when the transform does not end in a float tensor."""
+        plan = self._plan
+        if not self._native or not plan.tensor_output or plan.dtype == "uint8":
+            return None
+        return plan.mul, plan.add, plan.dtype
 
     def _record_skips(self, records):
         # The GIL is held: the two updates are not torn.
@@ -305,15 +302,6 @@ class ImageFiles:
         count, records = report
         self.skipped_count += count
         self.skipped.extend(records)
-
-    def _decode_batch(self, indices, pool, convert, seed, epoch, source=None):
-        batch, skipped = (source or self._source).batch(indices, pool, convert, seed, epoch)
-        if skipped:
-            self._record_skips(skipped)
-        if self._plan.tensor_output and self._plan.layout == "HWC":
-            batch[0] = _nchw_view(batch[0])  # channels_last: NCHW shape over NHWC memory
-        return batch
-
 
 def _walk_class(top):
     """(folder, file names) under ``top`` (bytes), sorted by folder: what

@@ -245,7 +245,7 @@ class Compose:
         NumPy array (HWC uint8 when there is no tensor conversion, where
         torchvision would return a PIL image).  The random draws come from
         a seed taken from the global RNG."""
-        out = _C.transform_image(self.plan.as_tuple(), _rgb_array(image), crop_seed(),
+        out = _C.transform_image(self.plan, _rgb_array(image), crop_seed(),
                                  PILLOW_MAX_PIXELS)
         if self.plan.tensor_output:
             if torch is not None:
@@ -265,14 +265,14 @@ _GEOMETRY = (RandomResizedCrop, Resize, CenterCrop)
 class Plan:
     """A compiled transform chain: what the C pipeline does per sample.
 
-    Fields (all plain numbers, read by the binding):
+    Fields (plain numbers and strings, read by name in csrc/image_plan.c):
     ``crop``: 0 none, 1 random-resized, 2 resize-then-center-crop (either
     part may be absent); ``out_h``/``out_w`` (0: the decoded size, only
     without geometry); ``scale``/``ratio`` (random-resized);
     ``resize``/``resize_hw``/``max_size`` and ``crop_hw`` (the other kind);
     ``filter``, ``antialias``; ``flip_p``; ``dtype`` ("uint8", "float32",
     "float16"); ``layout`` ("CHW", "HWC"); ``mul``/``add``: per channel,
-    out = value_0_255 * mul + add; ``chw_output``: the transform converts to
+    out = value_0_255 * mul + add; ``tensor_output``: the transform converts to
     a tensor (else the output is an HWC uint8 image, as PIL would hold it).
     """
 
@@ -293,14 +293,6 @@ class Plan:
         self.mul = (1.0, 1.0, 1.0)
         self.add = (0.0, 0.0, 0.0)
         self.tensor_output = False
-
-    def as_tuple(self):
-        """The flat form the C pipeline parses."""
-        return (self.crop, self.out_h, self.out_w, self.scale[0], self.scale[1],
-                self.ratio[0], self.ratio[1], self.resize, self.resize_hw[0], self.resize_hw[1],
-                self.max_size, self.crop_hw[0], self.crop_hw[1], self.filter, int(self.antialias),
-                self.flip_p, {"uint8": 0, "float32": 1, "float16": 2}[self.dtype],
-                0 if self.layout == "CHW" else 1, *self.mul, *self.add)
 
     def output_shape(self):
         """(C, H, W) or (H, W, C); None when it depends on the image."""

@@ -227,7 +227,7 @@ def test_custom_loader_feeds_transform_and_collate(small_folder, workers, mode):
     loader = RecordingLoader()
     ds = fastload.ImageFolder(small_folder, transform=lambda a: a * 10,
                               target_transform=lambda t: t + 100, loader=loader)
-    assert ds.loader is loader and ds._native_batch is None
+    assert ds.loader is loader and ds._native_source() is None
     batches = list(fastload.DataLoader(ds, batch_size=2, num_workers=workers, output="numpy",
                                        worker_mode=mode))
     x = np.concatenate([b[0] for b in batches])
@@ -250,7 +250,7 @@ def test_positional_loader_and_fastload_transform(small_folder):
 
     tf = T.Compose([T.CenterCrop(2), T.PILToTensor()])
     ds = fastload.ImageFolder(small_folder, tf, None, pil)
-    assert ds._native_batch is None
+    assert ds._native_source() is None
     (x, y), = list(fastload.DataLoader(ds, batch_size=5, output="numpy"))
     assert x.shape == (5, 3, 2, 2) and x.dtype == np.uint8
     assert calls == [p for p, _ in ds.samples]
@@ -260,7 +260,7 @@ def test_default_loader_uses_the_c_decoder_only_where_it_cannot_be_told_apart(sm
     tf = T.Compose([T.Resize(4), T.CenterCrop(4), T.ToTensor()])
     native = fastload.ImageFolder(small_folder, transform=tf)
     same = fastload.ImageFolder(small_folder, transform=tf, loader=default_loader)
-    assert same._native_batch is not None
+    assert same._native_source() is not None
     a, = list(fastload.DataLoader(native, batch_size=5, output="numpy"))
     b, = list(fastload.DataLoader(same, batch_size=5, output="numpy"))
     np.testing.assert_array_equal(a[0], b[0])

@@ -387,11 +387,10 @@ def test_uint8_split_for_normalize_on_device(folder, channels_last):
     ds = fastload.ImageFolder(folder, transform=T.Compose(
         [T.RandomResizedCrop(40), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)],
         channels_last=channels_last))
-    batch_uint8, mul, add, dtype = ds._uint8_batches()
-    indices = np.arange(12)
-    args = dict(pool=None, convert=torch.from_numpy, seed=5, epoch=1)
-    images, labels = ds._native_batch(indices, **args)
-    raw, raw_labels = batch_uint8(indices, **args)
+    mul, add, dtype = ds._device_normalization()
+    args = (np.arange(12), None, torch.from_numpy, 5, 1)  # indices, pool, convert, seed, epoch
+    (images, labels), _ = ds._native_source().batch(*args)
+    (raw, raw_labels), _ = ds._native_source(uint8=True).batch(*args)
     assert raw.dtype == torch.uint8 and raw.shape == images.shape and torch.equal(labels, raw_labels)
     normalized = _normalize(raw, mul, add, dtype)
     expected = (raw.double() * torch.tensor(mul, dtype=torch.float64).view(1, 3, 1, 1)
@@ -402,4 +401,4 @@ def test_uint8_split_for_normalize_on_device(folder, channels_last):
     if channels_last:
         assert normalized.is_contiguous(memory_format=torch.channels_last)
     assert fastload.ImageFolder(folder, transform=T.Compose(
-        [T.CenterCrop(8), T.PILToTensor()]))._uint8_batches() is None
+        [T.CenterCrop(8), T.PILToTensor()]))._native_source(uint8=True) is None

@@ -1,0 +1,89 @@
+/* fastload core: an image source's batches (see image_source.h). */
+#include "image_source.h"
+
+#include "resample.h"
+#include "status.h"
+
+#include <stdio.h>
+#include <string.h>
+
+size_t fl_image_source_row_bytes(const fl_image_source *src)
+{
+    const fl_image_plan *p = &src->plan;
+    size_t item = p->dtype == FL_DTYPE_FLOAT32 ? 4 : p->dtype == FL_DTYPE_FLOAT16 ? 2 : 1;
+    return (size_t)p->out_w * (size_t)p->out_h * 3 * item;
+}
+
+int fl_image_source_read(const fl_image_source *src, fl_image_worker *w, int64_t index,
+                         fl_image_file *file, fl_image_failure *failure)
+{
+    failure->index = file->index = index;
+    failure->err = 0;
+    int rc = fl_read_file(w, fl_image_source_path(src, index), &file->data, &file->size,
+                          &failure->err, failure->msg, sizeof failure->msg);
+    /* An empty file goes to the JPEG decoder, which names the problem. */
+    file->jpeg = rc != FL_OK || file->size == 0 || fl_is_jpeg(file->data, file->size);
+    failure->status = rc;
+    return rc;
+}
+
+int fl_image_source_decode(const fl_image_source *src, fl_image_worker *w,
+                           const fl_image_file *file, const fl_sample_key *key, void *dst,
+                           fl_sample_geometry *geometry, fl_image_failure *failure)
+{
+    int rc;
+    failure->index = file->index;
+    failure->err = 0;
+    if (file->jpeg) {
+        rc = fl_pipeline_jpeg(w, &src->plan, key, file->data, file->size, dst, geometry,
+                              failure->msg, sizeof failure->msg);
+    } else if (src->fallback) {
+        rc = src->fallback(src->fallback_ctx, w, &src->plan, fl_image_source_path(src, file->index),
+                           key, dst, geometry, failure->msg, sizeof failure->msg);
+    } else {
+        snprintf(failure->msg, sizeof failure->msg, "not a JPEG, and no other decoder is set");
+        rc = FL_ERR_DECODE;
+    }
+    failure->status = rc;
+    return rc;
+}
+
+/* After a failed sample: with on_error="skip" (and tries left), records the
+ * failure and returns the next index to try; else returns -1. */
+static int64_t skip_to_next(const fl_image_source *src, const fl_image_failure *f, int tries,
+                            fl_image_batch_report *report)
+{
+    if (!src->skip || tries + 1 >= FL_IMAGE_MAX_SKIPS || f->status == FL_ERR_NOMEM)
+        return -1;
+    if (report->n_skips < report->capacity)
+        report->skips[report->n_skips] = *f;
+    report->n_skips++;
+    return (f->index + 1) % src->length;
+}
+
+int fl_image_source_batch(const fl_image_source *src, fl_image_worker *w, const int64_t *idx,
+                          size_t n, uint64_t seed, uint64_t epoch, void *images, int64_t *labels,
+                          fl_image_batch_report *report)
+{
+    size_t row_bytes = fl_image_source_row_bytes(src);
+    fl_image_failure *f = &report->error;
+    report->n_skips = 0;
+    f->status = FL_OK;
+    for (size_t p = 0; p < n; p++) {
+        void *dst = (char *)images + p * row_bytes;
+        int64_t index = idx[p];
+        for (int tries = 0;; tries++) {
+            fl_sample_key key = {seed, epoch, (uint64_t)index};
+            fl_image_file file;
+            if (fl_image_source_read(src, w, index, &file, f) == FL_OK &&
+                fl_image_source_decode(src, w, &file, &key, dst, NULL, f) == FL_OK)
+                break;
+            index = skip_to_next(src, f, tries, report);
+            if (index < 0)
+                return f->status;
+        }
+        labels[p] = src->labels[index];
+    }
+    f->status = FL_OK;
+    return FL_OK;
+}

@@ -1,0 +1,248 @@
+/* fastload._C: reading a compiled transform plan (fastload.transforms.Plan)
+ * into the core's fl_image_plan, and transform_image(), which runs one on
+ * an image in memory.
+ *
+ * The plan is read by attribute name from a table, so a field added or
+ * renamed on one side fails loudly (AttributeError naming it) instead of
+ * shifting every field after it.
+ */
+#include "fastload.h"
+
+#include "core/pipeline.h"
+#include "core/resample.h"
+#include "core/status.h"
+
+#include <stddef.h>
+
+typedef enum { F_INT, F_BOOL, F_DOUBLE, F_INT_PAIR, F_DOUBLE_PAIR, F_FLOAT3, F_DTYPE, F_LAYOUT }
+    field_kind;
+
+typedef struct plan_field {
+    const char *name;
+    field_kind kind;
+    size_t offset; /* in fl_image_plan; pairs fill two fields from here on */
+    size_t offset2;
+} plan_field;
+
+#define FIELD(name, kind, member) {name, kind, offsetof(fl_image_plan, member), 0}
+#define PAIR(name, kind, first, second) \
+    {name, kind, offsetof(fl_image_plan, first), offsetof(fl_image_plan, second)}
+
+static const plan_field PLAN_FIELDS[] = {
+    FIELD("crop", F_INT, crop),
+    FIELD("out_h", F_INT, out_h),
+    FIELD("out_w", F_INT, out_w),
+    PAIR("scale", F_DOUBLE_PAIR, scale_lo, scale_hi),
+    PAIR("ratio", F_DOUBLE_PAIR, ratio_lo, ratio_hi),
+    FIELD("resize", F_INT, resize),
+    PAIR("resize_hw", F_INT_PAIR, resize_h, resize_w),
+    FIELD("max_size", F_INT, max_size),
+    PAIR("crop_hw", F_INT_PAIR, crop_h, crop_w),
+    FIELD("filter", F_INT, filter),
+    FIELD("antialias", F_BOOL, antialias),
+    FIELD("flip_p", F_DOUBLE, flip_p),
+    FIELD("dtype", F_DTYPE, dtype),
+    FIELD("layout", F_LAYOUT, layout),
+    FIELD("mul", F_FLOAT3, mul),
+    FIELD("add", F_FLOAT3, add),
+};
+
+static int as_int(PyObject *obj, int *out)
+{
+    long v = PyLong_AsLong(obj);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (v < INT_MIN || v > INT_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "out of range");
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+/* Reads `obj` as a tuple of `n` numbers into out (ints or doubles). */
+static int read_numbers(PyObject *obj, int n, int ints, double *out)
+{
+    PyObject *seq = PySequence_Fast(obj, "a tuple of numbers");
+    if (!seq)
+        return -1;
+    int rc = 0;
+    if (PySequence_Fast_GET_SIZE(seq) != n) {
+        PyErr_Format(PyExc_ValueError, "%d numbers expected", n);
+        rc = -1;
+    }
+    for (int i = 0; rc == 0 && i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        if (ints) {
+            int v = 0;
+            rc = as_int(item, &v);
+            out[i] = v;
+        } else {
+            out[i] = PyFloat_AsDouble(item);
+            rc = out[i] == -1.0 && PyErr_Occurred() ? -1 : 0;
+        }
+    }
+    Py_DECREF(seq);
+    return rc;
+}
+
+static int read_choice(PyObject *obj, const char *const *names, int count, int *out)
+{
+    for (int i = 0; i < count; i++) {
+        if (PyUnicode_Check(obj) && PyUnicode_CompareWithASCIIString(obj, names[i]) == 0) {
+            *out = i;
+            return 0;
+        }
+    }
+    PyErr_Format(PyExc_ValueError, "unknown value %R", obj);
+    return -1;
+}
+
+static int read_field(PyObject *value, const plan_field *f, fl_image_plan *p)
+{
+    static const char *const dtypes[] = {"uint8", "float32", "float16"}; /* FL_DTYPE_* order */
+    static const char *const layouts[] = {"CHW", "HWC"};                 /* FL_LAYOUT_* order */
+    char *base = (char *)p;
+    double v[3];
+    switch (f->kind) {
+    case F_INT:
+        return as_int(value, (int *)(base + f->offset));
+    case F_BOOL: {
+        int truth = PyObject_IsTrue(value);
+        *(int *)(base + f->offset) = truth;
+        return truth < 0 ? -1 : 0;
+    }
+    case F_DOUBLE:
+        *(double *)(base + f->offset) = PyFloat_AsDouble(value);
+        return PyErr_Occurred() ? -1 : 0;
+    case F_INT_PAIR:
+        if (read_numbers(value, 2, 1, v) < 0)
+            return -1;
+        *(int *)(base + f->offset) = (int)v[0];
+        *(int *)(base + f->offset2) = (int)v[1];
+        return 0;
+    case F_DOUBLE_PAIR:
+        if (read_numbers(value, 2, 0, v) < 0)
+            return -1;
+        *(double *)(base + f->offset) = v[0];
+        *(double *)(base + f->offset2) = v[1];
+        return 0;
+    case F_FLOAT3:
+        if (read_numbers(value, 3, 0, v) < 0)
+            return -1;
+        for (int c = 0; c < 3; c++)
+            ((float *)(base + f->offset))[c] = (float)v[c];
+        return 0;
+    case F_DTYPE:
+        return read_choice(value, dtypes, 3, (int *)(base + f->offset));
+    case F_LAYOUT:
+        return read_choice(value, layouts, 2, (int *)(base + f->offset));
+    }
+    return -1;
+}
+
+int fl__parse_plan(PyObject *plan, fl_image_plan *out)
+{
+    fl_image_plan p = {0};
+    for (size_t i = 0; i < sizeof PLAN_FIELDS / sizeof PLAN_FIELDS[0]; i++) {
+        const plan_field *f = &PLAN_FIELDS[i];
+        PyObject *value = PyObject_GetAttrString(plan, f->name);
+        if (!value)
+            return -1;
+        int rc = read_field(value, f, &p);
+        Py_DECREF(value);
+        if (rc < 0) {
+            PyObject *cause = fl__take_exception();
+            PyErr_Format(PyExc_ValueError, "malformed transform plan: field %s: %S", f->name,
+                         cause ? cause : Py_None);
+            Py_XDECREF(cause);
+            return -1;
+        }
+    }
+    if (p.crop < FL_CROP_NONE || p.crop > FL_CROP_RESIZE_CENTER || p.filter < FL_FILTER_NEAREST ||
+        p.filter > FL_FILTER_BICUBIC || p.out_w < 0 || p.out_h < 0) {
+        PyErr_SetString(PyExc_ValueError, "malformed transform plan");
+        return -1;
+    }
+    *out = p;
+    return 0;
+}
+
+/* ------------------------------------------------- transforms on an image */
+
+PyArray_Descr *fl__plan_descr(const fl_image_plan *plan)
+{
+    int type = plan->dtype == FL_DTYPE_FLOAT32   ? NPY_FLOAT32
+               : plan->dtype == FL_DTYPE_FLOAT16 ? NPY_FLOAT16
+                                                 : NPY_UINT8;
+    return PyArray_DescrFromType(type);
+}
+
+void fl__image_dims(const fl_image_plan *plan, int width, int height, npy_intp *dims)
+{
+    if (plan->layout == FL_LAYOUT_CHW) {
+        dims[0] = 3, dims[1] = height, dims[2] = width;
+    } else {
+        dims[0] = height, dims[1] = width, dims[2] = 3;
+    }
+}
+
+PyObject *fl__transform_image(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "transform_image(plan, image, seed, max_pixels) "
+                                         "takes 4 arguments");
+        return NULL;
+    }
+    fl_image_plan plan;
+    if (fl__parse_plan(args[0], &plan) < 0)
+        return NULL;
+    PyArrayObject *image = (PyArrayObject *)args[1];
+    if (!PyArray_Check(args[1]) || PyArray_NDIM(image) != 3 || PyArray_DIM(image, 2) != 3 ||
+        PyArray_TYPE(image) != NPY_UINT8 || PyArray_STRIDE(image, 2) != 1 ||
+        PyArray_STRIDE(image, 1) != 3 || PyArray_STRIDE(image, 0) < 3 * PyArray_DIM(image, 1)) {
+        PyErr_SetString(PyExc_TypeError, "transform_image: image must be an HWC uint8 RGB array "
+                                         "with contiguous rows");
+        return NULL;
+    }
+    fl_sample_key key = {PyLong_AsUnsignedLongLongMask(args[2]), 0, 0};
+    plan.max_pixels = PyLong_AsUnsignedLongLong(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    fl_image_worker *w = fl_image_worker_get();
+    if (!w)
+        return PyErr_NoMemory();
+    const unsigned char *rgb = PyArray_DATA(image);
+    int width = (int)PyArray_DIM(image, 1), height = (int)PyArray_DIM(image, 0);
+    size_t stride = (size_t)PyArray_STRIDE(image, 0);
+    char msg[FL__MSG_SIZE];
+    fl_sample_geometry g;
+    if (width < 1 || height < 1) {
+        PyErr_SetString(PyExc_ValueError, "transform_image: the image is empty");
+        return NULL;
+    }
+    int rc = fl_pipeline_pixels(w, &plan, &key, rgb, width, height, stride, NULL, &g, msg,
+                                sizeof msg);
+    if (rc != FL_OK) {
+        PyErr_Format(PyExc_ValueError, "cannot transform the image: %s", msg);
+        return NULL;
+    }
+    npy_intp dims[3];
+    fl__image_dims(&plan, g.out_w, g.out_h, dims);
+    PyObject *out = PyArray_NewFromDescr(&PyArray_Type, fl__plan_descr(&plan), 3, dims, NULL, NULL,
+                                         0, NULL);
+    if (!out)
+        return NULL;
+    void *dst = PyArray_DATA((PyArrayObject *)out);
+    /* `image` is held by the caller for the call. */
+    Py_BEGIN_ALLOW_THREADS
+    rc = fl_pipeline_pixels(w, &plan, &key, rgb, width, height, stride, dst, &g, msg, sizeof msg);
+    Py_END_ALLOW_THREADS
+    if (rc != FL_OK) {
+        Py_DECREF(out);
+        PyErr_Format(PyExc_ValueError, "cannot transform the image: %s", msg);
+        return NULL;
+    }
+    return out;
+}

@@ -1,0 +1,46 @@
+"""The native batch path, in one place.
+
+fastload's own datasets (``ImageFiles``/``ImageFolder``, ``ArrayDataset``,
+``TokenDataset``) each hold a *native source*: a ``_C`` object that turns an
+index array into a collated batch in plain C (``source.batch(indices, pool,
+convert, seed, epoch)``).  A dataset exposes it through one method::
+
+    dataset._native_source(uint8=False) -> source or None
+
+(None when its transform or target_transform needs Python per sample;
+``uint8=True`` asks for the same crops as uint8, for normalisation on the
+device).  A loader takes the native path when the dataset has a source, is
+map-style and collates with the default rules, which the source reproduces.
+
+On that path thread workers run each batch in C without the GIL (the
+engine's native jobs); ``num_workers=0`` and worker processes call
+``batch()`` through a ``NativeBatches``.
+"""
+
+__all__ = ["NativeBatches", "source_of"]
+
+
+def source_of(dataset, uint8=False):
+    """The dataset's native source, or None."""
+    method = getattr(dataset, "_native_source", None)
+    return method(uint8=uint8) if method is not None else None
+
+
+class NativeBatches:
+    """``(indices, epoch) -> batch`` over a native source, on the calling
+    thread; skipped-sample records go to ``report``."""
+
+    __slots__ = ("source", "pool", "convert", "seed", "report")
+
+    def __init__(self, source, pool, convert, seed, report=None):
+        self.source = source
+        self.pool = pool
+        self.convert = convert
+        self.seed = seed
+        self.report = report
+
+    def __call__(self, indices, epoch):
+        batch, skipped = self.source.batch(indices, self.pool, self.convert, self.seed, epoch)
+        if skipped and self.report is not None:
+            self.report(skipped)
+        return batch
