@@ -254,6 +254,7 @@ static PyObject *CudaStream_upload(CudaStreamObject *self, PyObject *const *args
                        self->device);
         goto done;
     }
+    /* PyObject_New also takes the instance's reference to its heap type. */
     CudaEventObject *ev = PyObject_New(CudaEventObject, state->CudaEvent_type);
     if (!ev) {
         /* Nobody can wait for the copies now: finish them here. */
@@ -268,7 +269,6 @@ static PyObject *CudaStream_upload(CudaStreamObject *self, PyObject *const *args
             fl_slot_release(items[i].slot);
         goto done;
     }
-    Py_INCREF(state->CudaEvent_type); /* heap type: instances hold a reference */
     ev->event = event;
     ev->device = self->device;
     event_obj = (PyObject *)ev;
