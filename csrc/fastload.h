@@ -150,6 +150,8 @@ int fl__cuda_wait_event(CudaEventObject *event, fl_cu_stream stream);
 /* device_array.c */
 struct fl_device_block;
 
+/* GC-tracked: the three object fields are strong references, NULL once the
+ * collector has cleared them; the block lives until dealloc. */
 typedef struct DeviceArrayObject {
     PyObject_HEAD
     struct fl_device_block *block; /* one reference: the memory */
