@@ -257,7 +257,8 @@ static PyObject *DeviceArray_dlpack(DeviceArrayObject *self, PyObject *args, PyO
     DLDataType dtype;
     if (dl_dtype(self->descr, &dtype) < 0)
         return NULL;
-    if (sync && fl__cuda_wait_event((CudaEventObject *)self->ready, stream) < 0)
+    CudaEventObject *ready = (CudaEventObject *)self->ready;
+    if (sync && fl__cuda_wait_event(ready->event, ready->device, stream) < 0)
         return NULL;
 
     exported *ex = calloc(1, sizeof *ex);
