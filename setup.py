@@ -34,7 +34,7 @@ extension = Extension(
     "fastload._C",
     sources=sources,
     include_dirs=["csrc", numpy.get_include()],
-    libraries=["turbojpeg", "jpeg", "pthread", "dl"],
+    libraries=["jpeg", "pthread", "dl"],
     define_macros=[("NPY_TARGET_VERSION", "NPY_1_24_API_VERSION")],
     extra_compile_args=["-std=c11", "-O3", "-Wall", "-Wextra", "-fvisibility=hidden"]
     + san_compile,

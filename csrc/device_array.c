@@ -122,12 +122,11 @@ PyObject *fl__DeviceArray_new(fastload_state *state, fl_slot *slot, int device,
     block->slot = slot;
     block->device = device;
     atomic_init(&block->reader, NULL);
-    DeviceArrayObject *self = PyObject_New(DeviceArrayObject, state->DeviceArray_type);
-    if (!self) {
+    DeviceArrayObject *self = PyObject_GC_New(DeviceArrayObject, state->DeviceArray_type);
+    if (!self) { /* on success it holds a reference to its (heap) type */
         block_unref(block);
         return NULL;
     }
-    Py_INCREF(state->DeviceArray_type);
     self->block = block;
     Py_INCREF(descr);
     self->descr = descr;
@@ -138,18 +137,47 @@ PyObject *fl__DeviceArray_new(fastload_state *state, fl_slot *slot, int device,
     self->ready = ready;
     Py_INCREF(stream);
     self->stream = stream;
+    PyObject_GC_Track(self);
     return (PyObject *)self;
+}
+
+static int DeviceArray_traverse(DeviceArrayObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->descr);
+    Py_VISIT(self->ready);
+    Py_VISIT(self->stream);
+    return 0;
+}
+
+/* Drops the Python references; the memory (the block) stays until dealloc,
+ * so DLPack tensors already exported keep working. */
+static int DeviceArray_clear(DeviceArrayObject *self)
+{
+    Py_CLEAR(self->descr);
+    Py_CLEAR(self->ready);
+    Py_CLEAR(self->stream);
+    return 0;
 }
 
 static void DeviceArray_dealloc(DeviceArrayObject *self)
 {
     PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    DeviceArray_clear(self);
     block_unref(self->block);
-    Py_DECREF(self->descr);
-    Py_DECREF(self->ready);
-    Py_DECREF(self->stream);
-    PyObject_Free(self);
+    type->tp_free(self);
     Py_DECREF(type);
+}
+
+/* A DeviceArray the garbage collector cleared (while breaking a cycle) can
+ * still be reached from a finalizer; it then raises instead of crashing. */
+static int cleared(DeviceArrayObject *self)
+{
+    if (self->descr && self->ready && self->stream)
+        return 0;
+    PyErr_SetString(PyExc_ReferenceError, "DeviceArray was cleared by the garbage collector");
+    return 1;
 }
 
 static int dl_dtype(PyArray_Descr *descr, DLDataType *out)
@@ -203,6 +231,8 @@ static PyObject *DeviceArray_dlpack(DeviceArrayObject *self, PyObject *args, PyO
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "|$OOOO:__dlpack__", kwlist, &stream_obj,
                                      &max_version, &dl_device, &copy))
         return NULL;
+    if (cleared(self))
+        return NULL;
     (void)max_version; /* an unversioned capsule is valid for every requested version */
     if (copy == Py_True) {
         PyErr_SetString(PyExc_BufferError, "__dlpack__: copy=True is not supported");
@@ -227,7 +257,8 @@ static PyObject *DeviceArray_dlpack(DeviceArrayObject *self, PyObject *args, PyO
     DLDataType dtype;
     if (dl_dtype(self->descr, &dtype) < 0)
         return NULL;
-    if (sync && fl__cuda_wait_event((CudaEventObject *)self->ready, stream) < 0)
+    CudaEventObject *ready = (CudaEventObject *)self->ready;
+    if (sync && fl__cuda_wait_event(ready->event, ready->device, stream) < 0)
         return NULL;
 
     exported *ex = calloc(1, sizeof *ex);
@@ -279,6 +310,8 @@ static PyObject *shape_tuple(DeviceArrayObject *self)
 static PyObject *DeviceArray_get_cai(DeviceArrayObject *self, void *closure)
 {
     (void)closure;
+    if (cleared(self))
+        return NULL;
     PyObject *typestr = PyObject_GetAttrString((PyObject *)self->descr, "str");
     PyObject *shape = shape_tuple(self);
     PyObject *stream = PyObject_GetAttrString(self->stream, "handle");
@@ -306,6 +339,8 @@ static PyObject *DeviceArray_get_shape(DeviceArrayObject *self, void *closure)
 static PyObject *DeviceArray_get_dtype(DeviceArrayObject *self, void *closure)
 {
     (void)closure;
+    if (cleared(self))
+        return NULL;
     Py_INCREF(self->descr);
     return (PyObject *)self->descr;
 }
@@ -319,6 +354,8 @@ static PyObject *DeviceArray_get_device(DeviceArrayObject *self, void *closure)
 static PyObject *DeviceArray_get_ready(DeviceArrayObject *self, void *closure)
 {
     (void)closure;
+    if (cleared(self))
+        return NULL;
     Py_INCREF(self->ready);
     return self->ready;
 }
@@ -326,6 +363,8 @@ static PyObject *DeviceArray_get_ready(DeviceArrayObject *self, void *closure)
 static PyObject *DeviceArray_get_nbytes(DeviceArrayObject *self, void *closure)
 {
     (void)closure;
+    if (cleared(self))
+        return NULL;
     npy_intp n = PyDataType_ELSIZE(self->descr);
     for (int i = 0; i < self->ndim; i++)
         n *= self->dims[i];
@@ -334,6 +373,9 @@ static PyObject *DeviceArray_get_nbytes(DeviceArrayObject *self, void *closure)
 
 static PyObject *DeviceArray_repr(DeviceArrayObject *self)
 {
+    if (cleared(self))
+        return PyUnicode_FromFormat("DeviceArray(<cleared>, device='cuda:%d')",
+                                    self->block->device);
     PyObject *shape = shape_tuple(self);
     if (!shape)
         return NULL;
@@ -370,6 +412,8 @@ static PyType_Slot DeviceArray_slots[] = {
                 "Exports DLPack and the CUDA Array Interface; the memory returns to\n"
                 "fastload's device pool when this and every export are gone."},
     {Py_tp_dealloc, DeviceArray_dealloc},
+    {Py_tp_traverse, DeviceArray_traverse},
+    {Py_tp_clear, DeviceArray_clear},
     {Py_tp_repr, DeviceArray_repr},
     {Py_tp_methods, DeviceArray_methods},
     {Py_tp_getset, DeviceArray_getset},
@@ -379,6 +423,6 @@ static PyType_Slot DeviceArray_slots[] = {
 PyType_Spec fl__DeviceArray_spec = {
     .name = "fastload._C.DeviceArray",
     .basicsize = sizeof(DeviceArrayObject),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_DISALLOW_INSTANTIATION,
     .slots = DeviceArray_slots,
 };

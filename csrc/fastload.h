@@ -6,9 +6,11 @@
  * image_source.c (ImageSource: the native decode path of the image datasets),
  * collate.c (GIL-free collation of NumPy-compatible samples into a slot),
  * gather.c (GIL-free row and token-window gathers for the array datasets),
- * cuda.c (what the run-time-loaded CUDA driver reports),
- * upload.c (CudaStream and CudaEvent: host-to-device copies of batches),
- * device_array.c (DeviceArray: uploaded memory, exported through DLPack),
+ * cuda.c (the run-time-loaded CUDA driver: what it reports, and the driver
+ * helpers the two files below share), upload.c (CudaStream and CudaEvent:
+ * host-to-device copies of batches, returned as DeviceArrays),
+ * device_array.c (DeviceArray: uploaded memory, exported through DLPack;
+ * calls nothing in upload.c),
  * engine_type.c (the Engine type: worker threads that run a Python fetch).
  */
 #ifndef FASTLOAD_H
@@ -203,6 +205,18 @@ PyObject *fl__transform_image(PyObject *module, PyObject *const *args, Py_ssize_
 /* cuda.c */
 PyObject *fl__cuda_driver(PyObject *module, PyObject *unused);
 
+/* The loaded driver, or NULL with RuntimeError "CUDA is not available: ..."
+ * set. */
+const fl_cuda *fl__cuda_driver_or_raise(void);
+
+/* Raises RuntimeError "<what> on cuda:<device> failed: <driver's text>";
+ * returns -1. */
+int fl__cuda_raise(const fl_cuda *cuda, fl_cu_result rc, const char *what, int device);
+
+/* Makes `stream` wait for `event` (recorded on `device`) on the GPU; returns
+ * 0, or -1 with an exception set. */
+int fl__cuda_wait_event(fl_cu_event event, int device, fl_cu_stream stream);
+
 /* upload.c */
 typedef struct CudaStreamObject {
     PyObject_HEAD
@@ -219,15 +233,11 @@ typedef struct CudaEventObject {
 extern PyType_Spec fl__CudaStream_spec;
 extern PyType_Spec fl__CudaEvent_spec;
 
-/* Raises RuntimeError "<what> on cuda:<device> failed: <driver's text>";
- * returns -1. */
-int fl__cuda_raise(const fl_cuda *cuda, fl_cu_result rc, const char *what, int device);
-/* Makes `stream` wait for `event` on the GPU; -1 with an exception set. */
-int fl__cuda_wait_event(CudaEventObject *event, fl_cu_stream stream);
-
 /* device_array.c */
 struct fl_device_block;
 
+/* GC-tracked: the three object fields are strong references, NULL once the
+ * collector has cleared them; the block lives until dealloc. */
 typedef struct DeviceArrayObject {
     PyObject_HEAD
     struct fl_device_block *block; /* one reference: the memory */

@@ -13,29 +13,12 @@
 #include "core/cuda_memory.h"
 #include "core/status.h"
 
-/* The loaded driver, or NULL with RuntimeError set. */
-static const fl_cuda *driver_or_raise(void)
-{
-    const char *why = NULL;
-    const fl_cuda *cuda = fl_cuda_get(&why);
-    if (!cuda)
-        PyErr_Format(PyExc_RuntimeError, "CUDA is not available: %s", why);
-    return cuda;
-}
-
-int fl__cuda_raise(const fl_cuda *cuda, fl_cu_result rc, const char *what, int device)
-{
-    PyErr_Format(PyExc_RuntimeError, "%s on cuda:%d failed: %s", what, device,
-                 fl_cuda_error_string(cuda, rc));
-    return -1;
-}
-
 /* ---------------------------------------------------------------- CudaEvent */
 
 static PyObject *CudaEvent_query(CudaEventObject *self, PyObject *unused)
 {
     (void)unused;
-    const fl_cuda *cuda = driver_or_raise();
+    const fl_cuda *cuda = fl__cuda_driver_or_raise();
     if (!cuda)
         return NULL;
     fl_cu_result rc = cuda->event_query(self->event);
@@ -49,7 +32,7 @@ static PyObject *CudaEvent_query(CudaEventObject *self, PyObject *unused)
 static PyObject *CudaEvent_synchronize(CudaEventObject *self, PyObject *unused)
 {
     (void)unused;
-    const fl_cuda *cuda = driver_or_raise();
+    const fl_cuda *cuda = fl__cuda_driver_or_raise();
     if (!cuda)
         return NULL;
     fl_cu_result rc;
@@ -59,19 +42,6 @@ static PyObject *CudaEvent_synchronize(CudaEventObject *self, PyObject *unused)
     if (rc != 0)
         return fl__cuda_raise(cuda, rc, "cuEventSynchronize", self->device), NULL;
     Py_RETURN_NONE;
-}
-
-int fl__cuda_wait_event(CudaEventObject *event, fl_cu_stream stream)
-{
-    const fl_cuda *cuda = driver_or_raise();
-    if (!cuda)
-        return -1;
-    fl_cu_result rc = fl_cuda_enter(cuda, event->device);
-    if (rc == 0) {
-        rc = cuda->stream_wait_event(stream, event->event, 0);
-        fl_cuda_leave(cuda);
-    }
-    return rc != 0 ? fl__cuda_raise(cuda, rc, "cuStreamWaitEvent", event->device) : 0;
 }
 
 static void CudaEvent_dealloc(CudaEventObject *self)
@@ -116,7 +86,7 @@ static PyObject *CudaStream_new(PyTypeObject *type, PyObject *args, PyObject *kw
     int device = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "i:CudaStream", kwlist, &device))
         return NULL;
-    const fl_cuda *cuda = driver_or_raise();
+    const fl_cuda *cuda = fl__cuda_driver_or_raise();
     if (!cuda)
         return NULL;
     CudaStreamObject *self = (CudaStreamObject *)type->tp_alloc(type, 0);
@@ -212,7 +182,7 @@ static PyObject *CudaStream_upload(CudaStreamObject *self, PyObject *const *args
         PyErr_SetString(PyExc_TypeError, "upload: pool must be a SlotPool");
         return NULL;
     }
-    const fl_cuda *cuda = driver_or_raise();
+    const fl_cuda *cuda = fl__cuda_driver_or_raise();
     if (!cuda)
         return NULL;
     PyObject *arrays = PySequence_Tuple(args[0]); /* holds the arrays during the copies */
@@ -254,6 +224,7 @@ static PyObject *CudaStream_upload(CudaStreamObject *self, PyObject *const *args
                        self->device);
         goto done;
     }
+    /* PyObject_New also takes the instance's reference to its heap type. */
     CudaEventObject *ev = PyObject_New(CudaEventObject, state->CudaEvent_type);
     if (!ev) {
         /* Nobody can wait for the copies now: finish them here. */
@@ -268,7 +239,6 @@ static PyObject *CudaStream_upload(CudaStreamObject *self, PyObject *const *args
             fl_slot_release(items[i].slot);
         goto done;
     }
-    Py_INCREF(state->CudaEvent_type); /* heap type: instances hold a reference */
     ev->event = event;
     ev->device = self->device;
     event_obj = (PyObject *)ev;
@@ -303,7 +273,7 @@ done:
 static PyObject *CudaStream_synchronize(CudaStreamObject *self, PyObject *unused)
 {
     (void)unused;
-    const fl_cuda *cuda = driver_or_raise();
+    const fl_cuda *cuda = fl__cuda_driver_or_raise();
     if (!cuda)
         return NULL;
     fl_cu_result rc = fl_cuda_enter(cuda, self->device);

@@ -11,8 +11,9 @@ assert os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")
 PY
 python3 -c "import ensurepip, venv" >/dev/null 2>&1 || need_apt+=(python3-venv)
 command -v make >/dev/null 2>&1 || need_apt+=(make)
+# libjpeg-dev: jpeglib.h and libjpeg, which is libjpeg-turbo on Debian and Ubuntu.
 # FASTLOAD_EXTRA_PACKAGES: what a caller needs beyond the build (the tests: clang).
-for pkg in libturbojpeg0-dev libjpeg62-turbo-dev ${FASTLOAD_EXTRA_PACKAGES:-}; do
+for pkg in libjpeg-dev ${FASTLOAD_EXTRA_PACKAGES:-}; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then

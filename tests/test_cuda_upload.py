@@ -151,6 +151,36 @@ def test_dlpack_export_waits_on_the_consumer_stream(fake_driver):  # noqa: F811
     """, fake_driver)
 
 
+def test_device_arrays_are_followed_by_the_garbage_collector(fake_driver):  # noqa: F811
+    run_case("""
+        import gc
+        pool = _C.SlotPool(memory="device")
+        stream = _C.CudaStream(0)
+        (x, y), event = stream.upload([ROWS, LABELS], pool)
+        # The collector sees every object a DeviceArray holds (a cycle through
+        # one can be found), its heap type included.
+        assert gc.is_tracked(x)
+        held = gc.get_referents(x)
+        for obj in (type(x), x.dtype, event, stream):
+            assert any(h is obj for h in held), (obj, held)
+        assert any(r is x for r in gc.get_referrers(event))
+        # Arrays reachable only from a cycle are freed by a collection, and
+        # their device slots go back to the pool.
+        holder = [x, y, event]
+        holder.append(holder)
+        del x, y, event, holder
+        gc.collect()
+        assert pool.counts() == (2, 2), pool.counts()
+        # Each DeviceArray and CudaEvent holds one reference to its type, and
+        # gives it back when it dies.
+        types = sys.getrefcount(_C.DeviceArray), sys.getrefcount(_C.CudaEvent)
+        for _ in range(20):
+            arrays, event = stream.upload([ROWS, LABELS], pool)
+            del arrays, event
+        assert (sys.getrefcount(_C.DeviceArray), sys.getrefcount(_C.CudaEvent)) == types
+    """, fake_driver)
+
+
 def test_released_buffers_are_fenced_on_the_last_reader_stream(fake_driver):  # noqa: F811
     run_case("""
         import gc
