@@ -35,11 +35,6 @@ KNOWN_OFFENDERS = {
     "collate.c: run_copies(): PyArray_ITEMSIZE",
     "collate.c: run_copies(): PyArray_DIM",
     "collate.c: run_copies(): PyArray_STRIDE",
-    # Reads the file name table (a bytes object and an offsets array) from
-    # the decode loops with the GIL released; image_source.c is being
-    # rewritten.
-    "image_source.c: path_of(): PyArray_DATA",
-    "image_source.c: path_of(): PyBytes_AS_STRING",
 }
 
 
