@@ -5,8 +5,9 @@
  * nodes (containers and leaves).  Every sample is then checked against the
  * plan while the GIL is held; scalars are written straight into the slot and
  * array leaves are recorded as copy tasks, holding a reference to their
- * source.  The copies run without the GIL, then the references are dropped
- * and the output tree is built from arrays over the slot.
+ * source and its layout (data, strides) read there, so the copies, which
+ * run without the GIL, read no Python object.  Then the references are
+ * dropped and the output tree is built from arrays over the slot.
  *
  * The rules reproduce torch's default_collate exactly for what they accept:
  * tuple and list containers become lists, dicts stay dicts, arrays and
@@ -61,6 +62,11 @@ typedef struct node {
 typedef struct copy_task {
     PyObject *source;       /* owned ndarray, kept alive across the copy */
     char *dst;
+    /* the source's layout, read with the GIL: */
+    const char *data;
+    const struct node *leaf; /* its shape is the leaf's */
+    size_t itemsize;
+    const int64_t *strides; /* in plan.strides; NULL: C-contiguous */
 } copy_task;
 
 typedef struct plan {
@@ -71,6 +77,8 @@ typedef struct plan {
     size_t total_bytes;
     copy_task *tasks;       /* PyMem_RawMalloc: used without the GIL */
     Py_ssize_t n_tasks;
+    int64_t *strides;       /* the strided sources' strides, back to back */
+    size_t n_strides;
     fl_slot *slot;          /* owned until handed to a SlotOwner */
 } plan;
 
@@ -116,6 +124,8 @@ static void plan_clear(plan *p)
         PyMem_RawFree(p->tasks);
         p->tasks = NULL;
     }
+    PyMem_RawFree(p->strides);
+    p->strides = NULL;
     fl_slot_release(p->slot);
     p->slot = NULL;
 }
@@ -159,7 +169,9 @@ static int describe(plan *p, PyObject *obj, int depth)
     }
     if (arr) {
         PyArrayObject *a = (PyArrayObject *)arr;
-        int ok = dtype_supported(PyArray_DESCR(a), 0) && PyArray_NDIM(a) < NPY_MAXDIMS;
+        /* The batch adds a dimension; the strided copy takes FL_MAX_DIMS. */
+        int ok = dtype_supported(PyArray_DESCR(a), 0) && PyArray_NDIM(a) < NPY_MAXDIMS &&
+                 PyArray_NDIM(a) <= FL_MAX_DIMS;
         if (ok) {
             n->descr = PyArray_DESCR(a);
             Py_INCREF(n->descr);
@@ -254,11 +266,23 @@ static int layout(plan *p)
 
 /* -------------------------------------------------------------- filling */
 
-static int record_copy(plan *p, PyObject *arr, char *dst)
+static int record_copy(plan *p, PyObject *arr, const node *leaf, char *dst)
 {
-    p->tasks[p->n_tasks].source = arr; /* takes the reference */
-    p->tasks[p->n_tasks].dst = dst;
-    p->n_tasks++;
+    PyArrayObject *a = (PyArrayObject *)arr;
+    copy_task *t = &p->tasks[p->n_tasks++];
+    t->source = arr; /* takes the reference */
+    t->dst = dst;
+    t->data = PyArray_BYTES(a);
+    t->leaf = leaf;
+    t->itemsize = (size_t)PyArray_ITEMSIZE(a);
+    t->strides = NULL;
+    if (!PyArray_IS_C_CONTIGUOUS(a)) {
+        int64_t *strides = p->strides + p->n_strides;
+        for (int d = 0; d < leaf->ndim; d++)
+            strides[d] = PyArray_STRIDE(a, d);
+        p->n_strides += (size_t)leaf->ndim;
+        t->strides = strides;
+    }
     return 0;
 }
 
@@ -291,7 +315,7 @@ static int fill(plan *p, PyObject *obj, int *cursor, Py_ssize_t b)
             Py_DECREF(arr);
             return 1;
         }
-        return record_copy(p, arr, dst);
+        return record_copy(p, arr, n, dst);
     }
     case N_NPSCALAR: {
         PyArray_Descr *d = PyArray_DescrFromScalar(obj);
@@ -355,19 +379,20 @@ static int fill(plan *p, PyObject *obj, int *cursor, Py_ssize_t b)
     return 1;
 }
 
-static void run_copies(plan *p)
+static void run_copies(const plan *p)
 {
     for (Py_ssize_t i = 0; i < p->n_tasks; i++) {
-        PyArrayObject *a = (PyArrayObject *)p->tasks[i].source;
-        fl_strided src;
-        src.data = PyArray_BYTES(a);
-        src.ndim = PyArray_NDIM(a);
-        src.itemsize = (size_t)PyArray_ITEMSIZE(a);
-        for (int d = 0; d < src.ndim; d++) {
-            src.shape[d] = PyArray_DIM(a, d);
-            src.strides[d] = PyArray_STRIDE(a, d);
+        const copy_task *t = &p->tasks[i];
+        if (!t->strides) {
+            memcpy(t->dst, t->data, t->leaf->row_bytes);
+            continue;
         }
-        fl_copy_strided(p->tasks[i].dst, &src);
+        fl_strided src = {.data = t->data, .ndim = t->leaf->ndim, .itemsize = t->itemsize};
+        for (int d = 0; d < src.ndim; d++) {
+            src.shape[d] = t->leaf->shape[d];
+            src.strides[d] = t->strides[d];
+        }
+        fl_copy_strided(t->dst, &src);
     }
 }
 
@@ -453,12 +478,17 @@ PyObject *fl__collate(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (rc != 0)
         goto fallback_or_error;
 
-    Py_ssize_t leaves = 0;
-    for (int i = 0; i < p.n_nodes; i++)
-        leaves += p.nodes[i].kind == N_ARRAY || p.nodes[i].kind == N_TENSOR;
+    Py_ssize_t leaves = 0, leaf_dims = 0;
+    for (int i = 0; i < p.n_nodes; i++) {
+        if (p.nodes[i].kind == N_ARRAY || p.nodes[i].kind == N_TENSOR) {
+            leaves++;
+            leaf_dims += p.nodes[i].ndim;
+        }
+    }
     if (leaves > 0) {
         p.tasks = PyMem_RawCalloc((size_t)(leaves * p.batch), sizeof *p.tasks);
-        if (!p.tasks) {
+        p.strides = PyMem_RawMalloc(sizeof *p.strides * (size_t)(leaf_dims * p.batch + 1));
+        if (!p.tasks || !p.strides) {
             PyErr_NoMemory();
             goto done;
         }

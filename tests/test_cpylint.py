@@ -26,16 +26,7 @@ COMMENT_OR_LITERAL = re.compile(r"/\*.*?\*/|//[^\n]*|\"(?:\\.|[^\"\\\n])*\"|'(?:
 # Violations found in code this file does not fix, as gil_violations names
 # them but without the line number.  Each must still be found (remove it
 # once fixed); nothing else may be.
-KNOWN_OFFENDERS = {
-    # Reads each source array's data, shape and strides with the GIL
-    # released; another thread may reshape or resize the array meanwhile.
-    # The geometry belongs in the copy task, taken while planning.
-    "collate.c: run_copies(): PyArray_BYTES",
-    "collate.c: run_copies(): PyArray_NDIM",
-    "collate.c: run_copies(): PyArray_ITEMSIZE",
-    "collate.c: run_copies(): PyArray_DIM",
-    "collate.c: run_copies(): PyArray_STRIDE",
-}
+KNOWN_OFFENDERS = set()
 
 
 def c_sources():

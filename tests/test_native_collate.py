@@ -76,6 +76,8 @@ FALLBACKS = {
     "uint64_scalars": [np.uint64(1), np.uint64(2)],
     "tensor_requires_grad": [torch.ones(2, requires_grad=True), torch.ones(2)],
     "unsupported": [object(), object()],
+    # More dimensions than the strided copy takes (NumPy 2 allows 64).
+    "many_dims": [np.zeros((1,) * 40)[..., ::-1], np.zeros((1,) * 40)],
     "not_a_list": None,  # a tuple of samples
 }
 
