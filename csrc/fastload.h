@@ -7,6 +7,7 @@
  * collate.c (GIL-free collation of NumPy-compatible samples into a slot),
  * gather.c (GIL-free row and token-window gathers for the array datasets),
  * cuda.c (what the run-time-loaded CUDA driver reports),
+ * host_register.c (HostRegistration: mapped memory page-locked in place),
  * upload.c (CudaStream and CudaEvent: host-to-device copies of batches),
  * device_array.c (DeviceArray: uploaded memory, exported through DLPack),
  * engine_type.c (the Engine type: worker threads that run a Python fetch).
@@ -124,6 +125,10 @@ PyObject *fl__transform_image(PyObject *module, PyObject *const *args, Py_ssize_
 
 /* cuda.c */
 PyObject *fl__cuda_driver(PyObject *module, PyObject *unused);
+
+/* host_register.c: makes the HostRegistration type (fastload._process keeps
+ * it; only process workers with pin_memory=True need it). */
+PyObject *fl__host_registration_type(PyObject *module, PyObject *unused);
 
 /* upload.c */
 typedef struct CudaStreamObject {
