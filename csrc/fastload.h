@@ -3,15 +3,20 @@
  * The binding converts between Python objects and the core (csrc/core/),
  * which never sees a PyObject.  Files: module.c (module init and state),
  * slot_pool.c (SlotPool and SlotOwner types: batch memory and its lifetime),
- * image_source.c (ImageSource: the native decode path of the image datasets),
+ * native_batch.c (a native source's batch as a job: checked with the GIL,
+ * run without it on any thread, wrapped or raised with it),
+ * image_source.c (ImageSource: the native source of the image datasets),
+ * image_plan.c (reading a transform plan; transform_image()),
+ * gather.c (RowSource and WindowSource: the array datasets' sources),
  * collate.c (GIL-free collation of NumPy-compatible samples into a slot),
- * gather.c (GIL-free row and token-window gathers for the array datasets),
  * cuda.c (the run-time-loaded CUDA driver: what it reports, and the driver
- * helpers the two files below share), upload.c (CudaStream and CudaEvent:
+ * helpers the files below share), upload.c (CudaStream and CudaEvent:
  * host-to-device copies of batches, returned as DeviceArrays),
  * device_array.c (DeviceArray: uploaded memory, exported through DLPack;
  * calls nothing in upload.c),
- * engine_type.c (the Engine type: worker threads that run a Python fetch).
+ * host_register.c (HostRegistration: mapped memory page-locked in place),
+ * engine_type.c (the Engine type: worker threads that run a Python fetch
+ * or a native job).
  */
 #ifndef FASTLOAD_H
 #define FASTLOAD_H
@@ -216,6 +221,10 @@ int fl__cuda_raise(const fl_cuda *cuda, fl_cu_result rc, const char *what, int d
 /* Makes `stream` wait for `event` (recorded on `device`) on the GPU; returns
  * 0, or -1 with an exception set. */
 int fl__cuda_wait_event(fl_cu_event event, int device, fl_cu_stream stream);
+
+/* host_register.c: makes the HostRegistration type (fastload._process keeps
+ * it; only process workers with pin_memory=True need it). */
+PyObject *fl__host_registration_type(PyObject *module, PyObject *unused);
 
 /* upload.c */
 typedef struct CudaStreamObject {

@@ -40,6 +40,10 @@ static PyMethodDef module_methods[] = {
      "cuda_driver()\n--\n\n"
      "Loads the CUDA driver once (libcuda.so.1, or $FASTLOAD_LIBCUDA) and\n"
      "returns {'available': bool, 'device_count': int, 'error': str or None}."},
+    {"host_registration_type", (PyCFunction)fl__host_registration_type, METH_NOARGS,
+     "host_registration_type()\n--\n\n"
+     "Makes the HostRegistration type: a buffer page-locked in place by the\n"
+     "CUDA driver (see its doc)."},
     {"set_tensor_type", (PyCFunction)fl__set_tensor_type, METH_O,
      "set_tensor_type(type, /)\n--\n\nRegisters torch.Tensor so collate() can read tensors."},
     {"yield_to_consumer", (PyCFunction)fl__yield_to_consumer, METH_NOARGS,

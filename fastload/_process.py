@@ -29,6 +29,11 @@ Messages, per worker, over one duplex pipe (a Unix socket pair):
 The parent's scheduling is torch's: round-robin over the live workers, at
 most ``num_workers * prefetch_factor`` tasks out, one new task per result,
 and an iterable worker that reports its end gets no more tasks.
+
+With ``pin_memory=True`` and fastload's CUDA driver, the parent page-locks
+each slot mapping in place when it first maps it (``PageLocking``), so
+batches need no pinned copy; a released slot goes back to its worker only
+once the copies queued from it before the release are done.
 """
 
 import collections
@@ -45,6 +50,7 @@ import signal
 import mmap
 import socket
 import time
+import warnings
 import weakref
 from multiprocessing.reduction import ForkingPickler, recvfds, sendfds
 
@@ -71,6 +77,9 @@ _KEPT_FREE_BYTES = 128 << 20
 # their current batch) before the rest are terminated.
 _JOIN_SECONDS = 5.0
 
+# A mapping page-locked in place by the CUDA driver (csrc/host_register.c).
+HostRegistration = _C.host_registration_type()
+
 
 class ProcessPlan:
     """What a worker process needs to fetch batches; picklable, so that it
@@ -90,7 +99,7 @@ class ProcessPlan:
         self.worker_init_fn = worker_init_fn
         self.num_workers = num_workers
         self.base_seed = base_seed
-        self.native = native  # the dataset's own _native_batch reads whole batches
+        self.native = native  # the dataset's native source reads whole batches (fastload._native)
         self.loader_token = loader_token
         self.max_free_slots = max_free_slots
 
@@ -252,12 +261,62 @@ def _send_result(conn, sock, task, outcome, value, report, announced, held):
 # ------------------------------------------------------------ parent side
 
 
+class PageLocking:
+    """How the parent page-locks the slots it maps when the loader pins
+    (pin_memory=True with fastload's CUDA driver).
+
+    Each mapping is registered with the driver once, when it is first
+    mapped, and stays registered while its worker reuses the slot.  The
+    registration (a ``HostRegistration``) holds the mapping and the batch
+    arrays hold the registration, so it is unregistered exactly when the
+    parent has let the mapping go (the worker dropped the slot, the worker
+    stopped) and no array is left over it, and just before it is unmapped.
+
+    A batch the loop drops may still be read by a non-blocking copy queued on
+    the GPU, so its slot is fenced on release and returned to its worker only
+    once the fence is done (``_Channel.send``).  A mapping the driver refuses
+    stays pageable, and the first refusal is reported once.
+    """
+
+    def __init__(self, device, max_waiting):
+        self.device = device            # whose primary context registers (portable)
+        self.max_waiting = max_waiting  # per worker: released slots waiting on fences
+        self.failure = None             # the first refusal, until reported
+        self.reported = False
+
+    def register(self, mapping, worker_id):
+        """A HostRegistration of `mapping`, or `mapping` itself when the driver
+        refuses it."""
+        try:
+            return HostRegistration(mapping, self.device)
+        except (RuntimeError, MemoryError) as error:
+            if self.failure is None:
+                self.failure = f"a batch slot of worker {worker_id}: {error}"
+            return mapping
+
+    def report(self):
+        if self.failure is not None and not self.reported:
+            self.reported = True
+            warnings.warn(
+                f"pin_memory=True: fastload could not page-lock {self.failure}; batches in "
+                "such slots stay in pageable memory (torch pins them, when it has an "
+                "accelerator)", RuntimeWarning, stacklevel=4)
+
+
+def _release_fenced(freed, registration, slot_id):
+    """The last array over a page-locked slot is gone: fence it against the
+    copies queued so far, then let it go back to its worker."""
+    registration.release_fence()
+    freed.append(slot_id)
+
+
 class _Channel:
     """The parent's end of one worker: its process, pipe, and the slots it
     has mapped from that worker."""
 
-    def __init__(self, context, worker_id, plan):
+    def __init__(self, context, worker_id, plan, page_locking=None):
         self.id = worker_id
+        self.page_locking = page_locking  # PageLocking, or None
         parent_end, child_end = context.Pipe(duplex=True)
         self.conn = parent_end
         self.process = context.Process(
@@ -273,21 +332,52 @@ class _Channel:
         finally:
             child_end.close()
         self.sock = socket.socket(fileno=os.dup(parent_end.fileno()))
-        self.maps = {}                       # slot id -> mmap of that slot
+        self.maps = {}                       # slot id -> mmap (or HostRegistration of it)
+        self.locked = {}                     # slot id -> (start, end) of page-locked ones
         self.freed = collections.deque()     # slot ids released by the parent
+        self.fenced = collections.deque()    # released, their fence pending at the last send
         self.outstanding = 0                 # tasks sent and not answered
         self.active = True                   # False once its iterable ended
 
     def send(self, task, request):
-        freed = []
-        while self.freed:
-            freed.append(self.freed.popleft())
+        freed = self._returnable()
         try:
             self.conn.send((task, request, freed))
         except OSError:
             self.process.join(_JOIN_SECONDS)
             raise RuntimeError(self.death()) from None
         self.outstanding += 1
+
+    def _returnable(self):
+        """The released slot ids to hand back with the next request.  A
+        page-locked slot whose fence is pending may still be read by a queued
+        copy: its id waits for a later request, and the worker fills another
+        slot meanwhile.  Only past `max_waiting` such ids is the oldest waited
+        for here, so a GPU far behind cannot grow the worker's pool without
+        bound."""
+        if self.page_locking is None:
+            freed = []
+            while self.freed:
+                freed.append(self.freed.popleft())
+            return freed
+        waiting = self.fenced
+        while self.freed:
+            waiting.append(self.freed.popleft())
+        ready = []
+        for _ in range(len(waiting)):
+            slot_id = waiting.popleft()
+            mapping = self.maps.get(slot_id)
+            if type(mapping) is HostRegistration and not mapping.fence_done():
+                waiting.append(slot_id)
+            else:
+                ready.append(slot_id)
+        while len(waiting) > self.page_locking.max_waiting:
+            slot_id = waiting.popleft()
+            mapping = self.maps.get(slot_id)
+            if type(mapping) is HostRegistration:
+                mapping.wait_fence()
+            ready.append(slot_id)
+        return ready
 
     def death(self):
         return (f"DataLoader worker (pid {self.process.pid}) {_describe_exit(self.process)}. "
@@ -301,14 +391,21 @@ class _Channel:
             raise RuntimeError(self.death()) from None
         self.outstanding -= 1
         for slot_id in dropped:
-            self.maps.pop(slot_id, None)  # arrays over it, if any, keep the mapping
+            # Arrays over it, if any, keep the mapping (and its registration).
+            self.maps.pop(slot_id, None)
+            self.locked.pop(slot_id, None)
         if slots:
             fds = recvfds(self.sock, len(slots))
             for (slot_id, nbytes), fd in zip(slots, fds):
                 try:
-                    self.maps[slot_id] = mmap.mmap(fd, nbytes)
+                    mapping = mmap.mmap(fd, nbytes)
                 finally:
                     os.close(fd)
+                if self.page_locking is not None:
+                    mapping = self.page_locking.register(mapping, self.id)
+                    if type(mapping) is HostRegistration:
+                        self.locked[slot_id] = (mapping.address, mapping.address + nbytes)
+                self.maps[slot_id] = mapping
         if report is not None:
             on_report(report)
         value = _SlotUnpickler(io.BytesIO(payload), self, to_output).load()
@@ -330,7 +427,10 @@ class _Channel:
             self.process.join()
         self.conn.close()
         self.sock.close()
-        self.maps.clear()  # live batches keep their own mappings
+        # Live batches keep their own mappings; the others are unregistered
+        # (after their fences) and unmapped here.
+        self.locked.clear()
+        self.maps.clear()
 
 
 class _SlotUnpickler(pickle.Unpickler):
@@ -351,8 +451,12 @@ class _SlotUnpickler(pickle.Unpickler):
             # One root array per slot per batch: every array of the batch is
             # a view of it (NumPy makes the root their base), so the root
             # dies with the last of them.
-            root = self.roots[slot_id] = np.frombuffer(self.channel.maps[slot_id], np.uint8)
-            weakref.finalize(root, self.channel.freed.append, slot_id)
+            mapping = self.channel.maps[slot_id]
+            root = self.roots[slot_id] = np.frombuffer(mapping, np.uint8)
+            if type(mapping) is HostRegistration:
+                weakref.finalize(root, _release_fenced, self.channel.freed, mapping, slot_id)
+            else:
+                weakref.finalize(root, self.channel.freed.append, slot_id)
         array = np.ndarray(shape, dtype, buffer=root, offset=offset, strides=strides)
         return array if self.to_output is None else self.to_output(array)
 
@@ -395,15 +499,16 @@ class ProcessWorkers:
     """
 
     def __init__(self, plan, num_workers, max_in_flight, in_order, context, to_output,
-                 on_report=None):
+                 on_report=None, page_locking=None):
         self.on_report = on_report  # takes a worker's report (see the module doc)
+        self.page_locking = page_locking  # PageLocking, or None
         self.max_in_flight = max_in_flight
         self.in_order = in_order
         self.to_output = to_output
         self.channels = []
         try:
             for worker_id in range(num_workers):
-                self.channels.append(_Channel(context, worker_id, plan))
+                self.channels.append(_Channel(context, worker_id, plan, page_locking))
         except BaseException:
             self.close()
             raise
@@ -479,6 +584,8 @@ class ProcessWorkers:
         except RuntimeError:
             self.broken = True
             raise
+        if self.page_locking is not None:
+            self.page_locking.report()  # after _take: a warning turned error loses nothing
 
     def _take(self, waiting, ready):
         for channel in waiting:
@@ -491,6 +598,14 @@ class ProcessWorkers:
             elif channel.process.sentinel in ready:
                 channel.process.join()
                 raise RuntimeError(channel.death())
+
+    def pinned(self, address):
+        """Whether `address` lies in a slot mapping page-locked by this parent."""
+        for channel in self.channels:
+            for start, end in channel.locked.values():
+                if start <= address < end:
+                    return True
+        return False
 
     def discard_in_flight(self, timeout=None):
         """Waits for every task still out and drops its result."""

@@ -430,16 +430,19 @@ def _effective_collate(loader):
     return fn
 
 
-def _pin(data):
-    """Page-locks the tensors in a batch (only reached with an accelerator)."""
+def _pin(data, pinned=None):
+    """Page-locks the tensors in a batch (only reached with an accelerator),
+    except those `pinned(tensor)` says fastload page-locked already."""
+    if pinned is not None and isinstance(data, torch.Tensor) and pinned(data):
+        return data
     if hasattr(data, "pin_memory"):  # tensors, and custom batch types that opt in
         return data.pin_memory()
     if isinstance(data, dict):
-        return type(data)({k: _pin(v) for k, v in data.items()})
+        return type(data)({k: _pin(v, pinned) for k, v in data.items()})
     if isinstance(data, tuple) and hasattr(data, "_fields"):
-        return type(data)(*(_pin(v) for v in data))
+        return type(data)(*(_pin(v, pinned) for v in data))
     if isinstance(data, (list, tuple)):
-        return type(data)(_pin(v) for v in data)
+        return type(data)(_pin(v, pinned) for v in data)
     return data
 
 
@@ -447,6 +450,8 @@ def _pin(data):
 
 
 class _BaseIter:
+    _already_pinned = None  # tensor -> bool, for _pin; None: ask torch
+
     def __init__(self, loader):
         self._dataset = loader.dataset
         self._iterable = loader._dataset_kind == "iterable"
@@ -457,9 +462,11 @@ class _BaseIter:
         self._num_workers = loader.num_workers
         self._timeout = loader.timeout
         self._collate_fn = _effective_collate(loader)
-        # Slots are page-locked already when fastload has the driver; other
-        # batches (a custom collate_fn's) are pinned by torch, which returns
-        # pinned tensors as they are.  An upload needs neither.
+        # Slots are page-locked already when fastload has the driver (thread
+        # workers' come from cuMemHostAlloc, process workers' are registered
+        # in place as the parent maps them); other batches (a custom
+        # collate_fn's) are pinned by torch, which returns pinned tensors as
+        # they are.  An upload needs neither.
         self._pin_memory = (loader.pin_memory and loader._upload is None
                             and _accelerator_available())
         if loader.pin_memory and not (self._pin_memory or cuda.is_available()):
@@ -515,7 +522,7 @@ class _BaseIter:
                 )
             warnings.warn(msg, stacklevel=2)
         if self._pin_memory:
-            data = _pin(data)
+            data = _pin(data, self._already_pinned)
         return data
 
     def __len__(self):
@@ -771,9 +778,19 @@ class _ProcessIter(_ThreadedIter):
         )
         context = loader.multiprocessing_context or _process.default_context()
         to_output = torch.from_numpy if loader.output == "torch" else None
+        page_locking = None
+        if loader.pin_memory and loader._upload is None and cuda.is_available():
+            page_locking = _process.PageLocking(_pin_device(loader.pin_memory_device),
+                                                max_waiting=self._max_in_flight)
         return _process.ProcessWorkers(plan, self._num_workers, self._max_in_flight,
                                        bool(loader.in_order), context, to_output,
-                                       getattr(self._dataset, "_merge_worker_report", None))
+                                       getattr(self._dataset, "_merge_worker_report", None),
+                                       page_locking)
+
+    def _already_pinned(self, tensor):
+        # The slot tensors page-locked in place; torch's pin_memory() would
+        # return them as they are too, after asking the driver per tensor.
+        return self._engine.pinned(tensor.data_ptr())
 
     def _reset(self, loader):
         if not self._engine.broken:

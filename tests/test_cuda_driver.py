@@ -43,7 +43,8 @@ def fake_driver(tmp_path_factory):
         pytest.skip("needs a C compiler")
     out = tmp_path_factory.mktemp("fakecuda")
     libs = {}
-    for name, flags in (("ok", []), ("old", ["-DFAKE_CUDA_TOO_OLD"])):
+    for name, flags in (("ok", []), ("old", ["-DFAKE_CUDA_TOO_OLD"]),
+                        ("no-register", ["-DFAKE_CUDA_NO_REGISTER"])):
         lib = out / f"libcuda-{name}.so"
         subprocess.run([CC, "-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror", *flags,
                         "-o", str(lib), str(ROOT / "tests" / "c" / "fake_libcuda.c")], check=True)

@@ -172,6 +172,44 @@ def test_non_blocking_copies_from_pinned_batches_read_the_right_rows():
             assert torch.equal(got.cpu(), want), f"epoch {epoch} batch {k}: wrong rows"
 
 
+class PythonRows:
+    """A Python dataset over rows: process workers collate it into shared slots."""
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return self.rows[i]
+
+
+def test_process_worker_slots_are_page_locked_in_place():
+    """Process workers' shared slots, page-locked by the parent where they are
+    mapped: batches are pinned without a copy, and a slot the loop drops while
+    a non-blocking copy from it waits behind GPU work is not refilled early."""
+    rows = integer_rows(64, 4096)
+    kwargs = dict(batch_size=4, shuffle=True, num_workers=2, persistent_workers=True,
+                  worker_mode="process")
+    loader = fastload.DataLoader(PythonRows(rows), pin_memory=True,
+                                 generator=torch.Generator().manual_seed(4), **kwargs)
+    reference = fastload.DataLoader(PythonRows(rows), generator=torch.Generator().manual_seed(4),
+                                    **kwargs)
+    for epoch in range(3):
+        sums = []
+        for x in loader:
+            assert x.is_pinned()
+            assert loader._iterator._already_pinned(x)  # the slot itself, not a copy
+            torch.cuda._sleep(SLEEP_CYCLES)
+            sums.append(x.to(CUDA0, non_blocking=True).sum(dim=1, dtype=torch.float64))
+        torch.cuda.synchronize()
+        expected = [x.sum(dim=1, dtype=torch.float64) for x in reference]
+        assert len(sums) == len(expected) == 16
+        for k, (got, want) in enumerate(zip(sums, expected)):
+            assert torch.equal(got.cpu(), want), f"epoch {epoch} batch {k}: wrong rows"
+
+
 # ---------------------------------------------------------------- uploads
 
 

@@ -30,11 +30,13 @@ warnings.simplefilter("error")
 _fake = ctypes.CDLL(os.environ["FASTLOAD_LIBCUDA"])
 COUNTERS = ("device_bytes", "device_buffers", "pinned_buffers", "copies", "stream_waits",
             "last_wait_stream", "event_records", "last_record_stream", "live_streams",
-            "live_events")
+            "live_events", "host_registered", "register_calls", "unregister_calls",
+            "bad_registrations", "last_register_flags", "event_queries", "pending_queries",
+            "event_syncs")
 
 def counters():
     out = (ctypes.c_longlong * len(COUNTERS))()
-    _fake.fake_cuda_counters(out)
+    _fake.fake_cuda_counters(out, len(COUNTERS))
     return dict(zip(COUNTERS, out))
 
 def read_back(array):

@@ -52,6 +52,16 @@ static const struct {
     {"cuEventSynchronize", offsetof(fl_cuda, event_synchronize)},
 };
 
+/* Entry points only some features need; a driver without them keeps the
+ * rest (they stay NULL, and the caller that needs them says so). */
+static const struct {
+    const char *name;
+    size_t offset;
+} optional_entry_points[] = {
+    {"cuMemHostRegister_v2", offsetof(fl_cuda, mem_host_register)},
+    {"cuMemHostUnregister", offsetof(fl_cuda, mem_host_unregister)},
+};
+
 static void load(void)
 {
     const char *path = getenv("FASTLOAD_LIBCUDA");
@@ -78,6 +88,13 @@ static void load(void)
         /* Function pointers are stored through the struct's layout: POSIX
          * guarantees dlsym's result converts to a function pointer. */
         *(void **)((char *)&driver + entry_points[i].offset) = fn;
+    }
+    for (size_t i = 0; i < sizeof optional_entry_points / sizeof optional_entry_points[0]; i++)
+        *(void **)((char *)&driver + optional_entry_points[i].offset) =
+            dlsym(lib, optional_entry_points[i].name);
+    if (!driver.mem_host_register || !driver.mem_host_unregister) {
+        driver.mem_host_register = NULL; /* one is no use without the other */
+        driver.mem_host_unregister = NULL;
     }
     fl_cu_result rc = driver.init(0);
     if (rc != 0) {

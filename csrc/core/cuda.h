@@ -21,6 +21,7 @@ typedef void *fl_cu_event;  /* CUevent */
 #define FL_CU_ERROR_NOT_READY 600
 #define FL_CU_ERROR_OUT_OF_MEMORY 2
 #define FL_CU_MEMHOSTALLOC_PORTABLE 0x01 /* pinned for every context */
+#define FL_CU_MEMHOSTREGISTER_PORTABLE 0x01 /* the same, for registered memory */
 #define FL_CU_STREAM_NON_BLOCKING 0x1    /* no implicit sync with stream 0 */
 #define FL_CU_EVENT_DISABLE_TIMING 0x2
 /* The special stream handles of the driver API (and of DLPack's stream=). */
@@ -39,6 +40,10 @@ typedef struct fl_cuda {
     fl_cu_result (*ctx_pop_current)(fl_cu_context *ctx);
     fl_cu_result (*mem_host_alloc)(void **ptr, size_t bytes, unsigned int flags);
     fl_cu_result (*mem_free_host)(void *ptr);
+    /* Optional (NULL when the driver lacks them): page-lock memory that
+     * someone else allocated, and undo it. */
+    fl_cu_result (*mem_host_register)(void *ptr, size_t bytes, unsigned int flags);
+    fl_cu_result (*mem_host_unregister)(void *ptr);
     fl_cu_result (*mem_alloc)(fl_cu_deviceptr *ptr, size_t bytes);
     fl_cu_result (*mem_free)(fl_cu_deviceptr ptr);
     fl_cu_result (*mem_get_info)(size_t *free_bytes, size_t *total_bytes);

@@ -142,3 +142,76 @@ fl_cu_result fl_cuda_after_fence(const fl_cuda *cuda, const fl_slot *slot, fl_cu
 {
     return slot->fence ? cuda->stream_wait_event(stream, slot->fence, 0) : 0;
 }
+
+/* ------------------------------------------------------ registered memory */
+
+fl_cu_result fl_cuda_host_register(const fl_cuda *cuda, fl_cuda_host_range *range, void *data,
+                                   size_t bytes, int ordinal)
+{
+    *range = (fl_cuda_host_range){.data = data, .bytes = bytes, .ordinal = ordinal};
+    if (!cuda->mem_host_register)
+        return FL_CU_ERROR_NOT_SUPPORTED;
+    fl_cu_result rc = fl_cuda_enter(cuda, ordinal);
+    if (rc != 0)
+        return rc;
+    rc = cuda->mem_host_register(data, bytes, FL_CU_MEMHOSTREGISTER_PORTABLE);
+    fl_cuda_leave(cuda);
+    return rc;
+}
+
+/* The reasoning of pinned_fence_on_release holds here too: the legacy
+ * default stream follows every copy queued on it and on blocking streams. */
+void fl_cuda_host_fence(const fl_cuda *cuda, fl_cuda_host_range *range)
+{
+    if (fl_cuda_enter(cuda, range->ordinal) != 0)
+        return; /* no context, so nothing of ours can be queued in it */
+    fl_cu_result rc = 0;
+    if (!range->fence)
+        rc = cuda->event_create(&range->fence, FL_CU_EVENT_DISABLE_TIMING);
+    if (rc == 0)
+        rc = cuda->event_record(range->fence, FL_CU_STREAM_LEGACY);
+    if (rc != 0)
+        cuda->stream_synchronize(FL_CU_STREAM_LEGACY); /* no fence: wait here */
+    fl_cuda_leave(cuda);
+}
+
+fl_cu_result fl_cuda_host_fence_query(const fl_cuda *cuda, const fl_cuda_host_range *range)
+{
+    if (!range->fence)
+        return 0;
+    fl_cu_result rc = fl_cuda_enter(cuda, range->ordinal);
+    if (rc != 0)
+        return rc;
+    rc = cuda->event_query(range->fence);
+    fl_cuda_leave(cuda);
+    return rc;
+}
+
+fl_cu_result fl_cuda_host_fence_wait(const fl_cuda *cuda, const fl_cuda_host_range *range)
+{
+    if (!range->fence)
+        return 0;
+    fl_cu_result rc = fl_cuda_enter(cuda, range->ordinal);
+    if (rc != 0)
+        return rc;
+    rc = cuda->event_synchronize(range->fence);
+    fl_cuda_leave(cuda);
+    return rc;
+}
+
+fl_cu_result fl_cuda_host_unregister(const fl_cuda *cuda, fl_cuda_host_range *range)
+{
+    fl_cu_result rc = fl_cuda_enter(cuda, range->ordinal);
+    if (rc != 0)
+        return rc;
+    /* A copy still queued from the range would read memory that is about
+     * to be unmapped: let it finish first. */
+    if (range->fence) {
+        rc = cuda->event_synchronize(range->fence);
+        cuda->event_destroy(range->fence);
+        range->fence = NULL;
+    }
+    fl_cu_result unregistered = cuda->mem_host_unregister(range->data);
+    fl_cuda_leave(cuda);
+    return rc != 0 ? rc : unregistered;
+}

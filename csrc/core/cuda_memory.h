@@ -22,6 +22,8 @@
 #include "cuda.h"
 #include "slots.h"
 
+#define FL_CU_ERROR_NOT_SUPPORTED 801
+
 /* Allocators for fl_slot_pool_new, bound to device `ordinal`'s primary
  * context; they fail (NULL) when the driver is not loaded.  Pinned slots are
  * `fenced` when they are handed to user code, which may copy from them
@@ -49,5 +51,40 @@ fl_cu_result fl_cuda_fence(const fl_cuda *cuda, fl_slot *slot, fl_cu_stream stre
 /* Makes `stream` wait for `slot`'s fence, if it has one; call before
  * writing into a reused slot (context current). */
 fl_cu_result fl_cuda_after_fence(const fl_cuda *cuda, const fl_slot *slot, fl_cu_stream stream);
+
+/* Host memory page-locked where it lies (cuMemHostRegister, portable), for
+ * memory fastload maps but did not allocate: the parent's mapping of a
+ * process worker's shared slot.  It is registered once and reused batch
+ * after batch, like a pinned slot, and carries the same release fence: an
+ * event on the legacy default stream, recorded when the batch over it is
+ * released and completed before the memory is written again. */
+typedef struct fl_cuda_host_range {
+    void *data;        /* page-aligned start of the registered range */
+    size_t bytes;
+    int ordinal;       /* the device whose primary context registered it */
+    fl_cu_event fence; /* owned; NULL until the first release */
+} fl_cuda_host_range;
+
+/* Registers [data, data + bytes) in device `ordinal`'s primary context and
+ * fills *range.  Returns 0, or the driver's error; FL_CU_ERROR_NOT_SUPPORTED
+ * when the driver lacks cuMemHostRegister. */
+fl_cu_result fl_cuda_host_register(const fl_cuda *cuda, fl_cuda_host_range *range, void *data,
+                                   size_t bytes, int ordinal);
+
+/* Records the range's fence on the legacy default stream (creating its event
+ * on first use); when that fails, waits for that stream here instead, so the
+ * range is safe to reuse either way.  Call as the last reader lets go. */
+void fl_cuda_host_fence(const fl_cuda *cuda, fl_cuda_host_range *range);
+
+/* 0 when the fence has completed (or was never recorded),
+ * FL_CU_ERROR_NOT_READY while it is pending, else the driver's error. */
+fl_cu_result fl_cuda_host_fence_query(const fl_cuda *cuda, const fl_cuda_host_range *range);
+
+/* Blocks until the fence has completed (0, or the driver's error). */
+fl_cu_result fl_cuda_host_fence_wait(const fl_cuda *cuda, const fl_cuda_host_range *range);
+
+/* Waits for the fence and destroys it, then unregisters the range, which
+ * must still be mapped.  Returns 0 or the first error; call once. */
+fl_cu_result fl_cuda_host_unregister(const fl_cuda *cuda, fl_cuda_host_range *range);
 
 #endif /* FL_CUDA_MEMORY_H */

@@ -3,18 +3,25 @@
  *
  * FAKE_CUDA_INIT: the CUresult cuInit returns (default 0);
  * FAKE_CUDA_DEVICES: the device count (default 1);
- * FAKE_CUDA_MEMORY: bytes of "device memory" (default 1 GiB).  Built with
- * -DFAKE_CUDA_TOO_OLD it lacks cuMemHostAlloc, like a driver too old for
- * fastload.
+ * FAKE_CUDA_MEMORY: bytes of "device memory" (default 1 GiB);
+ * FAKE_CUDA_REGISTER_ERROR: the CUresult cuMemHostRegister returns (default
+ * 0).  Built with -DFAKE_CUDA_TOO_OLD it lacks cuMemHostAlloc, like a driver
+ * too old for fastload; with -DFAKE_CUDA_NO_REGISTER, cuMemHostRegister.
  *
  * Device memory is host memory here, copies are memcpy done at once, and
- * streams and events are tokens whose work is always complete; so the tests
- * can read "device" buffers back through the pointers fastload exports, and
- * fake_cuda_counters() tells them what fastload asked of the driver.
+ * streams and events are tokens whose work is complete, unless a test holds
+ * events (fake_cuda_hold_events): then an event recorded meanwhile stays
+ * pending until it is synchronized or the hold ends.  So the tests can read "device" buffers
+ * back through the pointers fastload exports, and fake_cuda_counters() tells
+ * them what fastload asked of the driver.  Registered host ranges are
+ * checked as the driver would (mapped, not registered twice) and their
+ * unregistration must come while they are still mapped.
  */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 typedef int CUresult;
 
@@ -32,6 +39,14 @@ enum {
     LAST_RECORD_STREAM,
     LIVE_STREAMS,
     LIVE_EVENTS,
+    HOST_REGISTERED,      /* live cuMemHostRegister ranges */
+    REGISTER_CALLS,       /* successful cuMemHostRegister calls */
+    UNREGISTER_CALLS,     /* successful cuMemHostUnregister calls */
+    BAD_REGISTRATIONS,    /* calls refused: unmapped, twice, unknown, unmapped before */
+    LAST_REGISTER_FLAGS,
+    EVENT_QUERIES,        /* cuEventQuery calls */
+    PENDING_QUERIES,      /* of which answered "not ready" */
+    EVENT_SYNCS,          /* cuEventSynchronize calls */
     N_COUNTERS
 };
 static long long counters[N_COUNTERS];
@@ -43,10 +58,25 @@ static void count(int which, long long delta)
     pthread_mutex_unlock(&lock);
 }
 
-void fake_cuda_counters(long long *out)
+/* Copies the first `n` counters (at most N_COUNTERS) into `out`. */
+void fake_cuda_counters(long long *out, int n)
+{
+    if (n > N_COUNTERS)
+        n = N_COUNTERS;
+    pthread_mutex_lock(&lock);
+    memcpy(out, counters, sizeof counters[0] * (size_t)(n > 0 ? n : 0));
+    pthread_mutex_unlock(&lock);
+}
+
+/* While `hold` is nonzero, events recorded stay pending until synchronized
+ * (as if the GPU were still busy with the work before them); ending the hold
+ * completes them all. */
+static int hold_events;
+
+void fake_cuda_hold_events(int hold)
 {
     pthread_mutex_lock(&lock);
-    memcpy(out, counters, sizeof counters);
+    hold_events = hold;
     pthread_mutex_unlock(&lock);
 }
 
@@ -132,6 +162,74 @@ CUresult cuMemFreeHost(void *ptr)
     free(ptr);
     count(PINNED_BUFFERS, -1);
     return 0;
+}
+
+/* Registered ranges, as the driver tracks them (guarded by `lock`). */
+#define MAX_RANGES 4096
+static struct {
+    char *start;
+    size_t bytes;
+} ranges[MAX_RANGES];
+static int range_count;
+
+/* Whether every page of [start, start + bytes) is mapped in this process. */
+static int mapped(void *start, size_t bytes)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t pages = (bytes + page - 1) / page;
+    unsigned char *residency = malloc(pages ? pages : 1);
+    int ok = residency && (size_t)start % page == 0 && mincore(start, bytes, residency) == 0;
+    free(residency);
+    return ok;
+}
+
+static CUresult refuse(CUresult error)
+{
+    counters[BAD_REGISTRATIONS]++;
+    pthread_mutex_unlock(&lock);
+    return error;
+}
+
+#ifndef FAKE_CUDA_NO_REGISTER
+CUresult cuMemHostRegister_v2(void *ptr, size_t bytes, unsigned int flags)
+{
+    CUresult forced = env_int("FAKE_CUDA_REGISTER_ERROR", 0);
+    if (forced)
+        return forced;
+    pthread_mutex_lock(&lock);
+    char *start = ptr;
+    if (bytes == 0 || !mapped(ptr, bytes) || range_count == MAX_RANGES)
+        return refuse(1); /* CUDA_ERROR_INVALID_VALUE */
+    for (int i = 0; i < range_count; i++)
+        if (start < ranges[i].start + ranges[i].bytes && ranges[i].start < start + bytes)
+            return refuse(712); /* CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED */
+    ranges[range_count].start = start;
+    ranges[range_count].bytes = bytes;
+    range_count++;
+    counters[HOST_REGISTERED]++;
+    counters[REGISTER_CALLS]++;
+    counters[LAST_REGISTER_FLAGS] = flags;
+    pthread_mutex_unlock(&lock);
+    return 0;
+}
+#endif
+
+CUresult cuMemHostUnregister(void *ptr)
+{
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < range_count; i++) {
+        if (ranges[i].start != ptr)
+            continue;
+        int still_mapped = mapped(ptr, ranges[i].bytes);
+        ranges[i] = ranges[--range_count];
+        if (!still_mapped)
+            return refuse(1); /* unmapped under the driver: a bug in the caller */
+        counters[HOST_REGISTERED]--;
+        counters[UNREGISTER_CALLS]++;
+        pthread_mutex_unlock(&lock);
+        return 0;
+    }
+    return refuse(713); /* CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED */
 }
 
 static long long device_memory(void)
@@ -243,10 +341,14 @@ CUresult cuStreamWaitEvent(void *stream, void *event, unsigned int flags)
     return 0;
 }
 
+/* An event's one byte says whether it is pending. */
 CUresult cuEventCreate(void **event, unsigned int flags)
 {
     (void)flags;
-    return new_token(event, LIVE_EVENTS);
+    CUresult rc = new_token(event, LIVE_EVENTS);
+    if (rc == 0)
+        *(char *)*event = 0;
+    return rc;
 }
 
 CUresult cuEventDestroy_v2(void *event)
@@ -256,19 +358,28 @@ CUresult cuEventDestroy_v2(void *event)
 
 CUresult cuEventRecord(void *event, void *stream)
 {
-    (void)event;
     count_on_stream(EVENT_RECORDS, LAST_RECORD_STREAM, stream);
+    pthread_mutex_lock(&lock);
+    *(char *)event = (char)(hold_events != 0);
+    pthread_mutex_unlock(&lock);
     return 0;
 }
 
 CUresult cuEventQuery(void *event)
 {
-    (void)event;
-    return 0;
+    pthread_mutex_lock(&lock);
+    int pending = *(char *)event && hold_events;
+    counters[EVENT_QUERIES]++;
+    counters[PENDING_QUERIES] += pending;
+    pthread_mutex_unlock(&lock);
+    return pending ? 600 : 0; /* CUDA_ERROR_NOT_READY */
 }
 
 CUresult cuEventSynchronize(void *event)
 {
-    (void)event;
+    pthread_mutex_lock(&lock);
+    *(char *)event = 0;
+    counters[EVENT_SYNCS]++;
+    pthread_mutex_unlock(&lock);
     return 0;
 }
