@@ -97,14 +97,13 @@ static void capsule_destructor(PyObject *capsule)
      * still owns its tensor. */
     if (!PyCapsule_IsValid(capsule, "dltensor"))
         return;
-    PyObject *type, *value, *traceback;
-    PyErr_Fetch(&type, &value, &traceback);
+    PyObject *saved = fl__take_exception();
     DLManagedTensor *managed = PyCapsule_GetPointer(capsule, "dltensor");
     if (managed)
         managed->deleter(managed);
     else
         PyErr_WriteUnraisable(capsule);
-    PyErr_Restore(type, value, traceback);
+    fl__raise_exception(saved);
 }
 
 /* --------------------------------------------------------------- DeviceArray */

@@ -289,12 +289,7 @@ static int engine_close(EngineObject *self, double timeout_s, char *left)
 /* Warns that dealloc left workers running; never raises. */
 static void warn_left_running(const char *left, int num_workers)
 {
-#if PY_VERSION_HEX >= 0x030C0000
-    PyObject *saved = PyErr_GetRaisedException();
-#else
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-#endif
+    PyObject *saved = fl__take_exception();
     for (int i = 0; i < num_workers; i++) {
         if (left[i] && PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
                                         "fastload: worker thread %d did not stop within %g "
@@ -302,11 +297,7 @@ static void warn_left_running(const char *left, int num_workers)
                                         i, DEALLOC_GRACE_SECONDS) < 0)
             PyErr_WriteUnraisable(NULL);
     }
-#if PY_VERSION_HEX >= 0x030C0000
-    PyErr_SetRaisedException(saved);
-#else
-    PyErr_Restore(type, value, tb);
-#endif
+    fl__raise_exception(saved);
 }
 
 /* -------------------------------------------------------------- methods */

@@ -188,7 +188,8 @@ int fl__convert_indices(PyObject *obj, int64_t count, int64_t **out, Py_ssize_t 
 int fl__index_error(long long index, int64_t count);
 
 /* The raised exception, with its traceback, taken out of the thread state
- * (NULL when none); and raising one again (the reference is stolen). */
+ * (NULL when none); and raising one again (the reference is stolen; NULL
+ * raises nothing). */
 PyObject *fl__take_exception(void);
 void fl__raise_exception(PyObject *exc);
 

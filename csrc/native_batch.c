@@ -38,6 +38,8 @@ PyObject *fl__take_exception(void)
 
 void fl__raise_exception(PyObject *exc)
 {
+    if (!exc)
+        return;
 #if PY_VERSION_HEX >= 0x030C0000
     PyErr_SetRaisedException(exc);
 #else

@@ -756,6 +756,10 @@ class _ProcessIter(_ThreadedIter):
     """num_workers > 0 with worker_mode='process': the same scheduling over
     worker processes (fastload._process)."""
 
+    def __init__(self, loader):
+        _warn_about_worker_count(loader.num_workers)
+        super().__init__(loader)
+
     def _start_workers(self, loader):
         if loader._upload is not None and loader._upload.native_source is not None:
             raise ValueError("normalize_on_device=True needs worker_mode='thread'")
@@ -812,6 +816,28 @@ class _ProcessIter(_ThreadedIter):
         except TimeoutError:
             self._timed_out = True
             raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from None
+
+
+def _warn_about_worker_count(num_workers):
+    """torch's warning when a loader starts more worker processes than the
+    CPUs this process may use (threads are not counted: they share the
+    process's CPUs and take no memory of their own)."""
+    cpuset_checked = hasattr(os, "sched_getaffinity")
+    cpus = len(os.sched_getaffinity(0)) if cpuset_checked else os.cpu_count()
+    if cpus is not None and num_workers <= cpus:
+        return
+    if cpus is None:
+        suggestion = ("DataLoader is not able to compute a suggested max number of worker in "
+                      "current system.")
+    else:
+        suggestion = (f"Our suggested max number of worker in current system is {cpus}"
+                      f"{'' if cpuset_checked else ' (`cpuset` is not taken into account)'}, "
+                      "which is smaller than what this DataLoader is going to create.")
+    warnings.warn(
+        f"This DataLoader will create {num_workers} worker processes in total. {suggestion} "
+        "Please be aware that excessive worker creation might get DataLoader running slow or "
+        "even freeze, lower the worker number to avoid potential slowness/freeze if necessary.",
+        stacklevel=4)
 
 
 def _accelerator_available():

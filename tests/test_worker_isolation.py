@@ -12,6 +12,7 @@ import os
 import random
 import sqlite3
 import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -221,6 +222,7 @@ def test_torch_sharding_example_gives_torch_samples(mode, workers):
     assert (ds.start, ds.end) == (3, 7)  # the user's object is untouched
 
 
+@more_workers_than_cores
 @pytest.mark.parametrize("mode", MODES)
 def test_iterable_returning_self_does_not_duplicate(mode):
     got = flat(fastload.DataLoader(ShardsItself(1000), batch_size=10, num_workers=4,
@@ -630,3 +632,19 @@ def test_native_image_dataset_in_process_workers(tmp_path, context):
     assert len(got) == len(want) == 2
     for (gx, gy), (wx, wy) in zip(got, want):
         assert torch.equal(gx, wx) and torch.equal(gy, wy)
+
+
+def test_more_worker_processes_than_cpus_warn_as_torch_does():
+    cpus = len(os.sched_getaffinity(0))
+    kwargs = dict(batch_size=2, num_workers=cpus + 1)
+
+    def warnings_of(DataLoader, **extra):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            list(DataLoader(list(range(4)), **kwargs, **extra))
+        return [str(w.message) for w in caught if "worker processes in total" in str(w.message)]
+
+    expected = warnings_of(tud.DataLoader)
+    assert len(expected) == 1
+    assert warnings_of(fastload.DataLoader, worker_mode="process") == expected
+    assert warnings_of(fastload.DataLoader, worker_mode="thread") == []
