@@ -23,7 +23,7 @@ import uuid
 import warnings
 import weakref
 
-from . import _C, _native, _process, cuda
+from . import _C, _native, _process, _resume, cuda
 from ._random import draw_seed
 from ._upload import DeviceIter, Pump
 from ._torch import torch
@@ -234,8 +234,12 @@ class DataLoader:
         self._upload = _Upload(self, device_index, in_flight) if device_index is not None else None
         self._IterableDataset_len_called = None
         self._iterator = None
+        self._last_iter = None  # weakref to the latest iterator, for state_dict()
+        self._resume = None     # state for the next iter(), from load_state_dict()
         self._epoch_thread = None  # the thread iterating persistent workers
         self._initialized = True
+        if self.num_workers > 0 and _worker_mode(self) == "process":
+            _warn_about_worker_count(self.num_workers)  # here and per iterator, as torch
 
     # -- attributes ---------------------------------------------------------
 
@@ -315,8 +319,13 @@ class DataLoader:
         self._epoch_thread = current
 
     def _host_iter(self):
+        resume, self._resume = self._resume, None
+        if resume is not None:
+            return self._resumed_iter(resume)
         if self.num_workers == 0:
-            return _SingleThreadIter(self)
+            it = _SingleThreadIter(self)
+            self._last_iter = weakref.ref(it)
+            return it
         workers = _ProcessIter if _worker_mode(self) == "process" else _ThreadedIter
         if self.persistent_workers:
             previous = self._iterator
@@ -332,7 +341,72 @@ class DataLoader:
             else:
                 self._iterator._reset(self)
             return self._iterator
-        return workers(self)
+        it = workers(self)
+        self._last_iter = weakref.ref(it)
+        return it
+
+    def _resumed_iter(self, state):
+        if self._iterator is not None:
+            self._iterator._shutdown()
+            self._iterator = None
+        if self.num_workers == 0:
+            it = _SingleThreadIter(self, state)
+        else:
+            workers = _ProcessIter if _worker_mode(self) == "process" else _ThreadedIter
+            it = workers(self, state)
+            if self.persistent_workers:
+                self._iterator = it
+        self._last_iter = weakref.ref(it)
+        if it._iterable and state["in_epoch"]:
+            # No indices to skip: the batches handed out are loaded again.
+            for _ in range(state["num_yielded"]):
+                next(it)
+        return it
+
+    # -- resumable state ----------------------------------------------------
+
+    def state_dict(self):
+        """Where the loader stands, for ``load_state_dict`` (torchdata's
+        StatefulDataLoader names): mid-epoch, the batches still to come in
+        this epoch; between epochs, the next epoch.  A plain dict of numbers
+        and tensors/arrays (``torch.save`` takes it).  See fastload._resume."""
+        if self._upload is not None:
+            raise NotImplementedError(
+                "state_dict() is not available with device= (the upload stage reads ahead of "
+                "the loop); resume the host loader and upload its batches instead")
+        it = self._iterator if self.persistent_workers and self.num_workers > 0 else None
+        if it is None and self._last_iter is not None:
+            it = self._last_iter()
+        if it is not None and not it._finished and it._pid_ok():
+            state = it._state_dict(self)
+        else:
+            persistent = it is not None and self.persistent_workers and self.num_workers > 0
+            state = {
+                "in_epoch": False,
+                "num_yielded": 0,
+                # A persistent loader's next epoch keeps its base seed.
+                "epoch": it._epoch + 1 if persistent else 0,
+                "base_seed": it._base_seed if persistent else None,
+                "generators": _resume.snapshot(self)["generators"],
+            }
+        state["fastload_state"] = _resume.STATE_VERSION
+        dataset_state = getattr(self.dataset, "state_dict", None)
+        if callable(dataset_state):
+            state["dataset"] = dataset_state()
+        return state
+
+    def load_state_dict(self, state):
+        """Makes the next ``iter(loader)`` continue from ``state`` (from
+        ``state_dict()`` of a loader built with the same arguments): the
+        batches the recorded run would have yielded next, bit for bit."""
+        state = _resume.check(state)
+        if "dataset" in state:
+            load = getattr(self.dataset, "load_state_dict", None)
+            if not callable(load):
+                raise ValueError("load_state_dict: the state holds a dataset state, but the "
+                                 "dataset has no load_state_dict()")
+            load(state["dataset"])
+        self._resume = state
 
     def __len__(self):
         if self._dataset_kind == "iterable":
@@ -452,7 +526,7 @@ def _pin(data, pinned=None):
 class _BaseIter:
     _already_pinned = None  # tensor -> bool, for _pin; None: ask torch
 
-    def __init__(self, loader):
+    def __init__(self, loader, resume=None):
         self._dataset = loader.dataset
         self._iterable = loader._dataset_kind == "iterable"
         self._IterableDataset_len_called = loader._IterableDataset_len_called
@@ -476,13 +550,67 @@ class _BaseIter:
                 stacklevel=3,
             )
         self._native_source = _native_source(self, loader)
-        # torch's order: the sampler iterator, then the base seed.
-        self._sampler_iter = self._index_iter()
-        self._base_seed = draw_seed(loader.generator)
+        self._finished = False  # this epoch has ended (StopIteration raised)
         self._num_yielded = 0
+        self._epoch = 0  # a persistent iterator's epochs: keys native augmentation
+        if resume is None or not resume["in_epoch"]:
+            if resume is not None:
+                _resume.set_generators(loader, resume["generators"])
+            # torch's order: the sampler iterator, then the base seed.
+            self._sampler_iter = self._open_epoch(loader)
+            self._base_seed = draw_seed(loader.generator)
+            if resume is not None and resume["base_seed"] is not None:
+                # A persistent loader's next epoch keeps its base seed.
+                self._base_seed, self._epoch = resume["base_seed"], resume["epoch"]
+        else:
+            self._sampler_iter = self._open_epoch(loader, resume)
+            self._base_seed, self._epoch = resume["base_seed"], resume["epoch"]
+            if not self._iterable:
+                # The batches already handed out: their indices, not their data.
+                for _ in range(resume["num_yielded"]):
+                    next(self._sampler_iter)
+                self._num_yielded = resume["num_yielded"]
 
     def __iter__(self):
         return self
+
+    def _open_epoch(self, loader, resume=None):
+        """The epoch's index iterator.  Records the random state its sampler
+        draws from (fastload._resume), or, resuming, replays the recorded
+        one."""
+        if resume is None:
+            self._at_iter = _resume.snapshot(loader)
+            it = self._index_iter()
+        else:
+            self._at_iter = resume["at_iter"]
+            it = _resume.replay(self._at_iter, loader, self._index_iter)
+        self._at_first_draw = None
+
+        def first_draw(draw):
+            if resume is not None and resume["at_first_draw"] is not None:
+                self._at_first_draw = resume["at_first_draw"]
+                return _resume.replay(self._at_first_draw, loader, draw)
+            if resume is not None:
+                # The recorded run had not drawn yet: it drew later, from the
+                # global state then (the program's own, restored by its own
+                # checkpoint) and the loader's generators as recorded.
+                _resume.set_generators(loader, resume["generators"])
+            self._at_first_draw = _resume.snapshot(loader)
+            return draw()
+
+        return _resume.FirstDraw(it, first_draw)
+
+    def _state_dict(self, loader):
+        """Where this epoch stands (see DataLoader.state_dict)."""
+        return {
+            "in_epoch": True,
+            "num_yielded": self._num_yielded,
+            "epoch": self._epoch,
+            "base_seed": self._base_seed,
+            "at_iter": self._at_iter,
+            "at_first_draw": self._at_first_draw,  # None: the sampler has not drawn yet
+            "generators": _resume.snapshot(loader)["generators"],
+        }
 
     def _index_iter(self):
         # A native dataset takes index arrays from fastload's own batch
@@ -493,8 +621,12 @@ class _BaseIter:
                 return arrays
         return iter(self._index_sampler)
 
+    def _pid_ok(self):
+        return getattr(self, "_pid", os.getpid()) == os.getpid()
+
     def _reset(self, loader):
-        self._sampler_iter = self._index_iter()
+        self._sampler_iter = self._open_epoch(loader)
+        self._finished = False
         self._num_yielded = 0
         self._IterableDataset_len_called = loader._IterableDataset_len_called
 
@@ -502,7 +634,11 @@ class _BaseIter:
         return next(self._sampler_iter)
 
     def __next__(self):
-        data = self._next_data()
+        try:
+            data = self._next_data()
+        except StopIteration:
+            self._finished = True
+            raise
         self._num_yielded += 1
         if (
             self._iterable
@@ -535,8 +671,8 @@ class _BaseIter:
 class _SingleThreadIter(_BaseIter):
     """num_workers=0: everything happens in the calling thread."""
 
-    def __init__(self, loader):
-        super().__init__(loader)
+    def __init__(self, loader, resume=None):
+        super().__init__(loader, resume)
         if self._timeout != 0:
             raise AssertionError("timeout requires num_workers > 0 (as in torch)")
         plan = _fetch_plan(self, loader, num_workers=0)
@@ -640,8 +776,8 @@ class _ThreadedIter(_BaseIter):
 
     _timed_out = False  # a wait for a batch has timed out: workers may be stuck
 
-    def __init__(self, loader):
-        super().__init__(loader)
+    def __init__(self, loader, resume=None):
+        super().__init__(loader, resume)
         self._prefetch_factor = loader.prefetch_factor
         self._persistent = loader.persistent_workers
         self._max_in_flight = self._num_workers * self._prefetch_factor
@@ -651,8 +787,6 @@ class _ThreadedIter(_BaseIter):
         self._pid = os.getpid()  # the workers belong to this process
         self._engine = self._start_workers(loader)
         _live_iters.add(self)
-        self._epoch = 0
-        self._finished = False  # this epoch has ended (StopIteration raised)
         self._prime()
 
     def _start_workers(self, loader):
@@ -756,9 +890,9 @@ class _ProcessIter(_ThreadedIter):
     """num_workers > 0 with worker_mode='process': the same scheduling over
     worker processes (fastload._process)."""
 
-    def __init__(self, loader):
+    def __init__(self, loader, resume=None):
         _warn_about_worker_count(loader.num_workers)
-        super().__init__(loader)
+        super().__init__(loader, resume)
 
     def _start_workers(self, loader):
         if loader._upload is not None and loader._upload.native_source is not None:
@@ -837,7 +971,7 @@ def _warn_about_worker_count(num_workers):
         f"This DataLoader will create {num_workers} worker processes in total. {suggestion} "
         "Please be aware that excessive worker creation might get DataLoader running slow or "
         "even freeze, lower the worker number to avoid potential slowness/freeze if necessary.",
-        stacklevel=4)
+        stacklevel=3)
 
 
 def _accelerator_available():
