@@ -1,0 +1,117 @@
+"""fastload under the real torch.distributed (gloo, processes on localhost):
+every sample seen once per epoch across ranks, equal batch counts on every
+rank, and a DDP training loop that ends without a hang."""
+
+import os
+import socket
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+if not (dist.is_available() and dist.is_gloo_available()):
+    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+
+import torch.multiprocessing as tmp  # noqa: E402
+
+# Process groups of 2-3 spawned interpreters: the plain run only.
+pytestmark = pytest.mark.slow
+
+N = 53  # not a multiple of any world size: padding and drop_last both matter
+EPOCHS = 2
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_dataset(kind, root):
+    import fastload
+
+    if kind == "arrays":
+        return fastload.ArrayDataset(np.arange(N * 4, dtype=np.float32).reshape(N, 4),
+                                     np.arange(N))
+    from fastload import transforms as T
+
+    return fastload.ImageFolder(root, transform=T.Compose([T.RandomResizedCrop(8),
+                                                           T.ToTensor()]))
+
+
+def run_rank(rank, world, port, kind, root, drop_last, num_workers, out):
+    import fastload
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        ds = make_dataset(kind, root)
+        labels = np.asarray(ds.targets if kind == "images" else np.arange(N))
+        sampler = fastload.DistributedSampler(ds, drop_last=drop_last)  # rank/world from dist
+        loader = fastload.DataLoader(ds, batch_size=4, sampler=sampler, num_workers=num_workers,
+                                     persistent_workers=num_workers > 0)
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        seen, counts = [], []
+        for epoch in range(EPOCHS):
+            sampler.set_epoch(epoch)
+            batches = 0
+            for x, y in loader:
+                features = x.reshape(len(x), -1)[:, :4].float()
+                loss = model(features).square().mean()  # all-reduce in backward: a missing
+                optimizer.zero_grad()                   # batch on one rank would hang here
+                loss.backward()
+                optimizer.step()
+                seen.append((epoch, y.tolist()))
+                batches += 1
+            counts.append(batches)
+        gathered = [None] * world
+        dist.all_gather_object(gathered, (seen, counts))
+        if rank == 0:
+            torch.save({"gathered": gathered, "labels": labels}, out)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_ranks_see_each_sample_once_with_equal_batch_counts(tmp_path, world, drop_last):
+    out = tmp_path / "result.pt"
+    tmp.spawn(run_rank, args=(world, free_port(), "arrays", None, drop_last, 0, str(out)),
+              nprocs=world, join=True)
+    result = torch.load(out, weights_only=False)
+    per_rank = result["gathered"]
+    counts = [c for _, c in per_rank]
+    assert all(c == counts[0] for c in counts)  # the same batches on every rank, each epoch
+    for epoch in range(EPOCHS):
+        samples = [i for seen, _ in per_rank for e, batch in seen if e == epoch for i in batch]
+        if drop_last:
+            assert len(samples) == len(set(samples)) == (N // world) * world
+        else:
+            # Padded to equal shares with the first samples again, as torch's sampler.
+            assert set(samples) == set(range(N))
+            assert len(samples) == -(-N // world) * world
+    rank0 = per_rank[0][0]
+    orders = [[i for e, batch in rank0 if e == epoch for i in batch] for epoch in range(EPOCHS)]
+    assert orders[0] != orders[1]  # set_epoch reshuffles
+
+
+def test_image_folder_with_workers_under_ddp(tmp_path):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c in range(3):
+        (tmp_path / f"c{c}").mkdir()
+        for i in range(7):
+            Image.fromarray(rng.integers(0, 256, (12, 12, 3), dtype=np.uint8)).save(
+                tmp_path / f"c{c}" / f"{i}.jpg")
+    out = tmp_path / "result.pt"
+    world = 2
+    tmp.spawn(run_rank, args=(world, free_port(), "images", str(tmp_path), False, 2, str(out)),
+              nprocs=world, join=True)
+    result = torch.load(out, weights_only=False)
+    per_rank = result["gathered"]
+    # 21 images: 11 a rank (one padded), 3 batches of at most 4, every epoch, on both ranks.
+    assert [c for _, c in per_rank] == [[3] * EPOCHS] * world
