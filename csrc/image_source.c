@@ -6,9 +6,11 @@
  * the compiled plan, all read as plain C by the batch code.  The Python
  * objects behind that memory are held here and never change.
  *
- * Files that are not JPEGs go to the Python fallback decoder (Pillow): the
- * core calls pillow_fallback(), which takes the GIL for the call itself, so
- * a batch needs the GIL on its worker only for such files.
+ * Files that are not JPEGs go to the Python fallback decoder (Pillow), with
+ * the bytes already read: the core calls pillow_fallback(), which takes the
+ * GIL for the call itself, so a batch needs the GIL on its worker only for
+ * such files.  With `ranges`, sample i is bytes [offset, offset + size) of
+ * its file: a member of a tar shard.
  *
  * Errors name the file and the sample index: OSError (the errno's subclass)
  * for a file that cannot be read, MemoryError, else fastload.DecodeError.
@@ -27,7 +29,8 @@ typedef struct ImageSourceObject {
     PyObject *paths;       /* bytes: NUL-terminated paths back to back */
     PyObject *offsets;     /* int64 ndarray: start of path i in `paths` */
     PyObject *labels;      /* int64 ndarray */
-    PyObject *fallback;    /* callable(path) -> HWC uint8 ndarray, or None */
+    PyObject *fallback;    /* callable(bytes) -> HWC uint8 ndarray, or None */
+    PyObject *ranges;      /* int64 (n, 2) ndarray, or None */
     PyObject *decode_error;
     int has_shape;         /* the plan fixes the output size: batches stack */
     int channels_first;    /* a tensor in HWC memory: batches are NCHW views */
@@ -51,8 +54,8 @@ static PyObject *msg_object(const char *msg)
  * HWC uint8 image, then the plan's ops on it.  Takes the GIL for the call
  * (the calling thread may or may not hold it). */
 static int pillow_fallback(void *ctx, fl_image_worker *w, const fl_image_plan *plan,
-                           const char *path, const fl_sample_key *key, void *dst,
-                           fl_sample_geometry *geometry, char *msg, size_t msg_size)
+                           const unsigned char *data, size_t size, const fl_sample_key *key,
+                           void *dst, fl_sample_geometry *geometry, char *msg, size_t msg_size)
 {
     PyGILState_STATE gil = PyGILState_Ensure();
     PyObject *fallback = ctx;
@@ -61,9 +64,10 @@ static int pillow_fallback(void *ctx, fl_image_worker *w, const fl_image_plan *p
         snprintf(msg, msg_size, "not a JPEG, and Pillow is not installed to decode it");
         goto done;
     }
-    PyObject *name = PyUnicode_DecodeFSDefault(path);
-    PyObject *img = name ? PyObject_CallOneArg(fallback, name) : NULL;
-    Py_XDECREF(name);
+    /* A copy: the worker's buffer is reused by its next read. */
+    PyObject *bytes = PyBytes_FromStringAndSize((const char *)data, (Py_ssize_t)size);
+    PyObject *img = bytes ? PyObject_CallOneArg(fallback, bytes) : NULL;
+    Py_XDECREF(bytes);
     if (!img) {
         PyObject *exc = fl__take_exception();
         PyObject *text = exc ? PyObject_Str(exc) : NULL;
@@ -236,13 +240,13 @@ static int check_vector(PyObject *obj, const char *what)
 static PyObject *ImageSource_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"paths", "offsets", "labels", "plan", "exact", "max_pixels",
-                             "skip", "fallback", NULL};
-    PyObject *paths, *offsets, *labels, *plan = Py_None, *fallback = Py_None;
+                             "skip", "fallback", "ranges", NULL};
+    PyObject *paths, *offsets, *labels, *plan = Py_None, *fallback = Py_None, *ranges = Py_None;
     int exact = 0, skip = 0;
     unsigned long long max_pixels = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "SOO|O$pKpO:ImageSource", kwlist, &paths,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "SOO|O$pKpOO:ImageSource", kwlist, &paths,
                                      &offsets, &labels, &plan, &exact, &max_pixels, &skip,
-                                     &fallback))
+                                     &fallback, &ranges))
         return NULL;
     if (check_vector(offsets, "offsets") < 0 || check_vector(labels, "labels") < 0)
         return NULL;
@@ -252,6 +256,22 @@ static PyObject *ImageSource_new(PyTypeObject *type, PyObject *args, PyObject *k
     }
     /* Every offset must point at a NUL-terminated path inside the blob. */
     int64_t n = PyArray_DIM((PyArrayObject *)offsets, 0);
+    PyArrayObject *r = (PyArrayObject *)ranges;
+    if (ranges != Py_None &&
+        (!PyArray_Check(ranges) || PyArray_TYPE(r) != NPY_INT64 || PyArray_NDIM(r) != 2 ||
+         PyArray_DIM(r, 0) != n || PyArray_DIM(r, 1) != 2 || !PyArray_IS_C_CONTIGUOUS(r))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "ImageSource: ranges must be a contiguous int64 array (samples, 2)");
+        return NULL;
+    }
+    if (ranges != Py_None) {
+        const int64_t *rv = PyArray_DATA(r);
+        for (int64_t i = 0; i < 2 * n; i++)
+            if (rv[i] < 0) {
+                PyErr_SetString(PyExc_ValueError, "ImageSource: a range is negative");
+                return NULL;
+            }
+    }
     const int64_t *off = PyArray_DATA((PyArrayObject *)offsets);
     Py_ssize_t blob = PyBytes_GET_SIZE(paths);
     if (blob == 0 || PyBytes_AS_STRING(paths)[blob - 1] != '\0') {
@@ -282,7 +302,7 @@ static PyObject *ImageSource_new(PyTypeObject *type, PyObject *args, PyObject *k
             return NULL;
     }
     p.exact = exact;
-    p.max_pixels = max_pixels;
+    p.max_pixels = max_pixels ? max_pixels : UINT64_MAX; /* 0: no limit */
 
     ImageSourceObject *self = (ImageSourceObject *)type->tp_alloc(type, 0);
     if (!self)
@@ -291,11 +311,13 @@ static PyObject *ImageSource_new(PyTypeObject *type, PyObject *args, PyObject *k
     self->offsets = Py_NewRef(offsets);
     self->labels = Py_NewRef(labels);
     self->fallback = Py_NewRef(fallback);
+    self->ranges = Py_NewRef(ranges);
     self->decode_error = Py_NewRef(fl__state_of_type(type)->DecodeError);
     self->core = (fl_image_source){
         .paths = PyBytes_AS_STRING(paths),
         .offsets = off,
         .labels = PyArray_DATA((PyArrayObject *)labels),
+        .ranges = ranges != Py_None ? PyArray_DATA(r) : NULL,
         .length = n,
         .plan = p,
         .skip = skip,
@@ -334,6 +356,7 @@ static void ImageSource_dealloc(ImageSourceObject *self)
     Py_CLEAR(self->offsets);
     Py_CLEAR(self->labels);
     Py_CLEAR(self->fallback);
+    Py_CLEAR(self->ranges);
     type->tp_free(self);
     Py_DECREF(type);
 }
@@ -504,8 +527,9 @@ static PyMethodDef ImageSource_methods[] = {
 
 static PyType_Slot ImageSource_slots[] = {
     {Py_tp_doc, "ImageSource(paths, offsets, labels, plan=None, *, exact=False, max_pixels=0, "
-                "skip=False, fallback=None)\n--\n\n"
-                "The native source of fastload's image datasets."},
+                "skip=False, fallback=None, ranges=None)\n--\n\n"
+                "The native source of fastload's image datasets (max_pixels=0: no limit;\n"
+                "ranges: (offset, size) of each sample inside its file)."},
     {Py_tp_new, ImageSource_new},
     {Py_tp_dealloc, ImageSource_dealloc},
     {Py_tp_traverse, ImageSource_traverse},

@@ -19,6 +19,7 @@ regular files: a FIFO named ``x.jpg`` would otherwise hang the reader.
 import collections
 import copy
 import errno
+import io
 import os
 import stat
 import sys
@@ -102,11 +103,12 @@ def _is_default_loader(loader):
         loader is getattr(folder, name, None) for name in ("default_loader", "pil_loader"))
 
 
-def _pillow_decode(path):
-    """Non-JPEG files: Pillow, with the GIL, to an HWC uint8 RGB array."""
+def _pillow_decode(data):
+    """Non-JPEG files (their bytes, read by the C source): Pillow, with the
+    GIL, to an HWC uint8 RGB array."""
     from PIL import Image
 
-    with _open_regular(path) as f, Image.open(f) as img:
+    with Image.open(io.BytesIO(data)) as img:
         return np.asarray(img.convert("RGB"))
 
 

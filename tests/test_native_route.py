@@ -157,3 +157,29 @@ def test_a_cycle_through_a_persistent_iterator_is_collected():
     del ds, loader
     gc.collect()
     assert engine() is None
+
+
+def test_samples_can_be_byte_ranges_of_one_file(tmp_path):
+    """The source under shard datasets: sample i is bytes [offset, offset + size)
+    of its file (a JPEG and a PNG packed back to back here)."""
+    root = write_folder(tmp_path, [b"0.jpg", b"1.png"])
+    parts = [(root / "a" / name).read_bytes() for name in ("0.jpg", "1.png")]
+    packed = tmp_path / "packed.bin"
+    packed.write_bytes(b"header" + parts[0] + parts[1])
+    ranges = np.array([[6, len(parts[0])], [6 + len(parts[0]), len(parts[1])]], np.int64)
+    plan = T.Compose([T.Resize((6, 6)), T.ToTensor()]).plan
+
+    def source(path, offsets, ranges=None):
+        return _C.ImageSource(path, np.asarray(offsets, np.int64), np.array([0, 1], np.int64),
+                              plan, fallback=fastload.images._fallback(), ranges=ranges)
+
+    files = os.fsencode(root / "a" / "0.jpg") + b"\0" + os.fsencode(root / "a" / "1.png") + b"\0"
+    (expected, _), _ = source(files, [0, files.index(b"\0") + 1]).batch([0, 1], None, None,
+                                                                         0, 0)
+    (got, _), _ = source(os.fsencode(packed) + b"\0", [0, 0], ranges).batch([0, 1], None, None,
+                                                                           0, 0)
+    np.testing.assert_array_equal(got, expected)
+
+    packed.write_bytes(b"header" + parts[0])  # truncated after it was indexed
+    with pytest.raises(OSError, match=r"past the end of the file.*truncated.*sample index 1"):
+        source(os.fsencode(packed) + b"\0", [0, 0], ranges).batch([0, 1], None, None, 0, 0)

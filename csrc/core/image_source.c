@@ -19,8 +19,13 @@ int fl_image_source_read(const fl_image_source *src, fl_image_worker *w, int64_t
 {
     failure->index = file->index = index;
     failure->err = 0;
-    int rc = fl_read_file(w, fl_image_source_path(src, index), &file->data, &file->size,
-                          &failure->err, failure->msg, sizeof failure->msg);
+    uint64_t offset = 0, length = FL_TO_END;
+    if (src->ranges) {
+        offset = (uint64_t)src->ranges[2 * index];
+        length = (uint64_t)src->ranges[2 * index + 1];
+    }
+    int rc = fl_read_range(w, fl_image_source_path(src, index), offset, length, &file->data,
+                           &file->size, &failure->err, failure->msg, sizeof failure->msg);
     /* An empty file goes to the JPEG decoder, which names the problem. */
     file->jpeg = rc != FL_OK || file->size == 0 || fl_is_jpeg(file->data, file->size);
     failure->status = rc;
@@ -38,8 +43,8 @@ int fl_image_source_decode(const fl_image_source *src, fl_image_worker *w,
         rc = fl_pipeline_jpeg(w, &src->plan, key, file->data, file->size, dst, geometry,
                               failure->msg, sizeof failure->msg);
     } else if (src->fallback) {
-        rc = src->fallback(src->fallback_ctx, w, &src->plan, fl_image_source_path(src, file->index),
-                           key, dst, geometry, failure->msg, sizeof failure->msg);
+        rc = src->fallback(src->fallback_ctx, w, &src->plan, file->data, file->size, key, dst,
+                           geometry, failure->msg, sizeof failure->msg);
     } else {
         snprintf(failure->msg, sizeof failure->msg, "not a JPEG, and no other decoder is set");
         rc = FL_ERR_DECODE;

@@ -26,18 +26,22 @@
 #define FL_IMAGE_MSG_SIZE 256
 #define FL_IMAGE_MAX_SKIPS 64
 
-/* Decodes a file the JPEG path cannot (`path`) and runs the plan on its
- * pixels into `dst` (NULL: only fills *geometry).  Returns FL_OK,
- * FL_ERR_DECODE or FL_ERR_NOMEM with a message in msg.  Called on the thread
- * running the batch, without the GIL held by the core. */
+/* Decodes the bytes of a file the JPEG path cannot (`size` bytes at
+ * `data`, already read) and runs the plan on its pixels into `dst` (NULL:
+ * only fills *geometry).  Returns FL_OK, FL_ERR_DECODE or FL_ERR_NOMEM with
+ * a message in msg.  Called on the thread running the batch, without the GIL
+ * held by the core. */
 typedef int (*fl_image_fallback_fn)(void *ctx, fl_image_worker *w, const fl_image_plan *plan,
-                                    const char *path, const fl_sample_key *key, void *dst,
+                                    const unsigned char *data, size_t size,
+                                    const fl_sample_key *key, void *dst,
                                     fl_sample_geometry *geometry, char *msg, size_t msg_size);
 
 typedef struct fl_image_source {
     const char *paths;       /* NUL-terminated paths back to back */
     const int64_t *offsets;  /* where path i starts in `paths` */
     const int64_t *labels;
+    const int64_t *ranges;   /* NULL, or (offset, size) of sample i within its
+                                file: a member of an archive */
     int64_t length;          /* number of samples */
     fl_image_plan plan;
     int skip;                /* on_error == "skip" */
@@ -63,6 +67,7 @@ typedef struct fl_image_batch_report {
     fl_image_failure error;  /* status FL_OK unless the batch failed */
 } fl_image_batch_report;
 
+/* The file sample `index` is read from (for an archive member, the archive). */
 static inline const char *fl_image_source_path(const fl_image_source *src, int64_t index)
 {
     return src->paths + src->offsets[index];
@@ -85,7 +90,7 @@ typedef struct fl_image_file {
     int64_t index;
     const unsigned char *data;
     size_t size;
-    int jpeg;                /* 0: the fallback decodes it (from its path) */
+    int jpeg;                /* 0: the fallback decodes it */
 } fl_image_file;
 
 /* Reads sample `index`.  Returns FL_OK, or FL_ERR_IO with *failure filled. */

@@ -83,6 +83,12 @@ static const char *file_kind(mode_t mode)
 int fl_read_file(fl_image_worker *w, const char *path, const unsigned char **data, size_t *size,
                  int *err, char *msg, size_t msg_size)
 {
+    return fl_read_range(w, path, 0, FL_TO_END, data, size, err, msg, msg_size);
+}
+
+int fl_read_range(fl_image_worker *w, const char *path, uint64_t offset, uint64_t length,
+                  const unsigned char **data, size_t *size, int *err, char *msg, size_t msg_size)
+{
     int fd = -1, status = FL_ERR_IO;
     struct stat st;
     size_t done = 0;
@@ -119,13 +125,31 @@ int fl_read_file(fl_image_worker *w, const char *path, const unsigned char **dat
         snprintf(msg, msg_size, "%s", strerror(errno));
         goto out;
     }
-    if ((uint64_t)st.st_size > MAX_FILE_BYTES) {
-        status = FL_ERR_TOO_BIG;
-        snprintf(msg, msg_size, "file of %lld bytes is too large for an image",
-                 (long long)st.st_size);
+    uint64_t file_size = (uint64_t)st.st_size;
+    if (length == FL_TO_END) {
+        if (offset > file_size) {
+            *err = EIO;
+            snprintf(msg, msg_size, "offset %llu lies past the end of the file",
+                     (unsigned long long)offset);
+            goto out;
+        }
+        length = file_size - offset;
+    } else if (offset > file_size || length > file_size - offset) {
+        /* A member of an archive that is shorter now than when indexed. */
+        *err = EIO;
+        snprintf(msg, msg_size, "bytes %llu-%llu lie past the end of the file (%llu bytes): "
+                 "it was truncated",
+                 (unsigned long long)offset, (unsigned long long)(offset + length),
+                 (unsigned long long)file_size);
         goto out;
     }
-    size_t want = (size_t)st.st_size;
+    if (length > MAX_FILE_BYTES) {
+        status = FL_ERR_TOO_BIG;
+        snprintf(msg, msg_size, "%llu bytes are too many for an image",
+                 (unsigned long long)length);
+        goto out;
+    }
+    size_t want = (size_t)length;
     if (want + 1 > w->capacity) {
         unsigned char *grown = realloc(w->buf, want + 1);
         if (!grown) {
@@ -139,7 +163,7 @@ int fl_read_file(fl_image_worker *w, const char *path, const unsigned char **dat
     /* Read what fstat promised; a file that shrank meanwhile gives fewer
      * bytes, which the decoder then reports as truncated. */
     while (done < want) {
-        ssize_t got = read(fd, w->buf + done, want - done);
+        ssize_t got = pread(fd, w->buf + done, want - done, (off_t)(offset + done));
         if (got < 0 && errno == EINTR)
             continue;
         if (got < 0) {

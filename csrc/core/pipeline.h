@@ -63,6 +63,14 @@ fl_image_worker *fl_image_worker_get(void);
 int fl_read_file(fl_image_worker *w, const char *path, const unsigned char **data, size_t *size,
                  int *err, char *msg, size_t msg_size);
 
+/* Reads `length` bytes at `offset` of the file at `path` (a member of an
+ * archive; FL_TO_END: the rest of the file), as fl_read_file does.  A range
+ * past the end of the file (one truncated since it was indexed) is
+ * FL_ERR_IO with EIO and a message saying so. */
+#define FL_TO_END UINT64_MAX
+int fl_read_range(fl_image_worker *w, const char *path, uint64_t offset, uint64_t length,
+                  const unsigned char **data, size_t *size, int *err, char *msg, size_t msg_size);
+
 /* Nonzero when the bytes start like a JPEG (SOI marker). */
 int fl_is_jpeg(const unsigned char *data, size_t size);
 
