@@ -12,6 +12,7 @@ from .images import DecodeError, ImageFiles, ImageFolder
 from ._worker import WorkerInfo, get_worker_info
 from .collate import default_collate, default_convert
 from .dataloader import DataLoader
+from .shard_reader import ShardSampler, WebDataset
 from .datasets import Dataset, IterableDataset
 from .sampler import (
     BatchSampler,
@@ -38,8 +39,10 @@ __all__ = [
     "RandomSampler",
     "Sampler",
     "SequentialSampler",
+    "ShardSampler",
     "SubsetRandomSampler",
     "TokenDataset",
+    "WebDataset",
     "WeightedRandomSampler",
     "WorkerInfo",
     "default_collate",

@@ -156,21 +156,25 @@ class ImageFiles:
                     loader)
 
     def _setup(self, paths, labels, transform, target_transform, decode, on_error, max_pixels,
-               loader):
+               loader, ranges=None):
         if decode not in ("fast", "exact"):
             raise ValueError(f"decode must be 'fast' or 'exact', got {decode!r}")
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         if loader is not None and not callable(loader):
             raise TypeError(f"loader must be callable, got {type(loader).__name__}")
-        encoded = [p if isinstance(p, bytes) else os.fsencode(p) for p in paths]
-        blob = b"\0".join(encoded) + b"\0"
-        if blob.count(b"\0") != (len(encoded) or 1):  # one terminator a path
-            raise ValueError("a path contains a NUL byte")
-        lengths = np.fromiter(map(len, encoded), np.int64, len(encoded)) + 1
-        self._offsets = np.zeros(len(encoded), np.int64)
-        self._offsets[1:] = np.cumsum(lengths)[:-1]
-        self._paths = blob
+        if isinstance(paths, tuple):  # (blob, offsets): files shared by samples (shards)
+            self._paths, self._offsets = paths
+        else:
+            encoded = [p if isinstance(p, bytes) else os.fsencode(p) for p in paths]
+            blob = b"\0".join(encoded) + b"\0"
+            if blob.count(b"\0") != (len(encoded) or 1):  # one terminator a path
+                raise ValueError("a path contains a NUL byte")
+            lengths = np.fromiter(map(len, encoded), np.int64, len(encoded)) + 1
+            self._offsets = np.zeros(len(encoded), np.int64)
+            self._offsets[1:] = np.cumsum(lengths)[:-1]
+            self._paths = blob
+        self._ranges = ranges  # (offset, size) of each sample in its file, or None
         self._labels = labels
         self.transform = transform
         self.target_transform = target_transform
@@ -199,7 +203,7 @@ class ImageFiles:
     def _image_source(self, plan, skip):
         return _C.ImageSource(self._paths, self._offsets, self._labels, plan,
                               exact=self.decode == "exact", max_pixels=self.max_pixels,
-                              skip=skip, fallback=_fallback())
+                              skip=skip, fallback=_fallback(), ranges=self._ranges)
 
     def __getstate__(self):
         # The C sources hold per-thread decoders: a copy (a spawned worker

@@ -1,0 +1,281 @@
+"""WebDataset tar shards, read natively: ``WebDataset`` and ``ShardSampler``.
+
+A shard is a plain tar file whose members are grouped into samples by
+WebDataset's rule: the member path up to the first dot of its last
+component is the sample's key, the rest its extension (``n01/img7.jpg`` and
+``n01/img7.cls`` are sample ``n01/img7``).  ``WebDataset`` indexes every
+shard once (in C, headers only: ``_C.tar_index``), and is then a map-style
+dataset: sample ``i`` is ``(image, label)``, its image a byte range of its
+shard decoded by the same C pipeline as ``ImageFolder`` (JPEG with region
+decode and DCT scaling; other formats through Pillow), its label the
+integer in its ``.cls`` member.  So every sampler works (``shuffle=True``,
+``DistributedSampler``), batches take the native path (no Python per
+sample), and a loader over it resumes like any other.
+
+Streaming order, as WebDataset users expect it, is a sampler:
+``ShardSampler`` visits the shards in an order shuffled per epoch, reads
+each shard's samples in sequence through a shuffle buffer, and splits the
+shards between ranks -- the disk sees long sequential reads, and the order
+depends only on (seed, epoch), never on ``num_workers``.
+"""
+
+import concurrent.futures
+import os
+import re
+
+import numpy as np
+
+from . import _C
+from .images import PILLOW_MAX_PIXELS, ImageFiles
+from .sampler import Sampler
+
+__all__ = ["WebDataset", "ShardSampler", "expand_urls"]
+
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "ppm", "pgm", "bmp", "webp", "tif", "tiff")
+
+_BRACES = re.compile(r"\{([^{}]*)\}")
+
+
+def expand_urls(urls):
+    """Shard paths from a list, or from one string with brace patterns as
+    WebDataset writes them: ``"data/shard-{000000..000099}.tar"`` (numeric
+    ranges keep the width of their first bound), ``"{a,b}.tar"``, several
+    braces, and ``"::"`` between patterns."""
+    if isinstance(urls, (str, bytes, os.PathLike)):
+        urls = [os.fsdecode(urls)]
+        urls = [part for url in urls for part in url.split("::")]
+        return [path for url in urls for path in _expand_one(url)]
+    paths = [os.fsdecode(u) for u in urls]
+    if not paths:
+        raise ValueError("no shards given")
+    return paths
+
+
+def _expand_one(pattern):
+    match = _BRACES.search(pattern)
+    if match is None:
+        return [pattern]
+    head, tail = pattern[:match.start()], pattern[match.end():]
+    body = match.group(1)
+    numeric = re.fullmatch(r"(\d+)\.\.(\d+)", body)
+    if numeric:
+        lo, hi = numeric.groups()
+        if int(hi) < int(lo):
+            raise ValueError(f"empty range {{{body}}} in {pattern!r}")
+        choices = [str(i).zfill(len(lo)) for i in range(int(lo), int(hi) + 1)]
+    else:
+        choices = body.split(",")
+    return [path for choice in choices for path in _expand_one(head + choice + tail)]
+
+
+def _split_name(name):
+    """(key, extension) of a member path, as WebDataset splits it."""
+    slash = name.rfind(b"/") + 1
+    dot = name.find(b".", slash)
+    return name[:dot], name[dot + 1:]
+
+
+class _Shard:
+    """One shard's samples: key, image member and label member of each."""
+
+    def __init__(self, path, image_extensions, label_extension):
+        index = _C.tar_index(path)
+        names = index["names"]
+        starts_of_names = index["name_offsets"]
+        members = index["sample_members"]
+        starts = index["sample_starts"]
+        offsets, sizes = index["offsets"], index["sizes"]
+        self.path = path
+        self.keys = []
+        self.images = np.empty((len(starts) - 1, 2), np.int64)
+        labels = []
+        label_fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC) if label_extension else None
+        try:
+            for s in range(len(starts) - 1):
+                found = {}
+                for m in members[starts[s]:starts[s + 1]]:
+                    begin = starts_of_names[m]
+                    key, ext = _split_name(names[begin:names.index(b"\0", begin)])
+                    found[ext.lower().decode("utf-8", "replace")] = m
+                key = os.fsdecode(key)
+                image = next((found[e] for e in image_extensions if e in found), None)
+                if image is None:
+                    raise ValueError(f"{path}: sample {key!r} has no image member (one of "
+                                     f"{', '.join(image_extensions)}); it has "
+                                     f"{', '.join(sorted(found)) or 'nothing'}")
+                self.keys.append(key)
+                self.images[s] = offsets[image], sizes[image]
+                if label_extension:
+                    labels.append(self._label(label_fd, found, label_extension, offsets, sizes,
+                                              key))
+        finally:
+            if label_fd is not None:
+                os.close(label_fd)
+        self.labels = np.asarray(labels if label_extension else np.zeros(len(self.keys)),
+                                 np.int64)
+
+    def _label(self, fd, found, extension, offsets, sizes, key):
+        m = found.get(extension)
+        if m is None:
+            raise ValueError(f"{self.path}: sample {key!r} has no .{extension} member")
+        if sizes[m] > 64:
+            raise ValueError(f"{self.path}: {key}.{extension} is {sizes[m]} bytes, not a class "
+                             "index")
+        text = os.pread(fd, int(sizes[m]), int(offsets[m]))
+        try:
+            return int(text.decode("ascii").strip())
+        except ValueError:
+            raise ValueError(f"{self.path}: {key}.{extension} holds {text[:64]!r}, not an "
+                             "integer class index") from None
+
+
+class WebDataset(ImageFiles):
+    """WebDataset tar shards as a map-style dataset of ``(image, label)``.
+
+    ``WebDataset(urls, transform=None, target_transform=None, *,
+    image_extensions=IMAGE_EXTENSIONS, label_extension="cls", decode="fast",
+    on_error="raise", max_pixels=PILLOW_MAX_PIXELS, index_threads=None)``
+
+    ``urls``: a list of shard paths or a brace pattern (``expand_urls``).
+    Each sample's image is its first member with one of
+    ``image_extensions``; its label the integer in its ``label_extension``
+    member (None: no labels, 0 each).  A sample without them is an error
+    naming the shard and the key.  ``transform`` and the rest are
+    ``ImageFiles``'s: a fastload ``Compose`` with a fixed output size gives
+    batches made in C.  Shards are indexed once, in parallel threads, when
+    the dataset is made; ``keys[i]`` and ``shard_of(i)`` say where sample
+    ``i`` came from.
+    """
+
+    def __init__(self, urls, transform=None, target_transform=None, *,
+                 image_extensions=IMAGE_EXTENSIONS, label_extension="cls", decode="fast",
+                 on_error="raise", max_pixels=PILLOW_MAX_PIXELS, index_threads=None):
+        self.urls = expand_urls(urls)
+        image_extensions = tuple(e.lower().lstrip(".") for e in image_extensions)
+        threads = index_threads or min(8, len(self.urls), os.cpu_count() or 1)
+        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+            shards = list(pool.map(
+                lambda path: _Shard(path, image_extensions, label_extension), self.urls))
+        self.keys = [key for shard in shards for key in shard.keys]
+        counts = np.array([len(shard.keys) for shard in shards], np.int64)
+        self.shard_starts = np.concatenate(([0], np.cumsum(counts)))  # samples of shard s
+        encoded = [os.fsencode(path) + b"\0" for path in self.urls]
+        path_offsets = np.concatenate(([0], np.cumsum([len(e) for e in encoded])[:-1]))
+        offsets = np.repeat(path_offsets.astype(np.int64), counts)
+        ranges = (np.concatenate([shard.images for shard in shards])
+                  if shards else np.empty((0, 2), np.int64))
+        labels = (np.concatenate([shard.labels for shard in shards])
+                  if shards else np.empty(0, np.int64))
+        self._setup((b"".join(encoded), offsets), labels, transform, target_transform, decode,
+                    on_error, max_pixels, loader=None, ranges=np.ascontiguousarray(ranges))
+
+    def shard_of(self, index):
+        """The shard sample ``index`` is in (its number in ``urls``)."""
+        return int(np.searchsorted(self.shard_starts, index, side="right") - 1)
+
+    def path(self, index):
+        return f"{self.urls[self.shard_of(index)]}:{self.keys[index]}"
+
+    def __repr__(self):
+        return f"WebDataset({len(self)} samples in {len(self.urls)} shards)"
+
+
+def _distributed_rank():
+    """(rank, world size): torch.distributed when initialised, else the
+    RANK and WORLD_SIZE environment variables, else (0, 1)."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except ImportError:
+        pass
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+class ShardSampler(Sampler):
+    """Sample indices of a ``WebDataset`` in streaming order.
+
+    ``ShardSampler(dataset, shuffle=True, seed=0, buffer_size=1000, rank=None,
+    world_size=None, equal_length=True)``
+
+    Each epoch (``set_epoch``, as ``DistributedSampler``): the shards in an
+    order shuffled with (seed, epoch), split between ranks round-robin
+    (rank and world size from torch.distributed, else RANK/WORLD_SIZE, else
+    the arguments' defaults 0 and 1); each rank reads its shards' samples in
+    sequence through a shuffle buffer of ``buffer_size`` samples (0: none).
+    Every draw is keyed by (seed, epoch), so the order does not depend on
+    ``num_workers``.  Shards hold different numbers of samples, so ranks
+    would see different counts; with ``equal_length`` (default) every rank
+    yields as many samples as the smallest share and drops the rest of its
+    own (a different part every epoch, since the shard order changes) --
+    DDP needs the same number of batches on every rank.
+    """
+
+    def __init__(self, dataset, shuffle=True, seed=0, buffer_size=1000, rank=None,
+                 world_size=None, equal_length=True):
+        if not isinstance(dataset, WebDataset):
+            raise TypeError("ShardSampler needs a fastload.WebDataset")
+        found_rank, found_world = _distributed_rank()
+        self.rank = found_rank if rank is None else rank
+        self.world_size = found_world if world_size is None else world_size
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is not in [0, {self.world_size})")
+        if len(dataset.urls) < self.world_size:
+            raise ValueError(f"{len(dataset.urls)} shards cannot be split between "
+                             f"{self.world_size} ranks: write more, smaller shards")
+        if buffer_size < 0:
+            raise ValueError(f"buffer_size must be >= 0, got {buffer_size}")
+        self.starts = dataset.shard_starts
+        self.shuffle = shuffle
+        self.seed = seed
+        self.buffer_size = buffer_size
+        self.equal_length = equal_length
+        self.epoch = 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def _shards_of(self, rank, order):
+        return order[rank::self.world_size]
+
+    def _order(self):
+        n = len(self.starts) - 1
+        if not self.shuffle:
+            return np.arange(n)
+        return np.random.default_rng([self.seed, self.epoch, 0]).permutation(n)
+
+    def _count(self, shards):
+        return int(sum(self.starts[s + 1] - self.starts[s] for s in shards))
+
+    def __len__(self):
+        order = self._order()
+        counts = [self._count(self._shards_of(r, order)) for r in range(self.world_size)]
+        return min(counts) if self.equal_length else counts[self.rank]
+
+    def __iter__(self):
+        order = self._order()
+        mine = self._shards_of(self.rank, order)
+        limit = len(self)
+        stream = (i for s in mine for i in range(self.starts[s], self.starts[s + 1]))
+        if self.shuffle and self.buffer_size > 1:
+            stream = self._buffered(stream)
+        for n, index in enumerate(stream):
+            if n == limit:
+                return
+            yield int(index)
+
+    def _buffered(self, stream):
+        """WebDataset's shuffle buffer: fill it, then emit a random slot and
+        put the next sample there; drain it at the end."""
+        rng = np.random.default_rng([self.seed, self.epoch, 1 + self.rank])
+        buffer = []
+        for index in stream:
+            if len(buffer) < self.buffer_size:
+                buffer.append(index)
+                continue
+            slot = rng.integers(len(buffer))
+            yield buffer[slot]
+            buffer[slot] = index
+        rng.shuffle(buffer)
+        yield from buffer
