@@ -255,7 +255,8 @@ static const char *compression_of(const unsigned char *data, size_t n)
     return NULL;
 }
 
-static int not_a_tar(const unsigned char *start, size_t n, fl_tar_error *error)
+/* `start`: the first `n` bytes of a file of `size` bytes. */
+static int not_a_tar(const unsigned char *start, size_t n, int64_t size, fl_tar_error *error)
 {
     const char *compression = compression_of(start, n);
     if (compression)
@@ -263,9 +264,10 @@ static int not_a_tar(const unsigned char *start, size_t n, fl_tar_error *error)
                     "not a tar archive: the file is %s-compressed (fastload reads "
                     "uncompressed tar shards)",
                     compression);
-    if (n < FL_TAR_BLOCK)
+    if (size < FL_TAR_BLOCK)
         return fail(error, FL_ERR_DECODE, 0, 0,
-                    "not a tar archive: the file has %zu bytes, less than one header block", n);
+                    "not a tar archive: the file has %lld bytes, less than one header block",
+                    (long long)size);
     return fail(error, FL_ERR_DECODE, 0, 0,
                 "not a tar archive: the first header block has a bad checksum");
 }
@@ -490,14 +492,16 @@ static int read_archive(reader *r, fl_tar_index *index, pending *p, fl_tar_error
     char short_name[256 + 1];
     int64_t pos = 0, previous = -1; /* this header's offset, and the one before */
     for (;;) {
+        if (pos > r->size && last_member_at(index, previous))
+            return fail(error, FL_ERR_DECODE, 0, previous,
+                        "the file ends at offset %lld, inside the padding after member '%s' "
+                        "(header at offset %lld; truncated shard)",
+                        (long long)r->size, last_member(index).text, (long long)previous);
         if (pos > r->size)
             return fail(error, FL_ERR_DECODE, 0, previous,
                         "the file ends at offset %lld, inside the padding after the data of "
-                        "the header at offset %lld%s%s%s (truncated shard)",
-                        (long long)r->size, (long long)previous,
-                        last_member_at(index, previous) ? " (member '" : "",
-                        last_member_at(index, previous) ? last_member(index).text : "",
-                        last_member_at(index, previous) ? "')" : "");
+                        "the header at offset %lld (truncated shard)",
+                        (long long)r->size, (long long)previous);
         if (pos == r->size) {
             if (pos == 0)
                 return fail(error, FL_ERR_DECODE, 0, 0, "the file is empty, not a tar archive");
@@ -505,7 +509,7 @@ static int read_archive(reader *r, fl_tar_index *index, pending *p, fl_tar_error
         }
         if (r->size - pos < FL_TAR_BLOCK) {
             if (pos == 0)
-                return not_a_tar(r->fd < 0 ? r->memory : NULL, (size_t)r->size, error);
+                return not_a_tar(r->memory, (size_t)r->size, r->size, error);
             return fail(error, FL_ERR_DECODE, 0, pos,
                         "the file ends inside the header block at offset %lld (truncated "
                         "shard)",
@@ -518,7 +522,7 @@ static int read_archive(reader *r, fl_tar_index *index, pending *p, fl_tar_error
             break; /* the end-of-archive marker; what follows is ignored */
         if (!checksum_ok(h)) {
             if (pos == 0)
-                return not_a_tar(h, (size_t)(r->size < 16 ? r->size : 16), error);
+                return not_a_tar(h, FL_TAR_BLOCK, r->size, error);
             if (index->count)
                 return fail(error, FL_ERR_DECODE, 0, pos,
                             "bad header checksum at offset %lld, after member '%s' (corrupt "
@@ -533,7 +537,8 @@ static int read_archive(reader *r, fl_tar_index *index, pending *p, fl_tar_error
         previous = pos;
         if (parse_number(h + 124, 12, &size) < 0)
             return fail(error, FL_ERR_DECODE, 0, pos,
-                        "invalid size field in the header at offset %lld", (long long)pos);
+                        "invalid or out-of-range size field in the header at offset %lld",
+                        (long long)pos);
 
         if (type == 'L' || type == 'K' || type == 'x' || type == 'X' || type == 'g') {
             if (size > r->size - data)
@@ -580,18 +585,13 @@ static int read_archive(reader *r, fl_tar_index *index, pending *p, fl_tar_error
                 return fail(error, FL_ERR_DECODE, 0, pos,
                             "member '%s' (header at offset %lld) is refused: %s", q.text,
                             (long long)pos, fault);
-            if (size > r->size)
-                return fail(error, FL_ERR_DECODE, 0, pos,
-                            "member '%s' (header at offset %lld) declares %lld bytes, more "
-                            "than the whole file (%lld bytes)",
-                            q.text, (long long)pos, (long long)size, (long long)r->size);
+            /* No allocation depends on `size`: a huge one is only out of the file. */
             if (size > r->size - data)
                 return fail(error, FL_ERR_DECODE, 0, pos,
                             "member '%s' (header at offset %lld) is cut: its %lld bytes of "
-                            "data end at offset %lld, past the end of the file at %lld "
-                            "(truncated shard)",
-                            q.text, (long long)pos, (long long)size, (long long)(data + size),
-                            (long long)r->size);
+                            "data would end past the end of the file at offset %lld "
+                            "(truncated shard, or a corrupt size)",
+                            q.text, (long long)pos, (long long)size, (long long)r->size);
             if (index_append(index, name, length, data, size) < 0)
                 return fail(error, FL_ERR_NOMEM, 0, pos, "out of memory indexing member '%s'",
                             q.text);
@@ -664,7 +664,7 @@ int fl_tar_index_fd(int fd, size_t window, fl_tar_index *index, fl_tar_error *er
     int status;
     if (st.st_size > 0 && st.st_size < FL_TAR_BLOCK) {
         ssize_t got = pread_full(fd, r.window, (size_t)st.st_size, 0);
-        status = got == st.st_size ? not_a_tar(r.window, (size_t)got, error)
+        status = got == st.st_size ? not_a_tar(r.window, (size_t)got, st.st_size, error)
                                    : read_failed(&r, error, errno, 0, got);
     } else {
         status = index_with(&r, index, error);
