@@ -265,6 +265,20 @@ PyObject *fl__DeviceArray_new(fastload_state *state, fl_slot *slot, int device,
                               PyArray_Descr *descr, int ndim, const npy_intp *dims,
                               PyObject *ready, PyObject *stream);
 
+/* tar_index.c: tar_index(), the member index of a tar shard (csrc/core/tar.h) */
+PyObject *fl__tar_index(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+#define FL__TAR_INDEX_DOC                                                                   \
+    "tar_index(path, group=True, /)\n--\n\n"                                               \
+    "Indexes the regular members of an uncompressed tar file, reading it with\n"           \
+    "the GIL released.  Returns a dict: 'names' (bytes: NUL-terminated names\n"            \
+    "back to back), and int64 arrays 'name_offsets', 'offsets' (of each member's\n"       \
+    "data in the file) and 'sizes'; with `group`, also WebDataset samples:\n"             \
+    "'key_lengths' (bytes of each member's key, -1 if in no sample),\n"                   \
+    "'sample_members' and 'sample_starts' (sample s is the members\n"                      \
+    "sample_members[sample_starts[s]:sample_starts[s + 1]]).  Raises OSError\n"           \
+    "when the file cannot be read, fastload.DecodeError when it is not a tar\n"           \
+    "archive fastload accepts (the message names the member and offset)."
+
 /* engine_type.c */
 extern PyType_Spec fl__Engine_spec;
 PyObject *fl__yield_to_consumer(PyObject *module, PyObject *unused);

@@ -59,6 +59,7 @@ static PyMethodDef module_methods[] = {
      "take_freed_shared_slots()\n--\n\n"
      "The ids of shared slots freed since the last call (their mappings in\n"
      "another process can go)."},
+    {"tar_index", (PyCFunction)(void (*)(void))fl__tar_index, METH_FASTCALL, FL__TAR_INDEX_DOC},
     {"status_str", (PyCFunction)status_str, METH_O,
      "status_str(status, /)\n--\n\nDescribes a core status code."},
     {NULL, NULL, 0, NULL},

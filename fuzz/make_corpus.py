@@ -1,34 +1,52 @@
-"""Writes the seed corpus of the pipeline fuzz target (fuzz/corpus/pipeline).
+"""Writes the seed corpora of the fuzz targets (fuzz/corpus/<target>).
 
-    python fuzz/make_corpus.py
+    python fuzz/make_corpus.py [pipeline] [tar]      # both when none is named
 
-Each seed is 16 parameter bytes (the plan: see fuzz_pipeline.c) followed by
-a small JPEG from benchmarks/imagenet_like.make_test_images: every kind
-(baseline and progressive, each chroma sampling, grayscale, CMYK, restart
-markers, optimised tables), under a few plans each, plus a truncated file
-and a PNG.  Deterministic, so the corpus in the repository can be
-regenerated; files over MAX_BYTES are left out to keep it small.
+pipeline: each seed is 16 parameter bytes (the plan: see fuzz_pipeline.c)
+followed by a small JPEG from benchmarks/imagenet_like.make_test_images:
+every kind (baseline and progressive, each chroma sampling, grayscale, CMYK,
+restart markers, optimised tables), under a few plans each, plus a truncated
+file and a PNG.
+
+tar: shards written by Python's tarfile in the ustar, GNU and pax formats
+(long names and links, directories, links, FIFOs, a global pax header, many
+and empty members), hand-made headers tarfile does not write (pax size=,
+base-256 sizes, v7 directories, old-GNU times where ustar keeps its prefix,
+trailing garbage), and malformed ones (truncated, a member cut short, a bad
+checksum, a huge size, "../" and absolute names, a sparse member, gzip
+bytes, a duplicate extension).
+
+Deterministic, so the corpus in the repository can be regenerated; files
+over MAX_BYTES are left out to keep it small.
 """
 
+import io
 import os
 import pathlib
 import random
 import sys
+import tarfile
 import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent / "benchmarks"))
-import imagenet_like  # noqa: E402
 
 MAX_BYTES = 24 * 1024
 PLANS_PER_IMAGE = 3
 
 
-def main():
-    out = ROOT / "corpus" / "pipeline"
+def fresh_directory(target):
+    out = ROOT / "corpus" / target
     out.mkdir(parents=True, exist_ok=True)
     for old in out.iterdir():
         old.unlink()
+    return out
+
+
+def pipeline_corpus():
+    import imagenet_like
+
+    out = fresh_directory("pipeline")
     rng = random.Random(0)
     with tempfile.TemporaryDirectory() as tmp:
         images = imagenet_like.make_test_images(tmp)
@@ -46,9 +64,137 @@ def main():
                     params = bytes([k % 3] + [rng.randrange(256) for _ in range(15)])
                     (out / f"{name}-{v}{k}").write_bytes(params + body)
                     written += 1
+    report(out, written)
+
+
+def report(out, written):
     total = sum(f.stat().st_size for f in out.iterdir())
     print(f"{written} seeds, {total / 1024:.0f} KiB in {os.path.relpath(out)}")
 
 
+# ------------------------------------------------------------------- tar
+
+def tar_header(name, size, kind=b"0", prefix=b"", magic=b"ustar\x0000", size_field=None,
+               checksum_delta=0):
+    """One raw 512-byte header block, its checksum computed (then shifted
+    by checksum_delta to make a bad one)."""
+    h = bytearray(512)
+    h[0:len(name)] = name
+    h[100:108] = b"0000644\0"
+    h[108:116] = h[116:124] = b"0000000\0"
+    h[124:136] = size_field if size_field is not None else b"%011o\0" % size
+    h[136:148] = b"00000000000\0"
+    h[156:157] = kind
+    h[257:265] = magic
+    h[345:345 + len(prefix)] = prefix
+    h[148:156] = b" " * 8
+    h[148:156] = b"%06o\0 " % (sum(h) + checksum_delta)
+    return bytes(h)
+
+
+def tar_member(name, data, **header):
+    padding = b"\0" * (-len(data) % 512)
+    return tar_header(name, len(data), **header) + data + padding
+
+
+def pax_record(keyword, value):
+    body = b" %s=%s\n" % (keyword, value)
+    length = len(body) + 1
+    while len(b"%d" % length) + len(body) != length:
+        length += 1
+    return b"%d" % length + body
+
+
+END = b"\0" * 1024
+
+
+def tarfile_shard(fmt, members, **kwargs):
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=fmt, **kwargs) as tar:
+        for name, kind, data in members:
+            info = tarfile.TarInfo(name)
+            info.mtime = 0
+            info.type = kind
+            if kind == tarfile.SYMTYPE or kind == tarfile.LNKTYPE:
+                info.linkname = data.decode()
+                data = b""
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data) if data else None)
+    return buffer.getvalue()
+
+
+def tar_seeds():
+    reg, d = tarfile.REGTYPE, tarfile.DIRTYPE
+    webdataset = [("shard", d, b"")]
+    for i in range(3):
+        webdataset += [(f"shard/{i:06d}.jpg", reg, bytes([i]) * (100 + i)),
+                       (f"shard/{i:06d}.cls", reg, b"%d" % i),
+                       (f"shard/{i:06d}.meta.JSON", reg, b"{}")]
+    odd = [("__meta__", reg, b"m"), ("README", reg, b"no extension"), ("a/.hidden", reg, b"h"),
+           ("empty.txt", reg, b""), ("link.txt", tarfile.SYMTYPE, b"empty.txt"),
+           ("hard.txt", tarfile.LNKTYPE, b"empty.txt"), ("fifo", tarfile.FIFOTYPE, b"")]
+    long_names = [("d" * 90 + "/" + "n" * 120 + ".txt", reg, b"long"),
+                  ("l" * 150 + ".cls", tarfile.SYMTYPE, b"t" * 140)]
+    many = [(f"{i:04d}.bin", reg, b"x" * (i % 3)) for i in range(20)]
+    seeds = {
+        "ustar-webdataset": tarfile_shard(tarfile.USTAR_FORMAT, webdataset + odd),
+        "gnu-webdataset": tarfile_shard(tarfile.GNU_FORMAT, webdataset + odd),
+        "pax-webdataset": tarfile_shard(tarfile.PAX_FORMAT, webdataset + odd),
+        "gnu-long-names": tarfile_shard(tarfile.GNU_FORMAT, long_names),
+        "pax-long-names": tarfile_shard(tarfile.PAX_FORMAT, long_names + [("é.txt", reg, b"u")]),
+        "pax-global": tarfile_shard(tarfile.PAX_FORMAT, webdataset,
+                                    pax_headers={"comment": "global"}),
+        "ustar-many": tarfile_shard(tarfile.USTAR_FORMAT, many),
+        "empty-archive": END * 5,
+    }
+    pax = pax_record(b"path", b"from/pax.txt") + pax_record(b"size", b"5")
+    seeds["pax-size"] = (tar_member(b"PaxHeader", pax, kind=b"x")
+                         + tar_header(b"short.txt", 0) + b"hello".ljust(512, b"\0") + END)
+    seeds["base256-size"] = (tar_header(b"big.bin", 0, size_field=b"\x80" + b"\0" * 9 + b"\x02\x00")
+                             + b"b" * 512 + END)
+    seeds["v7-directory"] = tar_header(b"dir/", 0, kind=b"\0", magic=b"\0" * 8) + tar_member(
+        b"dir/file.txt", b"v7", kind=b"\0", magic=b"\0" * 8) + END
+    seeds["old-gnu-times"] = tar_member(b"name.txt", b"g", magic=b"ustar  \0",
+                                        prefix=b"12345670123\0") + END
+    seeds["ustar-prefix"] = tar_member(b"name.txt", b"p", prefix=b"some/prefix") + END
+    seeds["trailing-garbage"] = tar_member(b"a.txt", b"a") + END + b"garbage" * 100
+    seeds["duplicate-extension"] = tar_member(b"a.jpg", b"1") + tar_member(b"a.JPG", b"2") + END
+    seeds["reserved-extension"] = tar_member(b"a.__key__", b"k") + END
+    good = seeds["ustar-webdataset"]
+    seeds["truncated-header"] = good[:512 * 3 + 100]
+    seeds["cut-member"] = tar_member(b"a.txt", b"a" * 2000)[:1500]
+    seeds["missing-padding"] = tar_header(b"a.txt", 10) + b"0123456789"
+    seeds["bad-checksum"] = tar_member(b"a.txt", b"a") + tar_member(b"b.txt", b"b",
+                                                                    checksum_delta=1) + END
+    seeds["huge-size"] = tar_header(b"huge.bin", 0, size_field=b"77777777777\0") + END
+    seeds["huge-base256"] = tar_header(b"huge.bin", 0, size_field=b"\x80" + b"\xff" * 11) + END
+    seeds["dotdot"] = tar_member(b"ok/../../etc/passwd.txt", b"x") + END
+    seeds["absolute"] = tar_member(b"/etc/passwd.txt", b"x") + END
+    seeds["sparse"] = tar_header(b"sparse.bin", 0, kind=b"S") + END
+    seeds["pax-sparse"] = tar_member(b"PaxHeader", pax_record(b"GNU.sparse.map", b"0,1"),
+                                     kind=b"x") + tar_member(b"s.bin", b"s") + END
+    seeds["pax-truncated"] = tar_member(b"PaxHeader", pax, kind=b"x") + END
+    seeds["gzip"] = b"\x1f\x8b\x08\x00" + bytes(60)
+    seeds["not-a-tar"] = bytes(range(256)) * 3
+    seeds["short"] = b"ustar"
+    return seeds
+
+
+def tar_corpus():
+    out = fresh_directory("tar")
+    written = 0
+    for name, data in tar_seeds().items():
+        if len(data) <= MAX_BYTES:
+            (out / name).write_bytes(data)
+            written += 1
+    report(out, written)
+
+
+def main(targets):
+    corpora = {"pipeline": pipeline_corpus, "tar": tar_corpus}
+    for target in targets or corpora:
+        corpora[target]()
+
+
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

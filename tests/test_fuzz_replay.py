@@ -13,8 +13,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 FUZZ = ROOT / "fuzz"
 CC = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
 TARGETS = sorted(p.stem[len("fuzz_"):] for p in FUZZ.glob("fuzz_*.c"))
-# The fuzz targets exercise the decoding half of the core.
-CORE = [f"csrc/core/{name}.c" for name in ("augment", "jpeg", "pipeline", "resample", "status")]
+# The fuzz targets exercise the parsing half of the core.
+CORE = [f"csrc/core/{name}.c"
+        for name in ("augment", "jpeg", "pipeline", "resample", "status", "tar")]
 
 pytestmark = pytest.mark.skipif(CC is None, reason="needs a C compiler")
 
