@@ -1,0 +1,206 @@
+"""fastload.WebDataset and ShardSampler: WebDataset tar shards read natively."""
+
+import io
+import os
+import tarfile
+
+import numpy as np
+import pytest
+
+import fastload
+from fastload import transforms as T
+from fastload.shard_reader import expand_urls
+
+Image = pytest.importorskip("PIL.Image")
+torch = pytest.importorskip("torch")
+
+SHARD_SIZES = (5, 7, 4, 6)
+
+
+def encode(pixels, fmt="JPEG"):
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, fmt)
+    return buffer.getvalue()
+
+
+def add(tf, name, data):
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tf.addfile(info, io.BytesIO(data))
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """Shards written with tarfile, and the same images as files."""
+    root = tmp_path_factory.mktemp("shards")
+    rng = np.random.default_rng(0)
+    files, labels, n = [], [], 0
+    for s, size in enumerate(SHARD_SIZES):
+        with tarfile.open(root / f"shard-{s:03d}.tar", "w", format=tarfile.GNU_FORMAT) as tf:
+            for _ in range(size):
+                fmt, ext = ("PNG", "png") if n % 5 == 4 else ("JPEG", "jpg")
+                data = encode(rng.integers(0, 256, (24, 30, 3), dtype=np.uint8), fmt)
+                key = f"class{n % 3}/sample{n:05d}"
+                add(tf, f"{key}.{ext}", data)
+                add(tf, f"{key}.cls", str(n % 3).encode())
+                add(tf, f"{key}.json", b'{"n": %d}' % n)
+                path = root / "files" / f"{n:05d}.{ext}"
+                path.parent.mkdir(exist_ok=True)
+                path.write_bytes(data)
+                files.append(str(path))
+                labels.append(n % 3)
+                n += 1
+    return root, files, labels
+
+
+def pattern(root):
+    return str(root / f"shard-{{000..{len(SHARD_SIZES) - 1:03d}}}.tar")
+
+
+def test_expand_urls():
+    assert expand_urls("a-{08..10}.tar") == ["a-08.tar", "a-09.tar", "a-10.tar"]
+    assert expand_urls("{x,y}/s{1..2}.tar::z.tar") == ["x/s1.tar", "x/s2.tar", "y/s1.tar",
+                                                       "y/s2.tar", "z.tar"]
+    assert expand_urls(["p.tar", "q.tar"]) == ["p.tar", "q.tar"]
+    with pytest.raises(ValueError, match="empty range"):
+        expand_urls("s{3..1}.tar")
+
+
+def test_samples_match_the_same_images_as_files(shards):
+    root, files, labels = shards
+    transform = T.Compose([T.Resize((10, 12)), T.ToTensor()])
+    ds = fastload.WebDataset(pattern(root), transform=transform)
+    reference = fastload.ImageFiles(files, labels, transform=transform)
+    assert len(ds) == len(reference) == sum(SHARD_SIZES)
+    assert ds.keys[6] == "class0/sample00006" and ds.shard_of(6) == 1
+    assert ds.path(6).endswith("shard-001.tar:class0/sample00006")
+    for num_workers in (0, 2):
+        got = list(fastload.DataLoader(ds, batch_size=4, num_workers=num_workers))
+        want = list(fastload.DataLoader(reference, batch_size=4))
+        for (a, la), (b, lb) in zip(got, want):
+            assert torch.equal(a, b) and torch.equal(la, lb)
+    image, label = ds[4]  # a PNG member, through Pillow
+    assert label == 1 and np.array_equal(image, reference[4][0])
+
+
+def test_random_augmentation_does_not_depend_on_workers(shards):
+    root, _, _ = shards
+    ds = fastload.WebDataset(pattern(root), transform=T.Compose(
+        [T.RandomResizedCrop(8), T.RandomHorizontalFlip(), T.ToTensor()]))
+
+    def epoch(num_workers):
+        sampler = fastload.ShardSampler(ds, seed=3, buffer_size=4)
+        loader = fastload.DataLoader(ds, batch_size=5, sampler=sampler, num_workers=num_workers,
+                                     generator=torch.Generator().manual_seed(1))
+        return list(loader)
+
+    for (a, la), (b, lb) in zip(epoch(0), epoch(2)):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+# webdataset leaves its shard files to the garbage collector.
+@pytest.mark.filterwarnings("ignore::ResourceWarning",
+                            "ignore::pytest.PytestUnraisableExceptionWarning")
+def test_reads_shards_written_by_webdataset(tmp_path):
+    wds = pytest.importorskip("webdataset")
+    rng = np.random.default_rng(1)
+    images = [rng.integers(0, 256, (16, 16, 3), dtype=np.uint8) for _ in range(6)]
+    with wds.TarWriter(str(tmp_path / "w.tar")) as sink:
+        for i, pixels in enumerate(images):
+            sink.write({"__key__": f"k{i}", "png": pixels, "cls": i % 4})
+    ds = fastload.WebDataset(str(tmp_path / "w.tar"))
+    theirs = list(wds.WebDataset(str(tmp_path / "w.tar"), shardshuffle=False)
+                  .decode("rgb8").to_tuple("__key__", "png", "cls"))
+    assert ds.keys == [key for key, _, _ in theirs]
+    for i, (key, pixels, label) in enumerate(theirs):
+        image, ours = ds[i]
+        assert ours == label and np.array_equal(image, pixels) and np.array_equal(image,
+                                                                                  images[i])
+
+
+def test_shard_sampler_covers_every_sample_once(shards):
+    root, _, _ = shards
+    ds = fastload.WebDataset(pattern(root))
+    sampler = fastload.ShardSampler(ds, seed=5, buffer_size=3)
+    first = list(sampler)
+    assert sorted(first) == list(range(len(ds))) and len(sampler) == len(ds)
+    assert list(sampler) == first  # keyed by (seed, epoch) only
+    sampler.set_epoch(1)
+    assert list(sampler) != first and sorted(sampler) == list(range(len(ds)))
+    plain = fastload.ShardSampler(ds, shuffle=False)
+    assert list(plain) == list(range(len(ds)))
+
+
+@pytest.mark.parametrize("equal_length", [True, False])
+def test_shard_sampler_splits_shards_between_ranks(shards, equal_length):
+    root, _, _ = shards
+    ds = fastload.WebDataset(pattern(root))
+    world = 2
+    parts = [list(fastload.ShardSampler(ds, seed=2, rank=r, world_size=world,
+                                        equal_length=equal_length)) for r in range(world)]
+    assert not set(parts[0]) & set(parts[1])
+    shard_of = [ds.shard_of(i) for i in range(len(ds))]
+    assert not {shard_of[i] for i in parts[0]} & {shard_of[i] for i in parts[1]}
+    if equal_length:
+        assert len(parts[0]) == len(parts[1]) < len(ds) / world + max(SHARD_SIZES)
+    else:
+        assert sorted(parts[0] + parts[1]) == list(range(len(ds)))
+    with pytest.raises(ValueError, match="cannot be split"):
+        fastload.ShardSampler(ds, rank=0, world_size=len(SHARD_SIZES) + 1)
+
+
+def test_resume_with_the_shard_sampler(shards):
+    root, _, _ = shards
+    ds = fastload.WebDataset(pattern(root), transform=T.Compose(
+        [T.RandomResizedCrop(8), T.ToTensor()]))
+
+    def make():
+        return fastload.DataLoader(ds, batch_size=3, sampler=fastload.ShardSampler(ds, seed=9),
+                                   num_workers=2, generator=torch.Generator().manual_seed(4))
+
+    full = list(make())
+    loader = make()
+    it = iter(loader)
+    head = [next(it) for _ in range(2)]
+    state = loader.state_dict()
+    resumed = make()
+    resumed.load_state_dict(state)
+    for (a, la), (b, lb) in zip(head + list(resumed), full):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+def test_bad_shards_are_named(tmp_path):
+    with tarfile.open(tmp_path / "nolabel.tar", "w") as tf:
+        add(tf, "a.jpg", encode(np.zeros((4, 4, 3), np.uint8)))
+    with pytest.raises(ValueError, match=r"nolabel\.tar: sample 'a' has no \.cls member"):
+        fastload.WebDataset(str(tmp_path / "nolabel.tar"))
+    assert len(fastload.WebDataset(str(tmp_path / "nolabel.tar"), label_extension=None)) == 1
+
+    with tarfile.open(tmp_path / "noimage.tar", "w") as tf:
+        add(tf, "b.cls", b"1")
+    with pytest.raises(ValueError, match=r"noimage\.tar: sample 'b' has no image member"):
+        fastload.WebDataset(str(tmp_path / "noimage.tar"))
+
+    with tarfile.open(tmp_path / "badcls.tar", "w") as tf:
+        add(tf, "c.jpg", encode(np.zeros((4, 4, 3), np.uint8)))
+        add(tf, "c.cls", b"cat")
+    with pytest.raises(ValueError, match=r"c\.cls holds b'cat', not an integer"):
+        fastload.WebDataset(str(tmp_path / "badcls.tar"))
+
+    (tmp_path / "text.tar").write_bytes(b"not a tar file at all" * 40)
+    with pytest.raises(fastload.DecodeError, match="text.tar"):
+        fastload.WebDataset(str(tmp_path / "text.tar"))
+
+
+def test_a_shard_truncated_after_indexing_fails_its_sample(tmp_path):
+    with tarfile.open(tmp_path / "s.tar", "w") as tf:
+        for i in range(3):
+            add(tf, f"k{i}.jpg", encode(np.full((8, 8, 3), i * 40, np.uint8)))
+            add(tf, f"k{i}.cls", b"0")
+    ds = fastload.WebDataset(str(tmp_path / "s.tar"),
+                             transform=T.Compose([T.Resize((8, 8)), T.ToTensor()]))
+    data = (tmp_path / "s.tar").read_bytes()
+    (tmp_path / "s.tar").write_bytes(data[:int(ds._ranges[2, 0]) + 10])
+    loader = fastload.DataLoader(ds, batch_size=3, num_workers=1)
+    with pytest.raises(OSError, match=r"truncated \(sample index 2\).*s\.tar"):
+        next(iter(loader))
