@@ -36,8 +36,10 @@ def make_dataset(kind, root):
                                      np.arange(N))
     from fastload import transforms as T
 
-    return fastload.ImageFolder(root, transform=T.Compose([T.RandomResizedCrop(8),
-                                                           T.ToTensor()]))
+    transform = T.Compose([T.RandomResizedCrop(8), T.ToTensor()])
+    if kind == "shards":
+        return fastload.WebDataset(os.path.join(root, "s-{0..4}.tar"), transform=transform)
+    return fastload.ImageFolder(root, transform=transform)
 
 
 def run_rank(rank, world, port, kind, root, drop_last, num_workers, out):
@@ -47,8 +49,10 @@ def run_rank(rank, world, port, kind, root, drop_last, num_workers, out):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         ds = make_dataset(kind, root)
-        labels = np.asarray(ds.targets if kind == "images" else np.arange(N))
-        sampler = fastload.DistributedSampler(ds, drop_last=drop_last)  # rank/world from dist
+        labels = np.asarray(ds.targets if kind != "arrays" else np.arange(N))
+        # rank and world size from torch.distributed
+        sampler = (fastload.ShardSampler(ds, seed=1, buffer_size=4) if kind == "shards"
+                   else fastload.DistributedSampler(ds, drop_last=drop_last))
         loader = fastload.DataLoader(ds, batch_size=4, sampler=sampler, num_workers=num_workers,
                                      persistent_workers=num_workers > 0)
         model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
@@ -115,3 +119,29 @@ def test_image_folder_with_workers_under_ddp(tmp_path):
     per_rank = result["gathered"]
     # 21 images: 11 a rank (one padded), 3 batches of at most 4, every epoch, on both ranks.
     assert [c for _, c in per_rank] == [[3] * EPOCHS] * world
+
+
+def test_shard_sampler_gives_every_rank_the_same_batch_count(tmp_path):
+    import io
+    import tarfile
+
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for s, size in enumerate((9, 4, 7, 5, 6)):  # unequal shards
+        with tarfile.open(tmp_path / f"s-{s}.tar", "w") as tf:
+            for i in range(size):
+                buffer = io.BytesIO()
+                Image.fromarray(rng.integers(0, 256, (12, 12, 3), dtype=np.uint8)).save(
+                    buffer, "JPEG")
+                for ext, data in (("jpg", buffer.getvalue()), ("cls", str(s).encode())):
+                    info = tarfile.TarInfo(f"{s}-{i}.{ext}")
+                    info.size = len(data)
+                    tf.addfile(info, io.BytesIO(data))
+    out = tmp_path / "result.pt"
+    world = 2
+    tmp.spawn(run_rank, args=(world, free_port(), "shards", str(tmp_path), False, 1, str(out)),
+              nprocs=world, join=True)
+    per_rank = torch.load(out, weights_only=False)["gathered"]
+    counts = [c for _, c in per_rank]
+    assert counts[0] == counts[1]  # equal_length: DDP steps the same number of times
