@@ -266,7 +266,7 @@ def _check_fields(fields):
     for field in fields:
         if not isinstance(field, str):
             raise TypeError(f"field names must be str, got {type(field).__name__} {field!r}")
-        if not field or "/" in field or "\0" in field:
+        if not field or field[0] == "." or field[-1] == "." or "/" in field or "\0" in field:
             raise ValueError(f"field name {field!r} is not a valid file extension")
         other = lowered.setdefault(field.lower(), field)
         if other != field:
@@ -469,6 +469,14 @@ def _positive_int(name, value):
     return int(value)
 
 
+def _finish(shard, written, verbose):
+    shard.finish()
+    written.append(shard.path)
+    if verbose:
+        print(f"fastload: wrote {shard.path} ({shard.count} "
+              f"sample{'' if shard.count == 1 else 's'})")
+
+
 def write_shards(samples, pattern, maxcount=100_000, maxsize=3_000_000_000, *,
                  image_max_side=None, quality=None, image_ext=None, start_shard=0,
                  verbose=False):
@@ -531,7 +539,6 @@ def write_shards(samples, pattern, maxcount=100_000, maxsize=3_000_000_000, *,
     written = []
     shard = None
     number = start_shard
-    index = 0
     try:
         for index, sample in enumerate(_iterate(samples)):
             try:
@@ -549,10 +556,7 @@ def write_shards(samples, pattern, maxcount=100_000, maxsize=3_000_000_000, *,
                 size = _members_size(members)
                 if shard.count >= maxcount or _file_size(shard.members_size + size) > maxsize:
                     shard_name(number)  # raises before finishing if there is no next name
-                    shard.finish()
-                    written.append(shard.path)
-                    if verbose:
-                        print(f"fastload: wrote {shard.path} ({shard.count} samples)")
+                    _finish(shard, written, verbose)
                     shard = None
             if shard is None:
                 shard = _Shard(shard_name(number))
@@ -560,10 +564,7 @@ def write_shards(samples, pattern, maxcount=100_000, maxsize=3_000_000_000, *,
             shard.add(members)
             shard.last_key = sample["__key__"]
         if shard is not None:
-            shard.finish()
-            written.append(shard.path)
-            if verbose:
-                print(f"fastload: wrote {shard.path} ({shard.count} samples)")
+            _finish(shard, written, verbose)
             shard = None
     finally:
         if shard is not None:

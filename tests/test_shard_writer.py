@@ -7,7 +7,10 @@ import gc
 import io
 import os
 import pathlib
+import subprocess
+import sys
 import tarfile
+import textwrap
 import warnings
 
 import numpy as np
@@ -259,6 +262,38 @@ def test_error_midway_keeps_complete_shards_only(tmp_path):
     assert [len(members(tmp_path / n)) for n in leftovers(tmp_path)] == [2, 2]
 
 
+KILLED_WRITER = textwrap.dedent("""
+    import os, signal, sys
+    from fastload import write_shards
+
+    def samples():
+        for i in range(5):
+            yield {"bin": b"x" * 1000}
+        os.kill(os.getpid(), signal.SIGKILL)  # dies with shard 2 half written
+
+    write_shards(samples(), os.path.join(sys.argv[1], "k-%d.tar"), maxcount=2)
+""")
+
+
+def test_killed_writer_leaves_no_partial_shard(tmp_path):
+    root = pathlib.Path(__file__).resolve().parent.parent
+    run = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(tmp_path)], cwd=root,
+                         capture_output=True, timeout=120)
+    assert run.returncode == -9, run.stderr
+    names = leftovers(tmp_path)
+    assert [n for n in names if not n.startswith(".")] == ["k-0.tar", "k-1.tar"]
+    assert [len(members(tmp_path / n)) for n in ("k-0.tar", "k-1.tar")] == [2, 2]
+    [temporary] = [n for n in names if n.startswith(".")]
+    assert temporary.startswith(".k-2.tar.") and temporary.endswith(".tmp")
+
+
+def test_verbose_reports_each_shard(tmp_path, capsys):
+    paths = write_shards([{"cls": i} for i in range(3)], str(tmp_path / "v-%d.tar"),
+                         maxcount=2, verbose=True)
+    assert capsys.readouterr().out.splitlines() == [
+        f"fastload: wrote {paths[0]} (2 samples)", f"fastload: wrote {paths[1]} (1 sample)"]
+
+
 def test_no_samples_no_shards(tmp_path):
     assert write_shards([], str(tmp_path / "n-%d.tar")) == []
     assert leftovers(tmp_path) == []
@@ -277,6 +312,7 @@ def test_no_samples_no_shards(tmp_path):
     ({"__key__": "k", "png": np.zeros((4, 4)) + 2.0}, ValueError, r"must lie in \[0, 1\]"),
     ({"__key__": "k", "png": np.zeros((2, 2, 2), np.uint8)}, ValueError, "1, 3 or 4 channels"),
     ({"__key__": "k", "a/b": b""}, ValueError, "not a valid file extension"),
+    ({"__key__": "k", ".jpg": b""}, ValueError, "not a valid file extension"),
     ({"__key__": "k", "jpg": b"", "JPG": b""}, ValueError, "differ only in case"),
     ({"__key__": "k"}, ValueError, "no fields"),
     ({"__key__": "k" * 300, "cls": 1}, ValueError, "does not fit a USTAR header"),
