@@ -23,6 +23,7 @@ from .sampler import (
     SubsetRandomSampler,
     WeightedRandomSampler,
 )
+from .shards import shards_from_image_folder, write_shards
 
 __version__ = "0.1.0"
 
@@ -48,4 +49,6 @@ __all__ = [
     "default_collate",
     "default_convert",
     "get_worker_info",
+    "shards_from_image_folder",
+    "write_shards",
 ]
