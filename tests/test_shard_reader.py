@@ -2,6 +2,7 @@
 
 import io
 import os
+import shutil
 import tarfile
 
 import numpy as np
@@ -204,3 +205,21 @@ def test_a_shard_truncated_after_indexing_fails_its_sample(tmp_path):
     loader = fastload.DataLoader(ds, batch_size=3, num_workers=1)
     with pytest.raises(OSError, match=r"truncated \(sample index 2\).*s\.tar"):
         next(iter(loader))
+
+
+def test_shards_written_by_fastload_read_back_as_the_folder(shards, tmp_path):
+    root, files, labels = shards
+    folder = tmp_path / "folder"
+    for path, label in zip(files, labels):
+        (folder / f"c{label}").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, folder / f"c{label}" / os.path.basename(path))
+    transform = T.Compose([T.Resize((9, 9)), T.ToTensor()])
+    reference = fastload.ImageFolder(folder, transform=transform)
+    written = fastload.shards_from_image_folder(reference, str(tmp_path / "out-%03d.tar"),
+                                                maxcount=8)
+    assert len(written) == -(-len(files) // 8)
+    ds = fastload.WebDataset(written, transform=transform)
+    assert len(ds) == len(reference)
+    for (a, la), (b, lb) in zip(fastload.DataLoader(ds, batch_size=6, num_workers=2),
+                                fastload.DataLoader(reference, batch_size=6)):
+        assert torch.equal(a, b) and torch.equal(la, lb)
