@@ -20,7 +20,10 @@ depends only on (seed, epoch), never on ``num_workers``.
 """
 
 import concurrent.futures
+import io
+import json
 import os
+import pickle
 import re
 
 import numpy as np
@@ -34,6 +37,41 @@ __all__ = ["WebDataset", "ShardSampler", "expand_urls"]
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "ppm", "pgm", "bmp", "webp", "tif", "tiff")
 
 _BRACES = re.compile(r"\{([^{}]*)\}")
+
+
+def _decode_int(data):
+    return int(data.decode("ascii").strip())
+
+
+def _decode_npy(data):
+    return np.load(io.BytesIO(data), allow_pickle=False)
+
+
+def _decode_torch(data):
+    import torch
+
+    return torch.load(io.BytesIO(data))
+
+
+def _decode_image(data):
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as img:
+        return np.asarray(img.convert("RGB"))
+
+
+# What webdataset's default decoders make of each extension; anything else
+# stays bytes.  (Like webdataset, "pyd"/"pickle" unpickle: only for shards
+# you trust.)
+DEFAULT_DECODERS = {
+    **dict.fromkeys(("cls", "cls2", "class", "count", "index", "inx", "id"), _decode_int),
+    **dict.fromkeys(("txt", "text", "transcript"), lambda data: data.decode("utf-8")),
+    **dict.fromkeys(("json", "jsn"), json.loads),
+    "npy": _decode_npy,
+    **dict.fromkeys(("pyd", "pickle"), pickle.loads),
+    "pth": _decode_torch,
+    **dict.fromkeys(IMAGE_EXTENSIONS, _decode_image),
+}
 
 
 def expand_urls(urls):
@@ -78,8 +116,9 @@ def _split_name(name):
 class _Shard:
     """One shard's samples: key, image member and label member of each."""
 
-    def __init__(self, path, image_extensions, label_extension):
+    def __init__(self, path, image_extensions, label_extension, keep_index):
         index = _C.tar_index(path)
+        self.index = index if keep_index else None  # every member, for fields
         names = index["names"]
         starts_of_names = index["name_offsets"]
         members = index["sample_members"]
@@ -137,6 +176,15 @@ class WebDataset(ImageFiles):
     on_error="raise", max_pixels=PILLOW_MAX_PIXELS, index_threads=None)``
 
     ``urls``: a list of shard paths or a brace pattern (``expand_urls``).
+    ``fields``: what a sample is.  None (default): ``(image, label)``, the
+    batches made in C.  A tuple of names: a tuple of those members,
+    ``"image"`` being the transformed image, ``"label"`` the label, and any
+    other name an extension decoded as webdataset decodes it (``json``,
+    ``txt``, ``npy``, ``cls``, images to HWC uint8 arrays; ``decoders``
+    maps extensions to your own ``bytes -> value``).  ``"dict"``: every
+    member so, with ``"__key__"``, ``"image"`` and ``"label"``.  With fields
+    each sample is read in Python (the loader gives such datasets process
+    workers).
     Each sample's image is its first member with one of
     ``image_extensions``; its label the integer in its ``label_extension``
     member (None: no labels, 0 each).  A sample without them is an error
@@ -149,13 +197,21 @@ class WebDataset(ImageFiles):
 
     def __init__(self, urls, transform=None, target_transform=None, *,
                  image_extensions=IMAGE_EXTENSIONS, label_extension="cls", decode="fast",
-                 on_error="raise", max_pixels=PILLOW_MAX_PIXELS, index_threads=None):
+                 on_error="raise", max_pixels=PILLOW_MAX_PIXELS, index_threads=None,
+                 fields=None, decoders=None):
         self.urls = expand_urls(urls)
+        if fields is not None and fields != "dict" and (
+                isinstance(fields, str) or not all(isinstance(f, str) for f in fields)):
+            raise ValueError(f"fields must be None, 'dict' or a tuple of names, got {fields!r}")
+        self.fields = tuple(fields) if fields not in (None, "dict") else fields
+        self.decoders = {**DEFAULT_DECODERS, **(decoders or {})}
         image_extensions = tuple(e.lower().lstrip(".") for e in image_extensions)
         threads = index_threads or min(8, len(self.urls), os.cpu_count() or 1)
         with concurrent.futures.ThreadPoolExecutor(threads) as pool:
             shards = list(pool.map(
-                lambda path: _Shard(path, image_extensions, label_extension), self.urls))
+                lambda path: _Shard(path, image_extensions, label_extension,
+                                    keep_index=fields is not None), self.urls))
+        self._shards = shards if fields is not None else None
         self.keys = [key for shard in shards for key in shard.keys]
         counts = np.array([len(shard.keys) for shard in shards], np.int64)
         self.shard_starts = np.concatenate(([0], np.cumsum(counts)))  # samples of shard s
@@ -168,6 +224,63 @@ class WebDataset(ImageFiles):
                   if shards else np.empty(0, np.int64))
         self._setup((b"".join(encoded), offsets), labels, transform, target_transform, decode,
                     on_error, max_pixels, loader=None, ranges=np.ascontiguousarray(ranges))
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state["decoders"] = {k: v for k, v in self.decoders.items()
+                             if DEFAULT_DECODERS.get(k) is not v}  # the defaults by name
+        return state
+
+    def __setstate__(self, state):
+        state["decoders"] = {**DEFAULT_DECODERS, **state["decoders"]}
+        super().__setstate__(state)
+
+    def _native_source(self, uint8=False):
+        return super()._native_source(uint8) if self.fields is None else None
+
+    def __getitem__(self, index):
+        image, label = super().__getitem__(index)
+        if self.fields is None:
+            return image, label
+        index = index + len(self) if index < 0 else index
+        members = self.members(index)
+        decoded = {"image": image, "label": label}
+
+        def value(name):
+            if name in decoded:
+                return decoded[name]
+            if name == "__key__":
+                return self.keys[index]
+            if name not in members:
+                raise KeyError(f"{self.path(index)} has no .{name} member (it has "
+                               f"{', '.join(sorted(members))})")
+            decoder = self.decoders.get(name)
+            return decoder(members[name]) if decoder is not None else members[name]
+
+        if self.fields == "dict":
+            names = ["__key__", "image", "label", *sorted(members)]
+            return {name: value(name) for name in names}
+        return tuple(value(name) for name in self.fields)
+
+    def members(self, index):
+        """Every member of sample ``index`` as raw bytes, by extension
+        (datasets made with ``fields``)."""
+        if self._shards is None:
+            raise RuntimeError("members() needs a WebDataset made with fields=")
+        s = self.shard_of(index)
+        shard = self._shards[s]
+        local = index - int(self.shard_starts[s])
+        idx = shard.index
+        names, name_offsets = idx["names"], idx["name_offsets"]
+        starts = idx["sample_starts"]
+        out = {}
+        with open(shard.path, "rb") as f:
+            for m in idx["sample_members"][starts[local]:starts[local + 1]]:
+                begin = name_offsets[m]
+                _, ext = _split_name(names[begin:names.index(b"\0", begin)])
+                out[ext.decode("utf-8", "replace")] = os.pread(
+                    f.fileno(), int(idx["sizes"][m]), int(idx["offsets"][m]))
+        return out
 
     def shard_of(self, index):
         """The shard sample ``index`` is in (its number in ``urls``)."""

@@ -223,3 +223,22 @@ def test_shards_written_by_fastload_read_back_as_the_folder(shards, tmp_path):
     for (a, la), (b, lb) in zip(fastload.DataLoader(ds, batch_size=6, num_workers=2),
                                 fastload.DataLoader(reference, batch_size=6)):
         assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+def test_fields_decode_other_members_as_webdataset_does(shards):
+    root, _, labels = shards
+    transform = T.Compose([T.Resize((5, 5)), T.ToTensor()])
+    ds = fastload.WebDataset(pattern(root), transform=transform, fields=("image", "json", "cls"))
+    image, meta, cls = ds[6]
+    assert image.shape == (3, 5, 5) and meta == {"n": 6} and cls == labels[6]
+    assert ds._native_source() is None  # samples read in Python
+    whole = fastload.WebDataset(pattern(root), fields="dict",
+                                decoders={"json": lambda data: data.upper()})
+    sample = whole[4]
+    assert sorted(sample) == ["__key__", "cls", "image", "json", "label", "png"]
+    assert sample["__key__"] == "class1/sample00004" and sample["json"] == b'{"N": 4}'
+    assert sample["png"].shape == (24, 30, 3) and np.array_equal(sample["png"], sample["image"])
+    with pytest.raises(KeyError, match=r"shard-000\.tar:class0/sample00000 has no \.txt member"):
+        fastload.WebDataset(pattern(root), fields=("txt",))[0]
+    batches = list(fastload.DataLoader(ds, batch_size=4, num_workers=2))
+    assert [m["n"].tolist() for _, m, _ in batches][0] == [0, 1, 2, 3]
