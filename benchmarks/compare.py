@@ -25,11 +25,9 @@ import statistics
 import sys
 import time
 
-try:
-    import fastload
-except ImportError:  # run from a checkout that is built in place, not installed
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    import fastload
+# This checkout's fastload, even where another one is installed.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import fastload  # noqa: E402
 
 import numpy as np
 

@@ -39,7 +39,6 @@ import random
 import statistics
 import sys
 import time
-import types
 
 try:
     import fastload
@@ -63,34 +62,11 @@ WORKLOADS = {
 
 
 def import_torchvision():
-    """torchvision, or None when it cannot be imported here.
+    """torchvision, or None (pil_pipeline.import_torchvision; that module
+    needs torch, so it is imported here)."""
+    import pil_pipeline
 
-    A torchvision wheel built against another torch build (the PyPI
-    torchvision with the CPU-only torch) fails at import: its compiled
-    operators do not load, and torchvision._meta_registrations then refers
-    to operators that do not exist.  The transforms and ImageFolder this demo
-    uses are pure Python and need neither, so the import is retried with
-    that one module replaced by an empty one."""
-    try:
-        import torchvision
-        return torchvision
-    except ModuleNotFoundError as e:
-        if e.name == "torchvision":  # not installed
-            return None
-    except Exception:  # noqa: BLE001 - see the docstring
-        pass
-    for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
-        del sys.modules[name]
-    sys.modules["torchvision._meta_registrations"] = types.ModuleType(
-        "torchvision._meta_registrations")
-    try:
-        import torchvision
-        from torchvision import datasets, transforms  # noqa: F401 - what the demo needs
-    except Exception:  # noqa: BLE001 - not importable after all
-        for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
-            del sys.modules[name]
-        return None
-    return torchvision
+    return pil_pipeline.import_torchvision()
 
 
 def image_pipelines(torchvision, decode):
