@@ -1,10 +1,10 @@
 /* An LD_PRELOAD shim that makes file reads fail on purpose, for the
  * fault-injection tests (tests/test_faults.py).
  *
- * For paths containing "fault-eio" read() fails with EIO; "fault-eacces"
- * makes open() fail with EACCES (root ignores permission bits, so chmod
- * cannot test this); "fault-short" makes every read() return at most 7
- * bytes and then 0 halfway through the file, a short read.  Other paths are
+ * For paths containing "fault-eio" read() and pread() fail with EIO;
+ * "fault-eacces" makes open() fail with EACCES (root ignores permission
+ * bits, so chmod cannot test this); "fault-short" makes every read() or
+ * pread() return at most 7 bytes and then 0 after 512 bytes, a short read.  Other paths are
  * untouched.  Descriptors are matched by remembering which fds open()
  * returned for a faulty path.
  */
@@ -24,6 +24,7 @@ static off_t served[MAX_FD];
 
 static int (*real_open)(const char *, int, ...);
 static ssize_t (*real_read)(int, void *, size_t);
+static ssize_t (*real_pread)(int, void *, size_t, off_t);
 static int (*real_close)(int);
 
 static void resolve(void)
@@ -31,6 +32,7 @@ static void resolve(void)
     if (!real_open) {
         real_open = (int (*)(const char *, int, ...))dlsym(RTLD_NEXT, "open");
         real_read = (ssize_t(*)(int, void *, size_t))dlsym(RTLD_NEXT, "read");
+        real_pread = (ssize_t(*)(int, void *, size_t, off_t))dlsym(RTLD_NEXT, "pread");
         real_close = (int (*)(int))dlsym(RTLD_NEXT, "close");
     }
 }
@@ -68,23 +70,52 @@ static int faulty_open(const char *path, int flags, mode_t mode)
 OPEN_WRAPPER(open)
 OPEN_WRAPPER(open64)
 
-ssize_t read(int fd, void *buf, size_t count)
+/* The fault for a read of up to `count` bytes on `fd`: 1 when the read
+ * proceeds (with *count possibly cut), 0 when it returns *result now. */
+static int fault(int fd, size_t *count, ssize_t *result)
 {
     resolve();
-    if (fd >= 0 && fd < MAX_FD && kind_of_fd[fd] == 1) {
+    if (fd < 0 || fd >= MAX_FD || kind_of_fd[fd] == 0)
+        return 1;
+    if (kind_of_fd[fd] == 1) {
         errno = EIO;
-        return -1;
+        *result = -1;
+        return 0;
     }
-    if (fd >= 0 && fd < MAX_FD && kind_of_fd[fd] == 2) {
-        if (served[fd] >= 512)
-            return 0; /* the file "ends" early */
-        ssize_t got = real_read(fd, buf, count < 7 ? count : 7);
-        if (got > 0)
-            served[fd] += got;
-        return got;
+    if (served[fd] >= 512) {
+        *result = 0; /* the file "ends" early */
+        return 0;
     }
-    return real_read(fd, buf, count);
+    if (*count > 7)
+        *count = 7;
+    return 1;
 }
+
+ssize_t read(int fd, void *buf, size_t count)
+{
+    ssize_t got;
+    if (!fault(fd, &count, &got))
+        return got;
+    got = real_read(fd, buf, count);
+    if (got > 0 && fd < MAX_FD)
+        served[fd] += got;
+    return got;
+}
+
+#define PREAD_WRAPPER(name)                                                 \
+    ssize_t name(int fd, void *buf, size_t count, off_t offset)            \
+    {                                                                       \
+        ssize_t got;                                                        \
+        if (!fault(fd, &count, &got))                                       \
+            return got;                                                     \
+        got = real_pread(fd, buf, count, offset);                           \
+        if (got > 0 && fd < MAX_FD)                                         \
+            served[fd] += got;                                              \
+        return got;                                                         \
+    }
+
+PREAD_WRAPPER(pread)
+PREAD_WRAPPER(pread64)
 
 int close(int fd)
 {
