@@ -178,6 +178,52 @@ def builders(folder, urls):
     }
 
 
+def webdataset_stages(urls):
+    """webdataset's pipeline cut after each stage, iterated in this process:
+    stage name -> a function making an iterable of samples."""
+    import webdataset
+
+    def read():
+        return webdataset.WebDataset(urls, shardshuffle=len(urls), seed=0).shuffle(SHUFFLE_BUFFER)
+
+    return {
+        "read": lambda: read().to_tuple("jpg", "cls"),
+        "decode": lambda: read().decode("pil").to_tuple("jpg", "cls"),
+        "transform": lambda: read().decode("pil").to_tuple("jpg", "cls").map_tuple(
+            pil_pipeline.train_transform(), identity),
+    }
+
+
+def decode_only_loader(folder):
+    """libjpeg-turbo's full decode of every file and nothing else, on this
+    thread: what decoding alone costs fastload."""
+    from images_bench import DecodeOnly, count_decoded
+
+    return fastload.DataLoader(DecodeOnly(folder), batch_size=BATCH, collate_fn=count_decoded)
+
+
+def stage_costs(folder, urls, n_images, reps):
+    """Milliseconds per image of each cut of webdataset's pipeline and of
+    fastload's decode alone, one thread each, medians of interleaved runs."""
+    stages = webdataset_stages(urls)
+    costs = {name: [] for name in (*stages, "decode only")}
+    for rep in range(reps):
+        for name, make in stages.items():
+            log(f"stage costs: webdataset {name} {rep + 1}/{reps}")
+            start = time.perf_counter()
+            n = sum(1 for _ in make())
+            costs[name].append(1000 * (time.perf_counter() - start) / n)
+            if n != n_images:
+                raise AssertionError(f"webdataset {name}: {n} samples, not {n_images}")
+        log(f"stage costs: decode only {rep + 1}/{reps}")
+        start = time.perf_counter()
+        n = sum(decode_only_loader(folder))
+        costs["decode only"].append(1000 * (time.perf_counter() - start) / n)
+        if n != n_images:
+            raise AssertionError(f"decode only: {n} images, not {n_images}")
+    return {name: statistics.median(c) for name, c in costs.items()}
+
+
 def check_batch(batch, n_classes):
     """Checks one batch and reads every value; returns its labels."""
     images, labels = batch
@@ -256,10 +302,11 @@ def run(folder, urls, sizes):
         first[workers] = {name: statistics.median(t[0] for t in ts) for name, ts in times.items()}
         first_with_dataset[workers] = {name: statistics.median(t[1] for t in ts)
                                        for name, ts in times.items()}
-    return throughput, first, first_with_dataset
+    return throughput, first, first_with_dataset, stage_costs(folder, urls, int(class_counts.sum()), sizes["reps"])
 
 
-def print_report(sizes, n_shards, throughput, first, first_with_dataset, load_before, seconds):
+def print_report(sizes, n_shards, throughput, first, first_with_dataset, stages, load_before,
+                 seconds):
     import webdataset
 
     wds, shards, folder = LOADERS
@@ -288,6 +335,20 @@ def print_report(sizes, n_shards, throughput, first, first_with_dataset, load_be
             ms = {name: 1000 * s for name, s in table[workers].items()}
             print(f"| {workers} | {ms[wds]:,.1f} | {ms[shards]:,.1f} | {ms[folder]:,.1f} | "
                   f"**{ms[wds] / ms[shards]:.1f}x** |")
+    print(f"\nWhere the time goes, one thread (ms per image; webdataset's pipeline cut after "
+          f"each stage and iterated in this process; medians of {sizes['reps']}):\n")
+    print("| stage | ms per image |")
+    print("|---|---:|")
+    for label, ms in (
+            ("webdataset: read the tar, group members, shuffle buffer", stages["read"]),
+            ("... + decode with Pillow (whole image, RGB)", stages["decode"]),
+            ("... + transform (crop, resize, flip, ToTensor, Normalize)", stages["transform"]),
+            ("... + DataLoader collation (the num_workers=0 epoch above)",
+             1000 / throughput[0][wds]),
+            ("fastload: libjpeg-turbo whole-image decode alone", stages["decode only"]),
+            ("fastload shards, the whole pipeline (the num_workers=0 epoch above)",
+             1000 / throughput[0][shards])):
+        print(f"| {label} | {ms:.2f} |")
 
 
 def main(argv=None):
