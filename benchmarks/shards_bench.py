@@ -25,13 +25,17 @@ batch 64 with ``num_workers`` 0, 1 and 2, interleaved in this one process:
 
 Throughput is images per second over whole epochs of persistent loaders
 (an untimed first epoch starts the workers and warms the page cache), the
-median of the repetitions.  Time to first batch is ``next(iter(loader))``
-of a loader made just before (workers started by that call), and, in the
-second table, the same with the dataset and loader made inside the timing
-(fastload indexes every shard's tar headers then; webdataset reads nothing
-until iterated).  Every batch's shape and dtype are checked and its values
-read; every epoch's labels are counted against the dataset's.  Prints
-Markdown on stdout.
+median of the repetitions; the **pairs** columns give the range of the
+ratio over the repetitions, each pair measured seconds apart.  Time to
+first batch is ``next(iter(loader))`` of a loader made just before (workers
+started by that call), and, in the second table, the same with the dataset
+and loader made inside the timing (fastload indexes every shard's tar
+headers then; webdataset reads nothing until iterated).  Every batch's
+shape and dtype are checked and its values read; every epoch's labels are
+counted against the dataset's.  A third table splits one thread's time per
+image between the stages of webdataset's pipeline, beside what
+libjpeg-turbo's whole-image decode alone costs fastload.  Prints Markdown on
+stdout.
 """
 
 import argparse
@@ -62,7 +66,7 @@ SAMPLES_PER_SHARD = 128
 SHUFFLE_BUFFER = 1000
 WORKERS = (0, 1, 2)
 LOADERS = ("webdataset", "fastload shards", "fastload folder")
-FULL = dict(images=2000, reps=3, first_batches=5)
+FULL = dict(images=2000, reps=5, first_batches=7)
 QUICK = dict(images=256, reps=2, first_batches=2)
 SHARDS_MANIFEST = "shards.json"
 SHARDS_VERSION = 1  # bumped whenever the bytes written change
@@ -291,7 +295,7 @@ def run(folder, urls, sizes):
                 if rep == 0:
                     epoch(loader, class_counts)  # untimed: workers up, files in the page cache
                 rates[name].append(epoch(loader, class_counts, rep + 1))
-        throughput[workers] = {name: statistics.median(r) for name, r in rates.items()}
+        throughput[workers] = rates
         del loaders, loader
         gc.collect()
         times = {name: [] for name in LOADERS}
@@ -302,7 +306,8 @@ def run(folder, urls, sizes):
         first[workers] = {name: statistics.median(t[0] for t in ts) for name, ts in times.items()}
         first_with_dataset[workers] = {name: statistics.median(t[1] for t in ts)
                                        for name, ts in times.items()}
-    return throughput, first, first_with_dataset, stage_costs(folder, urls, int(class_counts.sum()), sizes["reps"])
+    stages = stage_costs(folder, urls, int(class_counts.sum()), sizes["reps"])
+    return throughput, first, first_with_dataset, stages
 
 
 def print_report(sizes, n_shards, throughput, first, first_with_dataset, stages, load_before,
@@ -320,12 +325,18 @@ def print_report(sizes, n_shards, throughput, first, first_with_dataset, stages,
           f"{tv.__version__ if tv else 'no (Pillow equivalent)'}.\n")
     print(f"Images/s, medians of {sizes['reps']} interleaved epochs (persistent workers):\n")
     print(f"| workers | {wds} img/s | {shards} img/s | {folder} img/s "
-          f"| shards vs webdataset | shards vs folder |")
-    print("|---:|---:|---:|---:|---:|---:|")
+          f"| shards vs webdataset | pairs | shards vs folder | pairs |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for workers in WORKERS:
-        med = throughput[workers]
+        rates = throughput[workers]
+        med = {name: statistics.median(r) for name, r in rates.items()}
+        cells = []
+        for other in (wds, folder):
+            pairs = [a / b for a, b in zip(rates[shards], rates[other])]
+            cells.append(f"**{med[shards] / med[other]:.2f}x** | "
+                         f"{min(pairs):.2f}-{max(pairs):.2f}")
         print(f"| {workers} | {med[wds]:,.0f} | {med[shards]:,.0f} | {med[folder]:,.0f} | "
-              f"**{med[shards] / med[wds]:.2f}x** | **{med[shards] / med[folder]:.2f}x** |")
+              f"{cells[0]} | {cells[1]} |")
     for title, table in (("a loader made just before", first),
                          ("dataset and loader made inside the timing", first_with_dataset)):
         print(f"\nTime to first batch, ms ({title}; medians of {sizes['first_batches']}):\n")
@@ -344,10 +355,10 @@ def print_report(sizes, n_shards, throughput, first, first_with_dataset, stages,
             ("... + decode with Pillow (whole image, RGB)", stages["decode"]),
             ("... + transform (crop, resize, flip, ToTensor, Normalize)", stages["transform"]),
             ("... + DataLoader collation (the num_workers=0 epoch above)",
-             1000 / throughput[0][wds]),
+             1000 / statistics.median(throughput[0][wds])),
             ("fastload: libjpeg-turbo whole-image decode alone", stages["decode only"]),
             ("fastload shards, the whole pipeline (the num_workers=0 epoch above)",
-             1000 / throughput[0][shards])):
+             1000 / statistics.median(throughput[0][shards]))):
         print(f"| {label} | {ms:.2f} |")
 
 

@@ -4,6 +4,7 @@ come from ``python benchmarks/shards_bench.py``."""
 
 import contextlib
 import os
+import re
 import tarfile
 
 import pytest
@@ -41,8 +42,11 @@ def test_every_row_is_printed(report):
         rows = [line for line in lines if line.startswith(f"| {workers} |")]
         assert len(rows) == 3, (workers, text)  # throughput and both first-batch tables
         for row in rows:
-            cells = [c.strip(" *x") for c in row.strip("|").split("|")]
-            assert all(float(c.replace(",", "")) > 0 for c in cells[1:]), row
+            cells = [c.strip(" *x").replace(",", "") for c in row.strip("|").split("|")]
+            numbers = [float(n) for c in cells[1:] for n in c.split("-")]  # pairs are ranges
+            assert numbers and all(n > 0 for n in numbers), row
+    stage_row = re.compile(r"\| (webdataset|\.\.\.|fastload)[^|]* \| \d+\.\d\d \|")
+    assert sum(1 for line in lines if stage_row.fullmatch(line)) == 6, text
     assert "256 generated JPEGs in 2 shards of 128" in text
 
 
