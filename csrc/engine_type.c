@@ -679,13 +679,15 @@ static PyObject *Engine_get_closed(EngineObject *self, void *closure)
 static PyMethodDef Engine_methods[] = {
     {"submit", (PyCFunction)Engine_submit, METH_O,
      "submit(request, /)\n--\n\n"
-     "Queues worker.fetch(request) on the next live worker, round-robin.\n"
+     "Queues worker.fetch(request) on the next live worker, round-robin; with\n"
+     "a native source, request is (epoch, indices) and the batch runs in C.\n"
      "Returns 0, or 1 when every worker has retired (nothing queued)."},
     {"next", (PyCFunction)(void (*)(void))Engine_next, METH_FASTCALL,
      "next(timeout=None, /)\n--\n\n"
      "Waits (GIL released) for the next finished job and returns\n"
-     "(outcome, worker, result), or None when nothing is in flight.\n"
-     "Raises TimeoutError after `timeout` seconds, and whatever fetch raised."},
+     "(outcome, worker, result), or None when nothing is in flight; a native\n"
+     "batch that failed is (JOB_FAILED, worker, the exception).  Raises\n"
+     "TimeoutError after `timeout` seconds, and whatever fetch raised."},
     {"cancel_pending", (PyCFunction)Engine_cancel_pending, METH_NOARGS,
      "cancel_pending()\n--\n\nDelivers every job no worker has started as cancelled."},
     {"reset", (PyCFunction)Engine_reset, METH_NOARGS,
@@ -712,9 +714,13 @@ static PyMemberDef Engine_members[] = {
 };
 
 static PyType_Slot Engine_slots[] = {
-    {Py_tp_doc, "Engine(workers, max_in_flight, in_order=True, name='fastload-w')\n--\n\n"
+    {Py_tp_doc, "Engine(workers, max_in_flight, in_order=True, name='fastload-w', *,\n"
+                "       source=None, pool=None, convert=None, seed=0, report=None)\n--\n\n"
                 "Worker threads, one per object in `workers`; each runs that object's\n"
-                "start(), fetch(request) per job and stop() on its own thread."},
+                "start(), fetch(request) per job and stop() on its own thread.  With a\n"
+                "native `source`, jobs are its batches instead, made in C into slots\n"
+                "of `pool` and wrapped (through `convert`) by next(); `report` gets\n"
+                "the skipped-sample records."},
     {Py_tp_new, Engine_new},
     {Py_tp_dealloc, Engine_dealloc},
     {Py_tp_traverse, Engine_traverse},
