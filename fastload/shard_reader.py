@@ -134,14 +134,13 @@ class _Shard:
         ends = np.flatnonzero(names == 0)  # member i's name ends at ends[i]
         key_lengths = index["key_lengths"][members]
         name_starts = index["name_offsets"][members]
-        self._key_spans = np.stack([name_starts[starts[:-1]],
-                                    key_lengths[starts[:-1]]], axis=1) if n else np.empty((0, 2),
-                                                                                         np.int64)
+        first = starts[:-1]  # each sample's first member: its key
+        self._key_spans = np.stack([name_starts[first], key_lengths[first]], axis=1)
         sample_of = np.repeat(np.arange(n), np.diff(starts))  # for each entry of `members`
         ext_start = name_starts + key_lengths + 1
         ext_length = ends[members] - ext_start
         upper = (names >= 65) & (names <= 90)
-        lower = names + upper.astype(np.uint8) * 32  # ASCII lower case, as webdataset keys
+        lower = names + upper.astype(np.uint8) * 32  # extensions compare in ASCII lower case
 
         def member_with(extension):
             """Per sample, the member with this extension, or -1."""
@@ -159,12 +158,11 @@ class _Shard:
             candidate = member_with(extension)
             image = np.where(candidate >= 0, candidate, image)
         if (image < 0).any():
-            s_ = int(np.flatnonzero(image < 0)[0])
-            raise ValueError(f"{path}: sample {self.key(s_)!r} has no image member (one of "
+            bad = int(np.flatnonzero(image < 0)[0])
+            raise ValueError(f"{path}: sample {self.key(bad)!r} has no image member (one of "
                              f"{', '.join(image_extensions)}); it has "
-                             f"{', '.join(self._extensions(index, s_)) or 'nothing'}")
-        self.images = np.stack([offsets[image], sizes[image]], axis=1) if n else np.empty(
-            (0, 2), np.int64)
+                             f"{', '.join(self._extensions(index, bad)) or 'nothing'}")
+        self.images = np.stack([offsets[image], sizes[image]], axis=1)
         self.labels = np.zeros(n, np.int64)
         if label_extension:
             self.labels = self._read_labels(member_with(label_extension), label_extension,
