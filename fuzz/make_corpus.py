@@ -75,9 +75,10 @@ def report(out, written):
 # ------------------------------------------------------------------- tar
 
 def tar_header(name, size, kind=b"0", prefix=b"", magic=b"ustar\x0000", size_field=None,
-               checksum_delta=0):
+               checksum_delta=0, linkname=b""):
     """One raw 512-byte header block, its checksum computed (then shifted
-    by checksum_delta to make a bad one)."""
+    by checksum_delta to make a bad one).  tests/test_tar_index.py makes its
+    hand-made shards with it too."""
     h = bytearray(512)
     h[0:len(name)] = name
     h[100:108] = b"0000644\0"
@@ -85,6 +86,7 @@ def tar_header(name, size, kind=b"0", prefix=b"", magic=b"ustar\x0000", size_fie
     h[124:136] = size_field if size_field is not None else b"%011o\0" % size
     h[136:148] = b"00000000000\0"
     h[156:157] = kind
+    h[157:157 + len(linkname)] = linkname
     h[257:265] = magic
     h[345:345 + len(prefix)] = prefix
     h[148:156] = b" " * 8

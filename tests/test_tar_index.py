@@ -7,8 +7,9 @@ Every malformed shard must raise fastload.DecodeError naming the shard and
 the member or offset, never crash or allocate what a header claims.
 """
 
-import io
+import pathlib
 import random
+import sys
 import tarfile
 
 import pytest
@@ -20,6 +21,12 @@ pytestmark = fastload_only
 import fastload  # noqa: E402
 from fastload import _C  # noqa: E402
 
+# The raw-header and tarfile helpers the fuzz corpus is made with.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "fuzz"))
+from make_corpus import pax_record, tarfile_shard  # noqa: E402
+from make_corpus import tar_header as header  # noqa: E402
+from make_corpus import tar_member as member  # noqa: E402
+
 REG = tarfile.REGTYPE
 END = b"\0" * 1024
 
@@ -28,46 +35,8 @@ END = b"\0" * 1024
 
 def write_tar(path, members, fmt=tarfile.PAX_FORMAT, **kwargs):
     """members: (name, type, data); links take `data` as their target."""
-    with tarfile.open(path, "w", format=fmt, **kwargs) as tar:
-        for name, kind, data in members:
-            info = tarfile.TarInfo(name)
-            info.type = kind
-            info.mtime = 1_700_000_000
-            if kind in (tarfile.SYMTYPE, tarfile.LNKTYPE):
-                info.linkname, data = data.decode(), b""
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data) if data else None)
+    path.write_bytes(tarfile_shard(fmt, members, **kwargs))
     return path
-
-
-def header(name, size, kind=b"0", prefix=b"", magic=b"ustar\x0000", size_field=None,
-           checksum_delta=0, linkname=b""):
-    """One raw header block, its checksum right unless checksum_delta."""
-    h = bytearray(512)
-    h[0:len(name)] = name
-    h[100:108] = b"0000644\0"
-    h[108:116] = h[116:124] = b"0000000\0"
-    h[124:136] = size_field if size_field is not None else b"%011o\0" % size
-    h[136:148] = b"00000000000\0"
-    h[156:157] = kind
-    h[157:157 + len(linkname)] = linkname
-    h[257:265] = magic
-    h[345:345 + len(prefix)] = prefix
-    h[148:156] = b" " * 8
-    h[148:156] = b"%06o\0 " % (sum(h) + checksum_delta)
-    return bytes(h)
-
-
-def member(name, data, **kwargs):
-    return header(name, len(data), **kwargs) + data + b"\0" * (-len(data) % 512)
-
-
-def pax_record(keyword, value):
-    body = b" %s=%s\n" % (keyword, value)
-    length = len(body) + 1
-    while len(b"%d" % length) + len(body) != length:
-        length += 1
-    return b"%d" % length + body
 
 
 def pax(*records):
