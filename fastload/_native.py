@@ -17,13 +17,31 @@ engine's native jobs); ``num_workers=0`` and worker processes call
 ``batch()`` through a ``NativeBatches``.
 """
 
-__all__ = ["NativeBatches", "source_of"]
+__all__ = ["NativeBatches", "SourceOwner", "source_of"]
 
 
 def source_of(dataset, uint8=False):
     """The dataset's native source, or None."""
     method = getattr(dataset, "_native_source", None)
     return method(uint8=uint8) if method is not None else None
+
+
+class SourceOwner:
+    """A dataset holding native sources (``_C`` objects made from its other
+    attributes by ``_make_sources()``, named in ``_sources``): they are not
+    pickled, so a copy (a spawned worker process's) makes its own."""
+
+    _sources = ("_source",)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        for name in self._sources:
+            del state[name]
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._make_sources()
 
 
 class NativeBatches:

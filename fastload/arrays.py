@@ -17,6 +17,7 @@ import os
 import numpy as np
 
 from . import _C
+from ._native import SourceOwner
 
 __all__ = ["ArrayDataset", "TokenDataset"]
 
@@ -124,7 +125,20 @@ def _check_array(a, position):
     return a
 
 
-class ArrayDataset:
+class _GatheredRows(SourceOwner):
+    """What both datasets share: a batch is their native source's gather
+    (``self._source``, made by ``_make_sources``)."""
+
+    def _gather(self, indices, pool, convert):
+        return self._source.batch(_index_array(indices), pool, convert, 0, 0)[0]
+
+    def _native_source(self, uint8=False):
+        """The loader's batch path (see fastload._native): the rows
+        gathered in C into the batch slot."""
+        return None if uint8 else self._source
+
+
+class ArrayDataset(_GatheredRows):
     """Rows of arrays: ``ds[i] == (a[i], b[i], ...)``.
 
     Each argument is a NumPy array, an ``np.memmap``, a CPU tensor (used
@@ -153,19 +167,10 @@ class ArrayDataset:
         self.arrays = tuple(checked)
         self._files = tuple(_mapped_file(a) for a in checked)
         self._length = lengths[0]
-        self._make_source()
+        self._make_sources()
 
-    def _make_source(self):
+    def _make_sources(self):
         self._source = _C.RowSource(self.arrays, self._files)
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        del state["_source"]  # a copy (a spawned worker's) builds its own
-        return state
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._make_source()
 
     def __len__(self):
         return self._length
@@ -181,20 +186,12 @@ class ArrayDataset:
     def __getitems__(self, indices):
         return _split_rows(self._gather(indices, None, None))
 
-    def _gather(self, indices, pool, convert):
-        return self._source.batch(_index_array(indices), pool, convert, 0, 0)[0]
-
-    def _native_source(self, uint8=False):
-        """The loader's batch path (see fastload._native): rows gathered
-        in C into the batch slot."""
-        return None if uint8 else self._source
-
     def __repr__(self):
         shapes = ", ".join(f"{a.dtype}{list(a.shape[1:])}" for a in self.arrays)
         return f"ArrayDataset({self._length} rows of {shapes})"
 
 
-class TokenDataset:
+class TokenDataset(_GatheredRows):
     """Windows of a flat token sequence for language-model training.
 
     ``path_or_array`` is a raw token file (the ``train.bin`` layout: tokens
@@ -239,19 +236,10 @@ class TokenDataset:
         self.stride = stride
         self._file = _mapped_file(tokens)
         self._length = (len(tokens) - 1 - block_size) // stride + 1
-        self._make_source()
+        self._make_sources()
 
-    def _make_source(self):
+    def _make_sources(self):
         self._source = _C.WindowSource(self.tokens, self._file, self.stride, self.block_size)
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        del state["_source"]  # a copy (a spawned worker's) builds its own
-        return state
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._make_source()
 
     @staticmethod
     def _open(path, dtype):
@@ -287,14 +275,6 @@ class TokenDataset:
 
     def __getitems__(self, indices):
         return _split_rows(self._gather(indices, None, None))
-
-    def _gather(self, indices, pool, convert):
-        return self._source.batch(_index_array(indices), pool, convert, 0, 0)[0]
-
-    def _native_source(self, uint8=False):
-        """The loader's batch path (see fastload._native): [x, y] windows
-        gathered in C into the batch slot."""
-        return None if uint8 else self._source
 
     def __repr__(self):
         return (f"TokenDataset({self._length} windows of {self.block_size}+1 "

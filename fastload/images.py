@@ -27,6 +27,7 @@ import sys
 import numpy as np
 
 from . import _C
+from ._native import SourceOwner
 from ._random import draw_seed
 from .arrays import _check_index
 from .transforms import PILLOW_MAX_PIXELS, Compose, _nchw_view
@@ -138,13 +139,15 @@ class _Samples:
         return (self[i] for i in range(len(self)))
 
 
-class ImageFiles:
+class ImageFiles(SourceOwner):
     """Images at ``paths`` with integer ``labels`` (default 0 each).
 
     ``loader``: as torchvision's, a callable path -> sample (e.g. a PIL
     image) called with the GIL for each sample, whose result goes through
     ``transform``.  None (or a default loader, see ``default_loader``, with
     a fastload ``Compose``) decodes in C instead."""
+
+    _sources = ("_source", "_raw")  # they hold per-thread decoders: not pickled
 
     def __init__(self, paths, labels=None, transform=None, target_transform=None,
                  decode="fast", on_error="raise", max_pixels=PILLOW_MAX_PIXELS, loader=None):
@@ -204,17 +207,6 @@ class ImageFiles:
         return _C.ImageSource(self._paths, self._offsets, self._labels, plan,
                               exact=self.decode == "exact", max_pixels=self.max_pixels,
                               skip=skip, fallback=_fallback(), ranges=self._ranges)
-
-    def __getstate__(self):
-        # The C sources hold per-thread decoders: a copy (a spawned worker
-        # process's) builds its own.
-        state = self.__dict__.copy()
-        del state["_source"], state["_raw"]
-        return state
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._make_sources()
 
     def __len__(self):
         return len(self._offsets)
