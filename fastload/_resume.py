@@ -83,10 +83,14 @@ def _set_global_states(states):
     random.setstate(states["random"])
 
 
+def generator_states(loader):
+    """The states of the generators the loader owns, now."""
+    return [_get_state(g) for g in _generators(loader)]
+
+
 def snapshot(loader):
     """The random state the loader's sampler may draw from, now."""
-    return {"generators": [_get_state(g) for g in _generators(loader)],
-            "globals": _global_states()}
+    return {"generators": generator_states(loader), "globals": _global_states()}
 
 
 def set_generators(loader, states):

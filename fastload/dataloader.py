@@ -387,7 +387,7 @@ class DataLoader:
                 # A persistent loader's next epoch keeps its base seed.
                 "epoch": it._epoch + 1 if persistent else 0,
                 "base_seed": it._base_seed if persistent else None,
-                "generators": _resume.snapshot(self)["generators"],
+                "generators": _resume.generator_states(self),
             }
         state["fastload_state"] = _resume.STATE_VERSION
         dataset_state = getattr(self.dataset, "state_dict", None)
@@ -609,7 +609,7 @@ class _BaseIter:
             "base_seed": self._base_seed,
             "at_iter": self._at_iter,
             "at_first_draw": self._at_first_draw,  # None: the sampler has not drawn yet
-            "generators": _resume.snapshot(loader)["generators"],
+            "generators": _resume.generator_states(loader),
         }
 
     def _index_iter(self):

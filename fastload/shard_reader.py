@@ -30,6 +30,7 @@ import re
 import numpy as np
 
 from . import _C
+from .arrays import _check_index
 from .images import PILLOW_MAX_PIXELS, ImageFiles
 from .sampler import Sampler
 
@@ -278,15 +279,17 @@ class WebDataset(ImageFiles):
         return super()._native_source(uint8) if self.fields is None else None
 
     def __getitem__(self, index):
-        image, label = super().__getitem__(index)
         if self.fields is None:
-            return image, label
-        index = index + len(self) if index < 0 else index
+            return super().__getitem__(index)
+        index = _check_index(index, len(self))
         members = self.members(index)
-        decoded = {"image": image, "label": label}
+        decoded = {}
 
         def value(name):
-            if name in decoded:
+            if name in ("image", "label"):
+                if not decoded:  # the image is decoded only when asked for
+                    decoded["image"], decoded["label"] = super(WebDataset, self).__getitem__(
+                        index)
                 return decoded[name]
             if name == "__key__":
                 return self.key(index)

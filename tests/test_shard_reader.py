@@ -242,3 +242,12 @@ def test_fields_decode_other_members_as_webdataset_does(shards):
         fastload.WebDataset(pattern(root), fields=("txt",))[0]
     batches = list(fastload.DataLoader(ds, batch_size=4, num_workers=2))
     assert [m["n"].tolist() for _, m, _ in batches][0] == [0, 1, 2, 3]
+
+
+def test_fields_without_the_image_do_not_decode_it(shards, monkeypatch):
+    root, _, labels = shards
+    ds = fastload.WebDataset(pattern(root), fields=("json", "cls"))
+    monkeypatch.setattr(fastload.ImageFiles, "_read", lambda self, i: pytest.fail("decoded"))
+    assert ds[-1] == ({"n": len(ds) - 1}, labels[-1])
+    with pytest.raises(IndexError, match="out of range"):
+        ds[len(ds)]
