@@ -26,6 +26,12 @@ def source_of(dataset, uint8=False):
     return method(uint8=uint8) if method is not None else None
 
 
+def skip_reporter(dataset):
+    """What takes the records of samples a source replaced (on_error="skip"):
+    the dataset's ``_record_skips``, or None."""
+    return getattr(dataset, "_record_skips", None)
+
+
 class SourceOwner:
     """A dataset holding native sources (``_C`` objects made from its other
     attributes by ``_make_sources()``, named in ``_sources``): they are not

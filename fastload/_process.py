@@ -57,7 +57,7 @@ from multiprocessing.reduction import ForkingPickler, recvfds, sendfds
 import numpy as np
 
 from . import _C
-from ._native import NativeBatches, source_of
+from ._native import NativeBatches, skip_reporter, source_of
 from ._torch import torch
 from ._worker import (
     ExceptionWrapper,
@@ -182,7 +182,7 @@ def _fetch_plan(plan, pool):
     if plan.native:
         # The batch lands in this worker's shared slots, unconverted.
         native_batch = NativeBatches(source_of(plan.dataset), pool, None, plan.base_seed,
-                                     getattr(plan.dataset, "_record_skips", None))
+                                     skip_reporter(plan.dataset))
     return FetchPlan(
         dataset=plan.dataset, iterable=plan.iterable, auto_collation=plan.auto_collation,
         collate_fn=collate_fn, drop_last=plan.drop_last, worker_init_fn=plan.worker_init_fn,

@@ -715,7 +715,7 @@ def _native_batches(it, pool):
     if it._native_source is None:
         return None
     return _native.NativeBatches(it._native_source, pool, it._collate_fn.to_output,
-                                 it._base_seed, getattr(it._dataset, "_record_skips", None))
+                                 it._base_seed, _native.skip_reporter(it._dataset))
 
 
 def _fetch_plan(it, loader, num_workers):
@@ -799,7 +799,7 @@ class _ThreadedIter(_BaseIter):
         return _C.Engine(workers, self._max_in_flight, bool(loader.in_order),
                          source=self._native_source, pool=loader._slot_pool,
                          convert=self._collate_fn.to_output, seed=self._base_seed,
-                         report=getattr(self._dataset, "_record_skips", None))
+                         report=_native.skip_reporter(self._dataset))
 
     def _prime(self):
         for _ in range(self._max_in_flight):
