@@ -643,9 +643,16 @@ static PyObject *Engine_close(EngineObject *self, PyObject *const *args, Py_ssiz
         }
     }
     if (self->engine && fl_engine_is_own_thread(self->engine)) {
-        PyErr_SetString(PyExc_RuntimeError,
-                        "fastload: a loader iterator cannot be closed from its own worker");
-        return NULL;
+        /* On one of its own workers (the collector finalised the iterator
+         * there, or dataset code dropped it): that thread cannot join
+         * itself.  The workers are told to stop and exit on their own, as
+         * in dealloc; the engine stays allocated for them. */
+        if (!self->closed) {
+            self->closed = 1;
+            fl_engine_abandon(self->engine);
+            self->abandoned = 1;
+        }
+        return PyTuple_New(0);
     }
     char left[MAX_WORKERS];
     int running = engine_close(self, timeout, left);

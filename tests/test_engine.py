@@ -231,3 +231,29 @@ def test_out_of_order_recycles_records_while_old_jobs_run():
     assert sorted(seen) == list(range(40))
     assert engine.next(1.0) is None
     engine.close()
+
+
+def test_closing_from_its_own_worker_stops_without_joining():
+    """The collector may finalise an iterator on one of its own workers (a
+    cycle collected while that worker runs Python): close() there cannot
+    join the calling thread, so it stops the workers and returns."""
+    holder = {}
+    closed_on_worker = []
+
+    class Closer(Recorder):
+        def fetch(self, request):
+            closed_on_worker.append(holder["engine"].close(5.0))
+            return _C.JOB_DONE, request
+
+    engine = holder["engine"] = _C.Engine([Closer([])], 2, name="fl-self")
+    engine.submit(0)
+    with pytest.raises(RuntimeError, match="shut down"):
+        while engine.next(5.0) is not None:
+            pass
+    assert closed_on_worker == [()] and engine.closed
+    assert engine.close() == ()
+    del holder["engine"], engine
+    deadline = time.monotonic() + 10  # the worker exits on its own
+    while sum(n.startswith("fl-self") for n in thread_names()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sum(n.startswith("fl-self") for n in thread_names()) == 0
