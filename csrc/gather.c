@@ -13,6 +13,7 @@
 #include "fastload.h"
 
 #include "core/gather.h"
+#include "core/stats.h"
 #include "core/status.h"
 
 #include <errno.h>
@@ -125,6 +126,8 @@ static int rows_plan(PyObject *source, fl__native_job *job)
 static void rows_run(const void *core, fl__native_job *job)
 {
     const row_table *t = core;
+    fl_stats_row *timers = fl_stats_current();
+    uint64_t start = timers ? fl_stats_now() : 0;
     for (int i = 0; i < t->n_arrays; i++) {
         size_t failed = 0;
         if (fl_gather_rows(&t->rows[i], job->indices, job->n, job->data[i], &failed) != FL_OK) {
@@ -134,6 +137,7 @@ static void rows_run(const void *core, fl__native_job *job)
             return;
         }
     }
+    fl_stats_lap(timers, FL_STAGE_COLLATE, &start);
 }
 
 static PyObject *rows_failure(PyObject *source, const fl__native_job *job)
@@ -272,6 +276,8 @@ static int windows_plan(PyObject *source, fl__native_job *job)
 static void windows_run(const void *core, fl__native_job *job)
 {
     const window_table *t = core;
+    fl_stats_row *timers = fl_stats_current();
+    uint64_t start = timers ? fl_stats_now() : 0;
     size_t failed = 0;
     if (fl_gather_windows(t->tokens, t->token_size, t->is_signed, t->file_backed, job->indices,
                           job->n, t->block, (int64_t *)job->data[0], (int64_t *)job->data[1],
@@ -279,6 +285,7 @@ static void windows_run(const void *core, fl__native_job *job)
         job->status = FL_ERR_IO;
         job->sample = failed < job->n ? job->indices[failed] / t->stride : -1;
     }
+    fl_stats_lap(timers, FL_STAGE_COLLATE, &start);
 }
 
 static PyObject *windows_failure(PyObject *source, const fl__native_job *job)

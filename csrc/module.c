@@ -59,6 +59,14 @@ static PyMethodDef module_methods[] = {
      "take_freed_shared_slots()\n--\n\n"
      "The ids of shared slots freed since the last call (their mappings in\n"
      "another process can go)."},
+    {"add_stage_time", (PyCFunction)(void (*)(void))fl__add_stage_time, METH_FASTCALL,
+     "add_stage_time(stage, ns, /)\n--\n\n"
+     "Adds ns to stage `stage` (an index into STAGES) of the calling thread's\n"
+     "Timers row, if one is bound and timing is on."},
+    {"set_stats_enabled", (PyCFunction)fl__set_stats_enabled, METH_O,
+     "set_stats_enabled(on, /)\n--\n\n"
+     "Switches every loader's timers on (the default) or off, process-wide:\n"
+     "only to measure what they cost."},
     {"tar_index", (PyCFunction)(void (*)(void))fl__tar_index, METH_FASTCALL, FL__TAR_INDEX_DOC},
     {"status_str", (PyCFunction)status_str, METH_O,
      "status_str(status, /)\n--\n\nDescribes a core status code."},
@@ -87,6 +95,7 @@ static int module_exec(PyObject *module)
     if (add_type(module, &fl__SlotPool_spec, NULL, &state->SlotPool_type) < 0 ||
         add_type(module, &fl__SlotOwner_spec, NULL, &state->SlotOwner_type) < 0 ||
         add_type(module, &fl__Engine_spec, NULL, &state->Engine_type) < 0 ||
+        add_type(module, &fl__Timers_spec, NULL, &state->Timers_type) < 0 ||
         add_type(module, &fl__ImageSource_spec, NULL, &state->ImageSource_type) < 0 ||
         add_type(module, &fl__RowSource_spec, NULL, &state->RowSource_type) < 0 ||
         add_type(module, &fl__WindowSource_spec, NULL, &state->WindowSource_type) < 0 ||
@@ -101,6 +110,8 @@ static int module_exec(PyObject *module)
         PyExc_OSError, NULL);
     if (!state->DecodeError || PyModule_AddObjectRef(module, "DecodeError", state->DecodeError) < 0)
         return -1;
+    if (fl__stats_module_exec(module) < 0)
+        return -1;
     return fl__engine_module_exec(module);
 }
 
@@ -110,6 +121,7 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(state->SlotPool_type);
     Py_VISIT(state->SlotOwner_type);
     Py_VISIT(state->Engine_type);
+    Py_VISIT(state->Timers_type);
     Py_VISIT(state->ImageSource_type);
     Py_VISIT(state->RowSource_type);
     Py_VISIT(state->WindowSource_type);
@@ -127,6 +139,7 @@ static int module_clear(PyObject *module)
     Py_CLEAR(state->SlotPool_type);
     Py_CLEAR(state->SlotOwner_type);
     Py_CLEAR(state->Engine_type);
+    Py_CLEAR(state->Timers_type);
     Py_CLEAR(state->ImageSource_type);
     Py_CLEAR(state->RowSource_type);
     Py_CLEAR(state->WindowSource_type);

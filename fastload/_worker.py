@@ -14,6 +14,7 @@ import sys
 import threading
 import traceback
 import weakref
+from time import perf_counter_ns as clock_ns
 
 import numpy as np
 
@@ -21,6 +22,20 @@ from . import _C
 from ._torch import torch
 
 _local = threading.local()
+
+# Stages timed here (the rest are timed in C; see fastload.stats).
+_DATASET = _C.STAGES.index("dataset")
+_COLLATE = _C.STAGES.index("collate")
+
+
+def _collate_timed(collate_fn, data, since):
+    """collate_fn(data), timing the dataset's part (which ended now, having
+    started at `since`) and the collation's."""
+    start = clock_ns()
+    _C.add_stage_time(_DATASET, start - since)
+    batch = collate_fn(data)
+    _C.add_stage_time(_COLLATE, clock_ns() - start)
+    return batch
 
 
 class WorkerRNG:
@@ -188,9 +203,10 @@ class _MapFetcher:
         self.position = None  # the sample index being read, for error messages
 
     def fetch(self, index):
+        since = clock_ns()
         if not self.auto_collation:
             self.position = index
-            return self.collate_fn(self.dataset[index])
+            return _collate_timed(self.collate_fn, self.dataset[index], since)
         if self.native_batch is not None:
             # A native dataset reads and collates the whole batch in C.
             self.position = index
@@ -210,7 +226,7 @@ class _MapFetcher:
                 self.position = i
                 data.append(self.dataset[i])
         self.position = None
-        return self.collate_fn(data)
+        return _collate_timed(self.collate_fn, data, since)
 
 
 class _IterableFetcher:
@@ -226,6 +242,7 @@ class _IterableFetcher:
     def fetch(self, index):
         if self.ended:
             raise StopIteration
+        since = clock_ns()
         if self.auto_collation:
             data = []
             for _ in index:
@@ -238,7 +255,7 @@ class _IterableFetcher:
                 raise StopIteration
         else:
             data = next(self.dataset_iter)
-        return self.collate_fn(data)
+        return _collate_timed(self.collate_fn, data, since)
 
 
 def make_fetcher(plan, stop_flag, epoch=0):

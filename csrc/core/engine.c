@@ -18,6 +18,7 @@
 #include "engine.h"
 
 #include "forksafe.h"
+#include "stats.h"
 #include "status.h"
 
 #include <errno.h>
@@ -157,6 +158,9 @@ static void *worker_main(void *arg)
 
     if (e->hooks.worker_start)
         e->hooks.worker_start(e->hooks.ctx, w->id);
+    /* The start hook may bind this thread's timers (stats.h). */
+    fl_stats_row *timers = fl_stats_current();
+    uint64_t t = timers ? fl_stats_now() : 0;
 
     pthread_mutex_lock(&e->lock);
     for (;;) {
@@ -170,7 +174,19 @@ static void *worker_main(void *arg)
         void *payload = j->payload;
         pthread_mutex_unlock(&e->lock);
 
+        uint64_t cpu = 0;
+        if (timers) {
+            uint64_t now = fl_stats_now();
+            fl_stats_add_activity(timers, FL_IDLE, now - t);
+            t = now;
+            cpu = fl_stats_thread_cpu();
+        }
         int outcome = e->hooks.run(e->hooks.ctx, w->id, payload);
+        if (timers) {
+            uint64_t now = fl_stats_now();
+            fl_stats_add_job(timers, now - t, fl_stats_thread_cpu() - cpu);
+            t = now;
+        }
 
         pthread_mutex_lock(&e->lock);
         if (outcome == FL_JOB_RETIRE)
@@ -604,6 +620,16 @@ int fl_engine_in_flight(fl_engine *e)
 {
     pthread_mutex_lock(&e->lock);
     int n = e->in_flight;
+    pthread_mutex_unlock(&e->lock);
+    return n;
+}
+
+int fl_engine_done(fl_engine *e)
+{
+    pthread_mutex_lock(&e->lock);
+    int n = 0;
+    for (int i = 0; i < e->capacity; i++)
+        n += e->jobs[i].state == JOB_DONE;
     pthread_mutex_unlock(&e->lock);
     return n;
 }

@@ -4,6 +4,7 @@
 
 #include "jpeg.h"
 #include "resample.h"
+#include "stats.h"
 #include "status.h"
 
 #include <errno.h>
@@ -307,6 +308,8 @@ int fl_pipeline_jpeg(fl_image_worker *w, const fl_image_plan *plan, const fl_sam
     fl_jpeg_header header;
     fl_sample_geometry local;
     fl_sample_geometry *g = geometry ? geometry : &local;
+    fl_stats_row *timers = fl_stats_current();
+    uint64_t t = timers ? fl_stats_now() : 0;
     if (size == 0) {
         snprintf(msg, msg_size, "empty file");
         return FL_ERR_DECODE;
@@ -345,6 +348,7 @@ int fl_pipeline_jpeg(fl_image_worker *w, const fl_image_plan *plan, const fl_sam
     rc = fl_jpeg_decode(w->jpeg, data, size, &region, plan->max_pixels, &px, msg, msg_size);
     if (rc != FL_OK)
         return rc;
+    fl_stats_lap(timers, FL_STAGE_DECODE, &t);
     double d = g->scale_denom;
     double bx = px.box_x + (g->box.x - x0) / d, by = px.box_y + (g->box.y - y0) / d;
     double bw = g->box.w / d, bh = g->box.h / d;
@@ -353,8 +357,10 @@ int fl_pipeline_jpeg(fl_image_worker *w, const fl_image_plan *plan, const fl_sam
         bw = px.width - bx;
     if (by + bh > px.height)
         bh = px.height - by;
-    return resample_box(w, plan, g, px.data, px.width, px.height, px.stride, bx, by, bw, bh, dst,
-                        msg, msg_size);
+    rc = resample_box(w, plan, g, px.data, px.width, px.height, px.stride, bx, by, bw, bh, dst, msg,
+                      msg_size);
+    fl_stats_lap(timers, FL_STAGE_TRANSFORM, &t);
+    return rc;
 }
 
 int fl_pipeline_pixels(fl_image_worker *w, const fl_image_plan *plan, const fl_sample_key *key,
