@@ -197,7 +197,7 @@ static int hook_run(void *ctx, int w, void *payload)
     step_aside_for_consumers(&((engine_shared *)ctx)->consumers_waiting);
     PyEval_RestoreThread(wc->tstate);
     if (timers)
-        fl_stats_add_activity(timers, FL_GIL, fl_stats_now() - t);
+        fl_stats_add_gil_wait(timers, t, fl_stats_now());
     PyObject *res = PyObject_CallOneArg(wc->fetch, j->request);
     if (!res) {
         j->error = fl__take_exception();

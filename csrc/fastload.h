@@ -287,7 +287,17 @@ extern PyType_Spec fl__Engine_spec;
 struct fl_stats;
 extern PyType_Spec fl__Timers_spec;
 struct fl_stats *fl__stats_of(PyObject *loader_stats); /* borrowed */
-PyObject *fl__add_stage_time(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fl__stage_begin(PyObject *module, PyObject *stage);
+PyObject *fl__stage_next(PyObject *module, PyObject *stage);
+PyObject *fl__stage_end(PyObject *module, PyObject *unused);
+PyObject *fl__clock_ns(PyObject *module, PyObject *unused);
+PyObject *fl__trace_start(PyObject *module, PyObject *capacity);
+PyObject *fl__trace_take(PyObject *module, PyObject *max);
+PyObject *fl__trace_stop(PyObject *module, PyObject *unused);
+PyObject *fl__trace_on(PyObject *module, PyObject *unused);
+PyObject *fl__nvtx_start(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fl__nvtx_stop(PyObject *module, PyObject *unused);
+PyObject *fl__nvtx_on(PyObject *module, PyObject *unused);
 PyObject *fl__set_stats_enabled(PyObject *module, PyObject *arg);
 int fl__stats_module_exec(PyObject *module);
 PyObject *fl__yield_to_consumer(PyObject *module, PyObject *unused);

@@ -62,7 +62,7 @@ static int pillow_fallback(void *ctx, fl_image_worker *w, const fl_image_plan *p
     uint64_t t = timers ? fl_stats_now() : 0;
     PyGILState_STATE gil = PyGILState_Ensure();
     if (timers)
-        fl_stats_add_activity(timers, FL_GIL, fl_stats_now() - t);
+        fl_stats_add_gil_wait(timers, t, fl_stats_now());
     PyObject *fallback = ctx;
     int rc = FL_ERR_DECODE;
     if (fallback == Py_None) {

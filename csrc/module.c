@@ -59,10 +59,36 @@ static PyMethodDef module_methods[] = {
      "take_freed_shared_slots()\n--\n\n"
      "The ids of shared slots freed since the last call (their mappings in\n"
      "another process can go)."},
-    {"add_stage_time", (PyCFunction)(void (*)(void))fl__add_stage_time, METH_FASTCALL,
-     "add_stage_time(stage, ns, /)\n--\n\n"
-     "Adds ns to stage `stage` (an index into STAGES) of the calling thread's\n"
-     "Timers row, if one is bound and timing is on."},
+    {"stage_begin", (PyCFunction)fl__stage_begin, METH_O,
+     "stage_begin(stage, /)\n--\n\n"
+     "Python code on this thread starts stage `stage` (an index into STAGES),\n"
+     "timed into the thread's Timers row if one is bound (else nothing)."},
+    {"stage_next", (PyCFunction)fl__stage_next, METH_O,
+     "stage_next(stage, /)\n--\n\nEnds the open stage and starts `stage`."},
+    {"stage_end", (PyCFunction)fl__stage_end, METH_NOARGS,
+     "stage_end()\n--\n\nEnds the open stage, if any."},
+    {"clock_ns", (PyCFunction)fl__clock_ns, METH_NOARGS,
+     "clock_ns()\n--\n\nThe clock of every timer and trace event (monotonic ns)."},
+    {"trace_start", (PyCFunction)fl__trace_start, METH_O,
+     "trace_start(capacity, /)\n--\n\n"
+     "Records every worker job, stage and GIL wait of every loader (at most\n"
+     "`capacity` events until taken) for a profiler's timeline."},
+    {"trace_take", (PyCFunction)fl__trace_take, METH_O,
+     "trace_take(max, /)\n--\n\n"
+     "Stops recording; returns (bytes of up to `max` 24-byte events: start and\n"
+     "end ns as uint64, kind and thread id as int32; the number dropped)."},
+    {"trace_stop", (PyCFunction)fl__trace_stop, METH_NOARGS,
+     "trace_stop()\n--\n\nStops recording; what was recorded waits for trace_take()."},
+    {"trace_on", (PyCFunction)fl__trace_on, METH_NOARGS,
+     "trace_on()\n--\n\nWhether events are being recorded."},
+    {"nvtx_start", (PyCFunction)(void (*)(void))fl__nvtx_start, METH_FASTCALL,
+     "nvtx_start(path=None, /)\n--\n\n"
+     "Loads the NVTX library (libnvToolsExt.so.1, or `path`) and marks every\n"
+     "worker job and stage as an NVTX range.  Raises OSError when it cannot."},
+    {"nvtx_stop", (PyCFunction)fl__nvtx_stop, METH_NOARGS,
+     "nvtx_stop()\n--\n\nNo more NVTX ranges."},
+    {"nvtx_on", (PyCFunction)fl__nvtx_on, METH_NOARGS,
+     "nvtx_on()\n--\n\nWhether NVTX ranges are on."},
     {"set_stats_enabled", (PyCFunction)fl__set_stats_enabled, METH_O,
      "set_stats_enabled(on, /)\n--\n\n"
      "Switches every loader's timers on (the default) or off, process-wide:\n"

@@ -6,12 +6,18 @@
  * GIL; everything here that reads or binds runs with it. */
 #include "fastload.h"
 
+#include "core/nvtx.h"
 #include "core/stats.h"
+#include "core/status.h"
 
-static const char *const stage_names[FL_STAGES] = {
+#include <assert.h>
+
+/* STAGES, then the trace's other event kinds (TRACE_KINDS). */
+static const char *const event_names[FL_EVENT_KINDS] = {
     [FL_STAGE_READ] = "read",       [FL_STAGE_DECODE] = "decode",
     [FL_STAGE_TRANSFORM] = "transform", [FL_STAGE_COLLATE] = "collate",
     [FL_STAGE_DATASET] = "dataset", [FL_STAGE_UPLOAD] = "upload",
+    [FL_EVENT_JOB] = "batch",       [FL_EVENT_GIL] = "GIL wait",
 };
 
 /* A row as a flat tuple: stage_ns..., stage_calls..., busy, idle, gil, cpu,
@@ -214,26 +220,40 @@ static PyObject *Timers_add(TimersObject *self, PyObject *const *args, Py_ssize_
     Py_RETURN_NONE;
 }
 
+static int stage_arg(PyObject *arg, fl_stage *out)
+{
+    long stage = PyLong_AsLong(arg);
+    if (stage == -1 && PyErr_Occurred())
+        return -1;
+    if (stage < 0 || stage >= FL_STAGES) {
+        PyErr_Format(PyExc_ValueError, "no stage %ld (STAGES has %d)", stage, FL_STAGES);
+        return -1;
+    }
+    *out = (fl_stage)stage;
+    return 0;
+}
+
 static PyObject *Timers_add_stage(TimersObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     int r;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "add_stage(row, stage, ns) takes 3 arguments");
+    fl_stage stage;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError,
+                        "add_stage(row, stage, start_ns, end_ns) takes 4 arguments");
         return NULL;
     }
-    if (row_index(self, args[0], &r) < 0)
+    if (row_index(self, args[0], &r) < 0 || stage_arg(args[1], &stage) < 0)
         return NULL;
-    long stage = PyLong_AsLong(args[1]);
-    if (stage == -1 && PyErr_Occurred())
+    unsigned long long start = PyLong_AsUnsignedLongLong(args[2]);
+    unsigned long long end = PyLong_AsUnsignedLongLong(args[3]);
+    if (PyErr_Occurred())
         return NULL;
-    if (stage < 0 || stage >= FL_STAGES) {
-        PyErr_Format(PyExc_ValueError, "Timers.add_stage: no stage %ld", stage);
+    if (end < start) {
+        PyErr_SetString(PyExc_ValueError, "add_stage: end_ns before start_ns");
         return NULL;
     }
-    unsigned long long ns = PyLong_AsUnsignedLongLong(args[2]);
-    if (ns == (unsigned long long)-1 && PyErr_Occurred())
-        return NULL;
-    fl_stats_add_stage(&self->stats->rows[r], (fl_stage)stage, ns);
+    fl_stats_add_stage(&self->stats->rows[r], stage, end - start);
+    fl_trace_record((int)stage, start, end);
     Py_RETURN_NONE;
 }
 
@@ -279,8 +299,9 @@ static PyMethodDef Timers_methods[] = {
     {"add", (PyCFunction)(void (*)(void))Timers_add, METH_FASTCALL,
      "add(row, values, /)\n--\n\nAdds a tuple from take() (another process's) to a row."},
     {"add_stage", (PyCFunction)(void (*)(void))Timers_add_stage, METH_FASTCALL,
-     "add_stage(row, stage, ns, /)\n--\n\n"
-     "Adds ns to a stage of a row no thread is bound to (its one writer)."},
+     "add_stage(row, stage, start_ns, end_ns, /)\n--\n\n"
+     "Adds a stage that ran from start_ns to end_ns (clock_ns()) on the calling\n"
+     "thread to a row no thread is bound to (the caller is its one writer)."},
     {"bind", (PyCFunction)Timers_bind, METH_O,
      "bind(row, /)\n--\n\n"
      "The calling thread's work is timed into row `row` until unbind(); the\n"
@@ -314,27 +335,136 @@ PyType_Spec fl__Timers_spec = {
     .slots = Timers_slots,
 };
 
-PyObject *fl__add_stage_time(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+/* ------------------------------------------- stages run by Python code */
+
+/* Each thread's clock for the stages Python code runs (a dataset's
+ * __getitem__, a collate_fn); C stages have clocks of their own. */
+static _Thread_local fl_stage_clock python_clock = {.stage = -1};
+
+PyObject *fl__stage_begin(PyObject *module, PyObject *arg)
 {
     (void)module;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "add_stage_time(stage, ns) takes 2 arguments");
+    fl_stage stage;
+    if (stage_arg(arg, &stage) < 0)
         return NULL;
-    }
-    long stage = PyLong_AsLong(args[0]);
-    if (stage == -1 && PyErr_Occurred())
-        return NULL;
-    if (stage < 0 || stage >= FL_STAGES) {
-        PyErr_Format(PyExc_ValueError, "add_stage_time: no stage %ld", stage);
-        return NULL;
-    }
-    long long ns = PyLong_AsLongLong(args[1]);
-    if (ns == -1 && PyErr_Occurred())
-        return NULL;
-    fl_stats_row *row = fl_stats_current();
-    if (row && ns > 0)
-        fl_stats_add_stage(row, (fl_stage)stage, (uint64_t)ns);
+    fl_stage_end(&python_clock); /* one an exception left open */
+    fl_stage_begin(&python_clock, stage);
     Py_RETURN_NONE;
+}
+
+PyObject *fl__stage_next(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    fl_stage stage;
+    if (stage_arg(arg, &stage) < 0)
+        return NULL;
+    fl_stage_next(&python_clock, stage);
+    Py_RETURN_NONE;
+}
+
+PyObject *fl__stage_end(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    fl_stage_end(&python_clock);
+    Py_RETURN_NONE;
+}
+
+PyObject *fl__clock_ns(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    return PyLong_FromUnsignedLongLong(fl_stats_now());
+}
+
+/* ------------------------------------------------------------- profilers */
+
+static_assert(sizeof(fl_trace_event) == 24, "fastload/profiler.py reads 24-byte events");
+
+PyObject *fl__trace_start(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    Py_ssize_t capacity = PyLong_AsSsize_t(arg);
+    if (capacity == -1 && PyErr_Occurred())
+        return NULL;
+    if (capacity < 1) {
+        PyErr_SetString(PyExc_ValueError, "trace_start: capacity must be >= 1");
+        return NULL;
+    }
+    if (fl_trace_start((size_t)capacity) != FL_OK)
+        return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+PyObject *fl__trace_take(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    Py_ssize_t max = PyLong_AsSsize_t(arg);
+    if (max == -1 && PyErr_Occurred())
+        return NULL;
+    if (max < 0) {
+        PyErr_SetString(PyExc_ValueError, "trace_take: max must be >= 0");
+        return NULL;
+    }
+    PyObject *bytes = PyBytes_FromStringAndSize(NULL, max * (Py_ssize_t)sizeof(fl_trace_event));
+    if (!bytes)
+        return NULL;
+    uint64_t dropped = 0;
+    size_t n = fl_trace_take((fl_trace_event *)PyBytes_AS_STRING(bytes), (size_t)max, &dropped);
+    if (_PyBytes_Resize(&bytes, (Py_ssize_t)(n * sizeof(fl_trace_event))) < 0)
+        return NULL;
+    return Py_BuildValue("(NK)", bytes, (unsigned long long)dropped);
+}
+
+PyObject *fl__trace_stop(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    fl_trace_stop();
+    Py_RETURN_NONE;
+}
+
+PyObject *fl__trace_on(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    return PyBool_FromLong(fl_trace_on());
+}
+
+PyObject *fl__nvtx_start(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    const char *path = NULL;
+    if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError, "nvtx_start(path=None) takes at most 1 argument");
+        return NULL;
+    }
+    if (nargs == 1 && args[0] != Py_None) {
+        path = PyUnicode_AsUTF8(args[0]);
+        if (!path)
+            return NULL;
+    }
+    char msg[512];
+    if (fl_nvtx_start(path, msg, sizeof msg) < 0) {
+        PyErr_SetString(PyExc_OSError, msg);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+PyObject *fl__nvtx_stop(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    fl_nvtx_stop();
+    Py_RETURN_NONE;
+}
+
+PyObject *fl__nvtx_on(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    return PyBool_FromLong(fl_nvtx_on());
 }
 
 PyObject *fl__set_stats_enabled(PyObject *module, PyObject *arg)
@@ -347,22 +477,31 @@ PyObject *fl__set_stats_enabled(PyObject *module, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-int fl__stats_module_exec(PyObject *module)
+static int add_names(PyObject *module, const char *attr, int n)
 {
-    PyObject *names = PyTuple_New(FL_STAGES);
+    PyObject *names = PyTuple_New(n);
     if (!names)
         return -1;
-    for (int s = 0; s < FL_STAGES; s++) {
-        PyObject *name = PyUnicode_FromString(stage_names[s]);
+    for (int s = 0; s < n; s++) {
+        PyObject *name = PyUnicode_FromString(event_names[s]);
         if (!name) {
             Py_DECREF(names);
             return -1;
         }
         PyTuple_SET_ITEM(names, s, name);
     }
-    if (PyModule_AddObject(module, "STAGES", names) < 0) {
+    if (PyModule_AddObject(module, attr, names) < 0) {
         Py_DECREF(names);
         return -1;
     }
+    return 0;
+}
+
+int fl__stats_module_exec(PyObject *module)
+{
+    fl_nvtx_auto(); /* a profiler that listens for NVTX gets ranges from the start */
+    if (add_names(module, "STAGES", FL_STAGES) < 0 ||
+        add_names(module, "TRACE_KINDS", FL_EVENT_KINDS) < 0)
+        return -1;
     return 0;
 }

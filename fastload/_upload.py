@@ -24,6 +24,7 @@ import numpy as np
 
 from . import _C
 from ._torch import is_tensor, torch
+from .profiler import next_range
 from .stats import UPLOAD, clock_ns
 
 
@@ -47,6 +48,10 @@ class DeviceIter:
         return len(self._pump.host)
 
     def __next__(self):
+        with next_range("enumerate(DataLoader)#DeviceIter.__next__"):
+            return self._next()
+
+    def _next(self):
         if self._done:
             raise StopIteration
         called_at, ready = clock_ns(), self._pump.ready.qsize()
@@ -129,7 +134,7 @@ class Pump:
                 started = clock_ns()
                 arrays, event = self._stream.upload(hosts, self._pool)
                 if self._timers is not None:
-                    self._timers.add_stage(self._row, UPLOAD, clock_ns() - started)
+                    self._timers.add_stage(self._row, UPLOAD, started, clock_ns())
                 in_flight.append((event, batch))
                 if not self._put(("batch", structure, list(zip(arrays, permutations))),
                                  in_flight):

@@ -14,7 +14,6 @@ import sys
 import threading
 import traceback
 import weakref
-from time import perf_counter_ns as clock_ns
 
 import numpy as np
 
@@ -23,19 +22,9 @@ from ._torch import torch
 
 _local = threading.local()
 
-# Stages timed here (the rest are timed in C; see fastload.stats).
+# The stages Python code runs, timed here (C times its own: fastload.stats).
 _DATASET = _C.STAGES.index("dataset")
 _COLLATE = _C.STAGES.index("collate")
-
-
-def _collate_timed(collate_fn, data, since):
-    """collate_fn(data), timing the dataset's part (which ended now, having
-    started at `since`) and the collation's."""
-    start = clock_ns()
-    _C.add_stage_time(_DATASET, start - since)
-    batch = collate_fn(data)
-    _C.add_stage_time(_COLLATE, clock_ns() - start)
-    return batch
 
 
 class WorkerRNG:
@@ -203,16 +192,24 @@ class _MapFetcher:
         self.position = None  # the sample index being read, for error messages
 
     def fetch(self, index):
-        since = clock_ns()
-        if not self.auto_collation:
-            self.position = index
-            return _collate_timed(self.collate_fn, self.dataset[index], since)
-        if self.native_batch is not None:
+        if self.native_batch is not None and self.auto_collation:
             # A native dataset reads and collates the whole batch in C.
             self.position = index
             batch = self.native_batch(index, epoch=self.epoch)
             self.position = None
             return batch
+        _C.stage_begin(_DATASET)
+        try:
+            data = self._samples(index)
+            _C.stage_next(_COLLATE)
+            return self.collate_fn(data)
+        finally:
+            _C.stage_end()
+
+    def _samples(self, index):
+        if not self.auto_collation:
+            self.position = index
+            return self.dataset[index]
         getitems = getattr(self.dataset, "__getitems__", None)
         if getitems:
             self.position = index
@@ -226,7 +223,7 @@ class _MapFetcher:
                 self.position = i
                 data.append(self.dataset[i])
         self.position = None
-        return _collate_timed(self.collate_fn, data, since)
+        return data
 
 
 class _IterableFetcher:
@@ -242,7 +239,15 @@ class _IterableFetcher:
     def fetch(self, index):
         if self.ended:
             raise StopIteration
-        since = clock_ns()
+        _C.stage_begin(_DATASET)
+        try:
+            data = self._samples(index)
+            _C.stage_next(_COLLATE)
+            return self.collate_fn(data)
+        finally:
+            _C.stage_end()
+
+    def _samples(self, index):
         if self.auto_collation:
             data = []
             for _ in index:
@@ -253,9 +258,8 @@ class _IterableFetcher:
                     break
             if len(data) == 0 or (self.drop_last and len(data) < len(index)):
                 raise StopIteration
-        else:
-            data = next(self.dataset_iter)
-        return _collate_timed(self.collate_fn, data, since)
+            return data
+        return next(self.dataset_iter)
 
 
 def make_fetcher(plan, stop_flag, epoch=0):

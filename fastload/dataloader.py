@@ -23,7 +23,7 @@ import uuid
 import warnings
 import weakref
 
-from . import _C, _native, _process, _resume, cuda
+from . import _C, _native, _process, _resume, cuda, profiler
 from .stats import ConsumerClock, LoaderStats, LoaderTimers, clock_ns
 from ._random import draw_seed
 from ._upload import DeviceIter, Pump
@@ -570,6 +570,7 @@ class _BaseIter:
                 stacklevel=3,
             )
         self._native_source = _native_source(self, loader)
+        profiler.sync()  # before any worker starts
         self._timers = loader._timers.for_workers(self._num_workers)
         # With device=, the loop's waits are the upload iterator's to record.
         self._clock = ConsumerClock(self._timers) if loader._upload is None else None
@@ -648,6 +649,7 @@ class _BaseIter:
         return getattr(self, "_pid", os.getpid()) == os.getpid()
 
     def _reset(self, loader):
+        profiler.sync()
         self._sampler_iter = self._open_epoch(loader)
         if self._clock is not None:
             self._clock.last = None  # the time between epochs is not the loop's
@@ -659,6 +661,15 @@ class _BaseIter:
         return next(self._sampler_iter)
 
     def __next__(self):
+        with profiler.next_range(self._profile_name):
+            return self._next()
+
+    @property
+    def _profile_name(self):
+        # torch's name for the range: profiler views file it under DataLoader.
+        return f"enumerate(DataLoader)#{type(self).__name__}.__next__"
+
+    def _next(self):
         called_at = clock_ns()
         in_flight, done = self._depth()
         try:
@@ -683,7 +694,7 @@ class _BaseIter:
                     "configuring the IterableDataset replica at each worker (see "
                     "get_worker_info())."
                 )
-            warnings.warn(msg, stacklevel=2)
+            warnings.warn(msg, stacklevel=3)  # the loop's next(), past __next__
         if self._pin_memory:
             data = _pin(data, self._already_pinned)
         if self._clock is not None:

@@ -2,11 +2,13 @@
 
 Every loader keeps timers (``_C.Timers``, always on): per stage (read,
 decode, transform, collate, the Python dataset's own code, the
-host-to-device upload), per worker (busy, idle, and the part of busy spent
-waiting for the GIL) and, on the consumer's side, how long the training
-loop waited in ``next()`` for each batch.  The C pipeline times itself
-without the GIL; Python code adds its stages through
-``_C.add_stage_time``; a worker process sends its times with each batch.
+host-to-device upload), per worker (busy, idle, the part of busy spent
+waiting for the GIL, and the CPU time used) and, on the consumer's side,
+how long the training loop waited in ``next()`` for each batch.  The C
+pipeline times itself without the GIL; Python code brackets its stages with
+``_C.stage_begin``/``stage_next``/``stage_end``; a worker process sends its
+times with each batch.  The same brackets feed a profiler's timeline
+(fastload.profiler).
 ``loader.stats()`` turns a snapshot of them into a ``LoaderStats``:
 ``print()`` it for a table, ``as_dict()`` for a logger.
 
@@ -15,7 +17,6 @@ consumer's own thread (``num_workers=0``), then one for the upload thread.
 """
 
 import os
-import time
 
 from . import _C
 
@@ -40,7 +41,7 @@ _GIL_BOUND = 0.30
 # Workers using a CPU less than this share of their busy time mostly wait.
 _MOSTLY_WAITING = 0.50
 
-clock_ns = time.perf_counter_ns
+clock_ns = _C.clock_ns  # the clock of every timer and trace event
 
 
 def usable_cpus():

@@ -254,7 +254,7 @@ def test_timers_check_their_arguments():
     with pytest.raises(ValueError, match="tuple of"):
         timers.add(0, (1, 2))
     with pytest.raises(ValueError, match="no stage"):
-        timers.add_stage(0, len(STAGES), 5)
+        timers.add_stage(0, len(STAGES), 0, 5)
     with pytest.raises(ValueError, match="rows must be"):
         _C.Timers(0)
     with pytest.raises(TypeError, match="Timers"):

@@ -18,6 +18,7 @@
 #include "engine.h"
 
 #include "forksafe.h"
+#include "nvtx.h"
 #include "stats.h"
 #include "status.h"
 
@@ -161,6 +162,11 @@ static void *worker_main(void *arg)
     /* The start hook may bind this thread's timers (stats.h). */
     fl_stats_row *timers = fl_stats_current();
     uint64_t t = timers ? fl_stats_now() : 0;
+    if (fl_nvtx_on()) {
+        char name[32];
+        snprintf(name, sizeof name, "%s%d", e->name, w->id);
+        fl_nvtx_name_thread(name);
+    }
 
     pthread_mutex_lock(&e->lock);
     for (;;) {
@@ -181,10 +187,15 @@ static void *worker_main(void *arg)
             t = now;
             cpu = fl_stats_thread_cpu();
         }
+        int ranged = timers && fl_nvtx_on();
+        if (ranged)
+            fl_nvtx_push("fastload batch");
         int outcome = e->hooks.run(e->hooks.ctx, w->id, payload);
+        if (ranged)
+            fl_nvtx_pop();
         if (timers) {
             uint64_t now = fl_stats_now();
-            fl_stats_add_job(timers, now - t, fl_stats_thread_cpu() - cpu);
+            fl_stats_add_job(timers, t, now, fl_stats_thread_cpu() - cpu);
             t = now;
         }
 

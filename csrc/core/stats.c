@@ -1,10 +1,14 @@
 /* fastload core: a loader's timers (see stats.h). */
-#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+#define _GNU_SOURCE /* gettid */
 #include "stats.h"
+
+#include "nvtx.h"
+#include "status.h"
 
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static atomic_int enabled = 1;
 static _Thread_local fl_stats_row *bound_row;
@@ -104,9 +108,16 @@ void fl_stats_add_activity(fl_stats_row *row, fl_activity activity, uint64_t ns)
     add(&row->activity_ns[activity], ns);
 }
 
-void fl_stats_add_job(fl_stats_row *row, uint64_t ns, uint64_t cpu_ns)
+void fl_stats_add_gil_wait(fl_stats_row *row, uint64_t start_ns, uint64_t end_ns)
 {
-    add(&row->activity_ns[FL_BUSY], ns);
+    add(&row->activity_ns[FL_GIL], end_ns - start_ns);
+    fl_trace_record(FL_EVENT_GIL, start_ns, end_ns);
+}
+
+void fl_stats_add_job(fl_stats_row *row, uint64_t start_ns, uint64_t end_ns, uint64_t cpu_ns)
+{
+    fl_trace_record(FL_EVENT_JOB, start_ns, end_ns);
+    add(&row->activity_ns[FL_BUSY], end_ns - start_ns);
     add(&row->activity_ns[FL_CPU], cpu_ns);
     add(&row->jobs, 1);
 }
@@ -145,4 +156,138 @@ void fl_stats_record_batch(fl_stats *stats, uint64_t wait_ns, uint64_t period_ns
     c->in_flight_sum += in_flight;
     c->ready_sum += ready;
     c->wait_hist[fl_stats_bucket(wait_ns)]++;
+}
+
+/* ------------------------------------------------------------ stage clock */
+
+static const char *const nvtx_names[FL_EVENT_KINDS] = {
+    [FL_STAGE_READ] = "fastload read",       [FL_STAGE_DECODE] = "fastload decode",
+    [FL_STAGE_TRANSFORM] = "fastload transform", [FL_STAGE_COLLATE] = "fastload collate",
+    [FL_STAGE_DATASET] = "fastload dataset", [FL_STAGE_UPLOAD] = "fastload upload",
+    [FL_EVENT_JOB] = "fastload batch",       [FL_EVENT_GIL] = "fastload GIL wait",
+};
+
+static void open_stage(fl_stage_clock *c, fl_stage stage, uint64_t now)
+{
+    c->since = now;
+    c->stage = (int)stage;
+    c->pushed = fl_nvtx_on();
+    if (c->pushed)
+        fl_nvtx_push(nvtx_names[stage]);
+}
+
+/* Closes the open stage at `now`. */
+static void close_stage(fl_stage_clock *c, uint64_t now)
+{
+    fl_stats_add_stage(c->row, (fl_stage)c->stage, now - c->since);
+    fl_trace_record(c->stage, c->since, now);
+    if (c->pushed)
+        fl_nvtx_pop();
+    c->stage = -1;
+}
+
+void fl_stage_begin(fl_stage_clock *c, fl_stage stage)
+{
+    c->row = fl_stats_current();
+    c->stage = -1;
+    if (c->row)
+        open_stage(c, stage, fl_stats_now());
+}
+
+void fl_stage_next(fl_stage_clock *c, fl_stage stage)
+{
+    if (!c->row)
+        return;
+    uint64_t now = fl_stats_now();
+    if (c->stage >= 0)
+        close_stage(c, now);
+    open_stage(c, stage, now);
+}
+
+void fl_stage_end(fl_stage_clock *c)
+{
+    if (c->row && c->stage >= 0)
+        close_stage(c, fl_stats_now());
+}
+
+/* ------------------------------------------------------------ the trace
+ *
+ * One process-wide buffer of events.  A writer announces itself in
+ * `writers`, checks `tracing` again and claims a record; fl_trace_take turns
+ * `tracing` off and waits for the announced writers before it reads, so it
+ * never reads (or resets) a record being written.  The buffer is allocated
+ * once and only grows while no writer can be in it. */
+
+static atomic_int tracing;
+static atomic_int writers;
+static atomic_size_t claimed;
+static atomic_ullong dropped_events;
+static fl_trace_event *events;
+static size_t events_capacity; /* allocated */
+static size_t events_limit;    /* kept until taken (<= events_capacity) */
+
+static void wait_for_writers(void)
+{
+    while (atomic_load(&writers) > 0)
+        ; /* a writer stores one record: a few nanoseconds */
+}
+
+int fl_trace_start(size_t capacity)
+{
+    atomic_store(&tracing, 0);
+    wait_for_writers();
+    if (capacity > events_capacity) {
+        fl_trace_event *grown = realloc(events, capacity * sizeof *grown);
+        if (!grown)
+            return FL_ERR_NOMEM;
+        events = grown;
+        events_capacity = capacity;
+    }
+    events_limit = capacity;
+    atomic_store(&claimed, 0);
+    atomic_store(&dropped_events, 0);
+    atomic_store(&tracing, events_limit > 0);
+    return FL_OK;
+}
+
+void fl_trace_stop(void)
+{
+    atomic_store(&tracing, 0);
+    wait_for_writers();
+}
+
+int fl_trace_on(void)
+{
+    return atomic_load_explicit(&tracing, memory_order_relaxed);
+}
+
+void fl_trace_record(int kind, uint64_t start_ns, uint64_t end_ns)
+{
+    if (!atomic_load_explicit(&tracing, memory_order_relaxed))
+        return;
+    atomic_fetch_add(&writers, 1);
+    if (atomic_load(&tracing)) {
+        size_t i = atomic_fetch_add(&claimed, 1);
+        if (i < events_limit)
+            events[i] = (fl_trace_event){start_ns, end_ns, kind, (int32_t)gettid()};
+        else
+            atomic_fetch_add(&dropped_events, 1);
+    }
+    atomic_fetch_sub(&writers, 1);
+}
+
+size_t fl_trace_take(fl_trace_event *out, size_t max, uint64_t *dropped)
+{
+    atomic_store(&tracing, 0);
+    wait_for_writers();
+    size_t n = atomic_load(&claimed);
+    if (n > events_limit)
+        n = events_limit;
+    size_t copied = n < max ? n : max;
+    if (copied)
+        memcpy(out, events, copied * sizeof *out);
+    *dropped = atomic_load(&dropped_events) + (n - copied);
+    atomic_store(&claimed, 0);
+    atomic_store(&dropped_events, 0);
+    return copied;
 }

@@ -15,11 +15,17 @@
  *
  * Lifetime: reference-counted, because engine threads may outlive the
  * Python object that made them (a detached worker keeps its row).
+ *
+ * Stages are bracketed by an fl_stage_clock, which also feeds a profiler
+ * while one listens: the trace (fl_trace_start, events with start and end
+ * times per thread, merged into torch.profiler's trace by fastload/profiler)
+ * and NVTX ranges (nvtx.h).
  */
 #ifndef FL_STATS_H
 #define FL_STATS_H
 
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* What a worker spends its time on.  READ, DECODE and TRANSFORM are the
@@ -100,20 +106,57 @@ uint64_t fl_stats_thread_cpu(void);
 /* Adds ns to a stage (one call) or an activity of a row. */
 void fl_stats_add_stage(fl_stats_row *row, fl_stage stage, uint64_t ns);
 void fl_stats_add_activity(fl_stats_row *row, fl_activity activity, uint64_t ns);
-/* One job ran, busy for ns of which its thread used cpu_ns. */
-void fl_stats_add_job(fl_stats_row *row, uint64_t ns, uint64_t cpu_ns);
+/* One job ran from start_ns to end_ns, its thread using cpu_ns of CPU. */
+void fl_stats_add_job(fl_stats_row *row, uint64_t start_ns, uint64_t end_ns, uint64_t cpu_ns);
 
-/* The usual pattern: `uint64_t t = row ? fl_stats_now() : 0;` before the
- * first stage, then fl_stats_lap(row, STAGE, &t) as each stage ends —
- * one clock read per stage boundary.  Does nothing when row is NULL. */
-static inline void fl_stats_lap(fl_stats_row *row, fl_stage stage, uint64_t *since)
-{
-    if (!row)
-        return;
-    uint64_t now = fl_stats_now();
-    fl_stats_add_stage(row, stage, now - *since);
-    *since = now;
-}
+/* The thread waited for the GIL from start_ns to end_ns. */
+void fl_stats_add_gil_wait(fl_stats_row *row, uint64_t start_ns, uint64_t end_ns);
+
+/* Brackets the stages of a piece of work on one thread:
+ *     fl_stage_clock c;
+ *     fl_stage_begin(&c, FL_STAGE_DECODE);
+ *     ... fl_stage_next(&c, FL_STAGE_TRANSFORM); ...
+ *     fl_stage_end(&c);          (also on every early return)
+ * One clock read per boundary; nothing at all on a thread with no row. */
+typedef struct fl_stage_clock {
+    fl_stats_row *row; /* NULL: not timing */
+    uint64_t since;    /* when the open stage began */
+    int stage;         /* the open stage, or -1 */
+    int pushed;        /* an NVTX range is open for it */
+} fl_stage_clock;
+
+void fl_stage_begin(fl_stage_clock *clock, fl_stage stage);
+void fl_stage_next(fl_stage_clock *clock, fl_stage stage);
+void fl_stage_end(fl_stage_clock *clock);
+
+/* ------------------------------------------------------------ the trace */
+
+/* Trace events beyond the stages. */
+enum { FL_EVENT_JOB = FL_STAGES, FL_EVENT_GIL, FL_EVENT_KINDS };
+
+typedef struct fl_trace_event {
+    uint64_t start_ns, end_ns; /* fl_stats_now() */
+    int32_t kind;              /* an fl_stage or FL_EVENT_* */
+    int32_t tid;               /* the thread's id (gettid) */
+} fl_trace_event;
+
+/* Starts recording events (at most `capacity` until taken; more are
+ * dropped and counted).  Returns FL_OK or FL_ERR_NOMEM. */
+int fl_trace_start(size_t capacity);
+
+/* Stops recording; the events recorded stay until taken or restarted. */
+void fl_trace_stop(void);
+
+/* Stops recording and moves up to `max` recorded events to `out`; returns
+ * how many, and in *dropped how many did not fit since the last take.
+ * The rest is discarded. */
+size_t fl_trace_take(fl_trace_event *out, size_t max, uint64_t *dropped);
+
+/* Nonzero while recording. */
+int fl_trace_on(void);
+
+/* Records an event of the calling thread, if recording. */
+void fl_trace_record(int kind, uint64_t start_ns, uint64_t end_ns);
 
 /* The consumer got a batch: it waited wait_ns, period_ns after the one
  * before, with in_flight batches in flight of which `ready` were done. */
