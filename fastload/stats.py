@@ -40,8 +40,27 @@ _SATURATED = 0.80
 _GIL_BOUND = 0.30
 # Workers using a CPU less than this share of their busy time mostly wait.
 _MOSTLY_WAITING = 0.50
+# Threads waiting for a CPU more than this share of the time: the machine is
+# oversubscribed, and a waiting worker waits for a CPU, not for I/O.
+_CONTENDED = 0.50
 
 clock_ns = _C.clock_ns  # the clock of every timer and trace event
+
+
+def cpu_contention():
+    """The share of the last 10 s in which some thread of the machine
+    waited for a CPU (Linux's pressure stall information), else the
+    1-minute load average over the CPUs (capped at 1), else None."""
+    try:
+        with open("/proc/pressure/cpu") as f:
+            some = f.readline().split()
+        return float(dict(field.split("=") for field in some[1:])["avg10"]) / 100
+    except (OSError, KeyError, ValueError, IndexError):
+        pass
+    try:
+        return min(1.0, os.getloadavg()[0] / usable_cpus())
+    except OSError:
+        return None
 
 
 def usable_cpus():
@@ -97,13 +116,15 @@ class LoaderStats:
     verdict, ``as_dict()`` gives plain numbers (seconds) for a logger."""
 
     def __init__(self, snapshot, num_workers, worker_mode, prefetch_factor, cpus=None,
-                 autotune=None):
+                 autotune=None, contention=None):
         rows = snapshot["rows"]
         consumer = snapshot["consumer"]
         self.num_workers = num_workers
         self.worker_mode = worker_mode if num_workers else None
         self.prefetch_factor = prefetch_factor
         self.cpus = cpus if cpus is not None else usable_cpus()
+        # Read only when the verdict turns on it (see _advice).
+        self._contention = contention
         self.autotune = autotune
         self.batches = consumer["batches"]
         self.elapsed_s = consumer["period_ns"] / 1e9
@@ -166,6 +187,14 @@ class LoaderStats:
                     "worker_mode='process' would help")
         if self.busy_fraction >= _SATURATED:
             if self.cpu_fraction < _MOSTLY_WAITING:
+                contention = self._contention
+                if contention is None:
+                    contention = self._contention = cpu_contention()
+                if contention is not None and contention > _CONTENDED:
+                    return (f"the workers use a CPU only {self.cpu_fraction:.0%} of their busy "
+                            f"time, and threads waited for a CPU {contention:.0%} of the last "
+                            "seconds: the machine is oversubscribed, so fewer competing "
+                            "processes would help, not more workers")
                 return (f"the workers use a CPU only {self.cpu_fraction:.0%} of their busy time "
                         "(they wait for I/O or sleep): more workers would help, even beyond "
                         "the core count")

@@ -74,7 +74,7 @@ def test_dataset_stage_and_waits_agree_with_independent_timing(workers, mode):
         for w in stats.workers:
             # A sleeping worker is busy but hardly uses a CPU.
             assert w["busy_s"] > 0 and w["cpu_s"] < w["busy_s"]
-        assert "more workers would help" in stats.verdict
+        assert "more workers would help" in stats.verdict or "oversubscribed" in stats.verdict
     else:
         assert "workers would help" in stats.verdict
 
@@ -212,9 +212,10 @@ def snapshot(wait_s, elapsed_s, workers=(), stage_s=None, batches=100):
     return {"rows": rows, "consumer": consumer}
 
 
-def verdict(wait_s, workers=(), stage_s=None, cpus=8):
+def verdict(wait_s, workers=(), stage_s=None, cpus=8, contention=0.0):
     snap = snapshot(wait_s, 10.0, workers, stage_s)
-    return LoaderStats(snap, len(workers), "thread", 2, cpus=cpus).verdict
+    return LoaderStats(snap, len(workers), "thread", 2, cpus=cpus,
+                       contention=contention).verdict
 
 
 def test_verdicts():
@@ -227,6 +228,7 @@ def test_verdicts():
     assert verdict(4, busy, cpus=2).endswith("a cache would help")
     assert "worker_mode='process'" in verdict(4, [(9, 1, 5, 4)] * 2)
     assert "even beyond the core count" in verdict(4, [(9.5, 0.5, 0, 1)] * 2, cpus=2)
+    assert "oversubscribed" in verdict(4, [(9.5, 0.5, 0, 1)] * 2, contention=0.9)
     assert "larger prefetch_factor" in verdict(4, [(3, 7, 0, 3)] * 2)
     none = LoaderStats(snapshot(6, 10.0, (), {"dataset": 5}), 0, None, None, cpus=4)
     assert none.verdict == ("input-bound: the loop waited 60% of the time; dataset is 83% of "
