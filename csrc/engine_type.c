@@ -706,10 +706,13 @@ static PyObject *Engine_get_in_flight(EngineObject *self, void *closure)
     return PyLong_FromLong(self->engine && !self->closed ? fl_engine_in_flight(self->engine) : 0);
 }
 
-static PyObject *Engine_get_done(EngineObject *self, void *closure)
+static PyObject *Engine_depth(EngineObject *self, PyObject *unused)
 {
-    (void)closure;
-    return PyLong_FromLong(self->engine && !self->closed ? fl_engine_done(self->engine) : 0);
+    (void)unused;
+    int in_flight = 0, done = 0;
+    if (self->engine && !self->closed)
+        fl_engine_depth(self->engine, &in_flight, &done);
+    return Py_BuildValue("(ii)", in_flight, done);
 }
 
 static PyObject *Engine_get_closed(EngineObject *self, void *closure)
@@ -732,6 +735,9 @@ static PyMethodDef Engine_methods[] = {
      "TimeoutError after `timeout` seconds, and whatever fetch raised."},
     {"cancel_pending", (PyCFunction)Engine_cancel_pending, METH_NOARGS,
      "cancel_pending()\n--\n\nDelivers every job no worker has started as cancelled."},
+    {"depth", (PyCFunction)Engine_depth, METH_NOARGS,
+     "depth()\n--\n\n"
+     "(jobs in flight, of them finished and waiting for delivery), read at once."},
     {"reset", (PyCFunction)Engine_reset, METH_NOARGS,
      "reset()\n--\n\nStarts a new epoch on the same threads (nothing may be in flight)."},
     {"close", (PyCFunction)(void (*)(void))Engine_close, METH_FASTCALL,
@@ -745,8 +751,6 @@ static PyMethodDef Engine_methods[] = {
 
 static PyGetSetDef Engine_getset[] = {
     {"in_flight", (getter)Engine_get_in_flight, NULL, "jobs submitted, not yet delivered", NULL},
-    {"done", (getter)Engine_get_done, NULL,
-     "jobs in flight that finished and wait for delivery", NULL},
     {"closed", (getter)Engine_get_closed, NULL, "whether close() has run", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };

@@ -157,12 +157,12 @@ static PyObject *Timers_reset(TimersObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-static PyObject *Timers_record_batch(TimersObject *self, PyObject *const *args,
-                                          Py_ssize_t nargs)
+static PyObject *Timers_record_next(TimersObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
+    uint64_t now = fl_stats_now();
     if (nargs != 4) {
         PyErr_SetString(PyExc_TypeError,
-                        "record_batch(wait_ns, period_ns, in_flight, ready) takes 4 arguments");
+                        "record_next(called_at, last, in_flight, done) takes 4 arguments");
         return NULL;
     }
     unsigned long long v[4];
@@ -171,8 +171,13 @@ static PyObject *Timers_record_batch(TimersObject *self, PyObject *const *args,
         if (v[i] == (unsigned long long)-1 && PyErr_Occurred())
             return NULL;
     }
-    fl_stats_record_batch(self->stats, v[0], v[1], v[2], v[3]);
-    Py_RETURN_NONE;
+    uint64_t called_at = v[0], since = v[1] ? v[1] : v[0];
+    if (called_at > now || since > now) {
+        PyErr_SetString(PyExc_ValueError, "record_next: times after now (use clock_ns())");
+        return NULL;
+    }
+    fl_stats_record_batch(self->stats, now - called_at, now - since, v[2], v[3]);
+    return PyLong_FromUnsignedLongLong(now);
 }
 
 static PyObject *Timers_take(TimersObject *self, PyObject *arg)
@@ -288,10 +293,12 @@ static PyMethodDef Timers_methods[] = {
      "GIL-wait and CPU ns and the number of jobs; the consumer's wait histogram is a\n"
      "list of (lo_ns, hi_ns, count) for the buckets in use."},
     {"reset", (PyCFunction)Timers_reset, METH_NOARGS, "reset()\n--\n\nZeroes every counter."},
-    {"record_batch", (PyCFunction)(void (*)(void))Timers_record_batch, METH_FASTCALL,
-     "record_batch(wait_ns, period_ns, in_flight, ready, /)\n--\n\n"
-     "The consumer got a batch after waiting wait_ns, period_ns after the last\n"
-     "one, when in_flight batches were in flight and `ready` of them done."},
+    {"record_next", (PyCFunction)(void (*)(void))Timers_record_next, METH_FASTCALL,
+     "record_next(called_at, last, in_flight, done, /)\n--\n\n"
+     "The loop's next(), called at `called_at` (clock_ns()), returns a batch\n"
+     "now: records its wait, the time since `last` (the previous batch's\n"
+     "return, or 0 for the first of an epoch) and the batches in flight and\n"
+     "done when it was called.  Returns now, the next call's `last`."},
     {"take", (PyCFunction)Timers_take, METH_O,
      "take(row, /)\n--\n\n"
      "Row `row` as a tuple (see snapshot), zeroed after.  Only for the thread\n"

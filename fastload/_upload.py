@@ -24,7 +24,7 @@ import numpy as np
 
 from . import _C
 from ._torch import is_tensor, torch
-from .profiler import next_range
+from .profiler import next_range, torch_profiling
 from .stats import UPLOAD, clock_ns
 
 
@@ -48,8 +48,10 @@ class DeviceIter:
         return len(self._pump.host)
 
     def __next__(self):
-        with next_range("enumerate(DataLoader)#DeviceIter.__next__"):
-            return self._next()
+        if torch_profiling():
+            with next_range("enumerate(DataLoader)#DeviceIter.__next__"):
+                return self._next()
+        return self._next()
 
     def _next(self):
         if self._done:

@@ -652,7 +652,7 @@ class _BaseIter:
         profiler.sync()
         self._sampler_iter = self._open_epoch(loader)
         if self._clock is not None:
-            self._clock.last = None  # the time between epochs is not the loop's
+            self._clock.last = 0  # the time between epochs is not the loop's
         self._finished = False
         self._num_yielded = 0
         self._IterableDataset_len_called = loader._IterableDataset_len_called
@@ -661,8 +661,10 @@ class _BaseIter:
         return next(self._sampler_iter)
 
     def __next__(self):
-        with profiler.next_range(self._profile_name):
-            return self._next()
+        if profiler.torch_profiling():
+            with profiler.next_range(self._profile_name):
+                return self._next()
+        return self._next()
 
     @property
     def _profile_name(self):
@@ -853,8 +855,7 @@ class _ThreadedIter(_BaseIter):
                          report=_native.skip_reporter(self._dataset), stats=self._timers)
 
     def _depth(self):
-        engine = self._engine
-        return engine.in_flight, engine.done
+        return self._engine.depth()
 
     def _prime(self):
         for _ in range(self._max_in_flight):

@@ -49,20 +49,22 @@ _NOTHING = contextlib.nullcontext()
 _offset_ns = None
 
 
+_autograd_profiler = torch.autograd.profiler if torch is not None else None
+
+
 def torch_profiling():
     """Whether a torch.profiler (or autograd profiler) records now."""
-    if torch is None:
-        return False
-    return bool(getattr(torch.autograd.profiler, "_is_profiler_enabled", False))
+    return getattr(_autograd_profiler, "_is_profiler_enabled", False)
 
 
 def sync():
     """Records the workers' events while a torch profiler records: called as
     an iterator starts an epoch (before its workers do) and by next_range.
-    Returns whether one records."""
+    Returns whether one records.  A profile's end is noticed at the next
+    epoch's start; until then its events wait for the export."""
     if not torch_profiling():
         if _C.trace_on():
-            _C.trace_stop()  # the profile is over; its events wait for the export
+            _C.trace_stop()
         return False
     if not _C.trace_on():
         start_recording()

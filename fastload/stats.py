@@ -97,18 +97,15 @@ class ConsumerClock:
     """The training loop's side of one iterator: how long each ``next()``
     waited, and how long after the batch before it."""
 
-    __slots__ = ("timers", "last")
+    __slots__ = ("record", "last")
 
     def __init__(self, timers):
-        self.timers = timers
-        self.last = None  # when the previous batch was handed over
+        self.record = timers.record_next
+        self.last = 0  # when the previous batch was handed over; 0: none this epoch
 
     def handed_over(self, called_at, in_flight, done):
         """Records a batch that ``next()``, called at ``called_at``, returns now."""
-        now = clock_ns()
-        since = called_at if self.last is None else self.last
-        self.timers.record_batch(now - called_at, now - since, in_flight, done)
-        self.last = now
+        self.last = self.record(called_at, self.last, in_flight, done)
 
 
 class LoaderStats:

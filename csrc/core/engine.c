@@ -635,14 +635,15 @@ int fl_engine_in_flight(fl_engine *e)
     return n;
 }
 
-int fl_engine_done(fl_engine *e)
+void fl_engine_depth(fl_engine *e, int *in_flight, int *done)
 {
     pthread_mutex_lock(&e->lock);
     int n = 0;
     for (int i = 0; i < e->capacity; i++)
         n += e->jobs[i].state == JOB_DONE;
+    *in_flight = e->in_flight;
+    *done = n;
     pthread_mutex_unlock(&e->lock);
-    return n;
 }
 
 int fl_engine_is_own_thread(const fl_engine *e)
