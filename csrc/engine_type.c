@@ -41,6 +41,7 @@
 #include <time.h>
 
 #include "core/engine.h"
+#include "core/stats.h"
 #include "core/status.h"
 
 /* The GIL-free wait in next() wakes this often to let signal handlers run
@@ -97,9 +98,16 @@ typedef struct worker_ctx {
 
 typedef struct engine_shared {
     atomic_int consumers_waiting; /* see "hand-off priority" */
+    fl_stats *stats;              /* one reference, or NULL: worker w times into row w */
     int num_workers;
     worker_ctx workers[];
 } engine_shared;
+
+static void shared_free(engine_shared *shared)
+{
+    fl_stats_release(shared->stats);
+    PyMem_RawFree(shared);
+}
 
 /* The engine whose worker this thread is, for yield_to_consumer(). */
 static _Thread_local engine_shared *current_engine;
@@ -152,8 +160,11 @@ static void call_hook(PyObject *worker, const char *name)
 
 static void hook_worker_start(void *ctx, int w)
 {
-    worker_ctx *wc = &((engine_shared *)ctx)->workers[w];
+    engine_shared *shared = ctx;
+    worker_ctx *wc = &shared->workers[w];
     current_engine = ctx;
+    if (shared->stats)
+        fl_stats_bind(&shared->stats->rows[w]);
     wc->gilstate = PyGILState_Ensure();
     PyObject *r = PyObject_CallMethod(wc->worker, "start", NULL);
     if (!r)
@@ -181,8 +192,12 @@ static int hook_run(void *ctx, int w, void *payload)
         }
         return outcome;
     }
+    fl_stats_row *timers = fl_stats_current();
+    uint64_t t = timers ? fl_stats_now() : 0;
     step_aside_for_consumers(&((engine_shared *)ctx)->consumers_waiting);
     PyEval_RestoreThread(wc->tstate);
+    if (timers)
+        fl_stats_add_gil_wait(timers, t, fl_stats_now());
     PyObject *res = PyObject_CallOneArg(wc->fetch, j->request);
     if (!res) {
         j->error = fl__take_exception();
@@ -214,6 +229,7 @@ static void hook_worker_stop(void *ctx, int w)
     Py_CLEAR(wc->init_error);
     wc->tstate = NULL;
     current_engine = NULL;
+    fl_stats_bind(NULL);
     PyGILState_Release(wc->gilstate);
 }
 
@@ -305,17 +321,21 @@ static void warn_left_running(const char *left, int num_workers)
 static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"workers", "max_in_flight", "in_order", "name", "source", "pool",
-                             "convert", "seed", "report", NULL};
+                             "convert", "seed", "report", "stats", NULL};
     PyObject *workers, *source = Py_None, *pool = Py_None, *convert = Py_None;
-    PyObject *report = Py_None;
+    PyObject *report = Py_None, *stats = Py_None;
     int max_in_flight, in_order = 1;
     unsigned long long seed = 0;
     const char *name = "fastload-w";
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Oi|ps$OOOKO:Engine", kwlist, &workers,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Oi|ps$OOOKOO:Engine", kwlist, &workers,
                                      &max_in_flight, &in_order, &name, &source, &pool, &convert,
-                                     &seed, &report))
+                                     &seed, &report, &stats))
         return NULL;
     fastload_state *state = fl__state_of_type(type);
+    if (stats != Py_None && !PyObject_TypeCheck(stats, state->Timers_type)) {
+        PyErr_SetString(PyExc_TypeError, "Engine: stats must be a Timers or None");
+        return NULL;
+    }
     if (source != Py_None &&
         (!fl__is_native_source(state, source) || !PyObject_TypeCheck(pool, state->SlotPool_type))) {
         PyErr_SetString(PyExc_TypeError, "Engine: source must be a native source, with a "
@@ -332,6 +352,11 @@ static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
                         "Engine: need 1..1024 workers and max_in_flight >= 1");
         return NULL;
     }
+    if (stats != Py_None && fl__stats_of(stats)->num_rows < n) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "Engine: stats needs a row per worker");
+        return NULL;
+    }
 
     EngineObject *self = (EngineObject *)type->tp_alloc(type, 0);
     engine_shared *shared = NULL;
@@ -343,6 +368,10 @@ static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         goto fail;
     }
     shared->num_workers = (int)n;
+    if (stats != Py_None) {
+        shared->stats = fl__stats_of(stats);
+        fl_stats_retain(shared->stats);
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
         worker_ctx *wc = &shared->workers[i];
         wc->worker = PySequence_Fast_GET_ITEM(seq, i);
@@ -394,7 +423,7 @@ fail:
             Py_XDECREF(shared->workers[i].worker);
             Py_XDECREF(shared->workers[i].fetch);
         }
-        PyMem_RawFree(shared);
+        shared_free(shared);
     }
     Py_XDECREF(self);
     Py_DECREF(seq);
@@ -419,7 +448,7 @@ static void engine_release(EngineObject *self)
                 warn_left_running(left, self->num_workers);
             if (!self->abandoned) {
                 fl_engine_free(self->engine);
-                PyMem_RawFree(self->shared);
+                shared_free(self->shared);
             }
         }
         self->engine = NULL;
@@ -677,6 +706,15 @@ static PyObject *Engine_get_in_flight(EngineObject *self, void *closure)
     return PyLong_FromLong(self->engine && !self->closed ? fl_engine_in_flight(self->engine) : 0);
 }
 
+static PyObject *Engine_depth(EngineObject *self, PyObject *unused)
+{
+    (void)unused;
+    int in_flight = 0, done = 0;
+    if (self->engine && !self->closed)
+        fl_engine_depth(self->engine, &in_flight, &done);
+    return Py_BuildValue("(ii)", in_flight, done);
+}
+
 static PyObject *Engine_get_closed(EngineObject *self, void *closure)
 {
     (void)closure;
@@ -697,6 +735,9 @@ static PyMethodDef Engine_methods[] = {
      "TimeoutError after `timeout` seconds, and whatever fetch raised."},
     {"cancel_pending", (PyCFunction)Engine_cancel_pending, METH_NOARGS,
      "cancel_pending()\n--\n\nDelivers every job no worker has started as cancelled."},
+    {"depth", (PyCFunction)Engine_depth, METH_NOARGS,
+     "depth()\n--\n\n"
+     "(jobs in flight, of them finished and waiting for delivery), read at once."},
     {"reset", (PyCFunction)Engine_reset, METH_NOARGS,
      "reset()\n--\n\nStarts a new epoch on the same threads (nothing may be in flight)."},
     {"close", (PyCFunction)(void (*)(void))Engine_close, METH_FASTCALL,

@@ -16,7 +16,7 @@
  * calls nothing in upload.c),
  * host_register.c (HostRegistration: mapped memory page-locked in place),
  * engine_type.c (the Engine type: worker threads that run a Python fetch
- * or a native job).
+ * or a native job), stats_type.c (Timers: a loader's timers).
  */
 #ifndef FASTLOAD_H
 #define FASTLOAD_H
@@ -40,6 +40,7 @@ typedef struct fastload_state {
     PyTypeObject *SlotPool_type;
     PyTypeObject *SlotOwner_type;
     PyTypeObject *Engine_type;
+    PyTypeObject *Timers_type;
     PyTypeObject *ImageSource_type;
     PyTypeObject *RowSource_type;
     PyTypeObject *WindowSource_type;
@@ -281,6 +282,24 @@ PyObject *fl__tar_index(PyObject *module, PyObject *const *args, Py_ssize_t narg
 
 /* engine_type.c */
 extern PyType_Spec fl__Engine_spec;
+
+/* stats_type.c */
+struct fl_stats;
+extern PyType_Spec fl__Timers_spec;
+struct fl_stats *fl__stats_of(PyObject *loader_stats); /* borrowed */
+PyObject *fl__stage_begin(PyObject *module, PyObject *stage);
+PyObject *fl__stage_next(PyObject *module, PyObject *stage);
+PyObject *fl__stage_end(PyObject *module, PyObject *unused);
+PyObject *fl__clock_ns(PyObject *module, PyObject *unused);
+PyObject *fl__trace_start(PyObject *module, PyObject *capacity);
+PyObject *fl__trace_take(PyObject *module, PyObject *max);
+PyObject *fl__trace_stop(PyObject *module, PyObject *unused);
+PyObject *fl__trace_on(PyObject *module, PyObject *unused);
+PyObject *fl__nvtx_start(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fl__nvtx_stop(PyObject *module, PyObject *unused);
+PyObject *fl__nvtx_on(PyObject *module, PyObject *unused);
+PyObject *fl__set_stats_enabled(PyObject *module, PyObject *arg);
+int fl__stats_module_exec(PyObject *module);
 PyObject *fl__yield_to_consumer(PyObject *module, PyObject *unused);
 int fl__engine_module_exec(PyObject *module);
 

@@ -13,6 +13,7 @@
 #include "fastload.h"
 
 #include "core/gather.h"
+#include "core/stats.h"
 #include "core/status.h"
 
 #include <errno.h>
@@ -125,15 +126,18 @@ static int rows_plan(PyObject *source, fl__native_job *job)
 static void rows_run(const void *core, fl__native_job *job)
 {
     const row_table *t = core;
+    fl_stage_clock clock;
+    fl_stage_begin(&clock, FL_STAGE_COLLATE);
     for (int i = 0; i < t->n_arrays; i++) {
         size_t failed = 0;
         if (fl_gather_rows(&t->rows[i], job->indices, job->n, job->data[i], &failed) != FL_OK) {
             job->status = FL_ERR_IO;
             job->part = i;
             job->sample = failed < job->n ? job->indices[failed] : -1;
-            return;
+            break;
         }
     }
+    fl_stage_end(&clock);
 }
 
 static PyObject *rows_failure(PyObject *source, const fl__native_job *job)
@@ -272,6 +276,8 @@ static int windows_plan(PyObject *source, fl__native_job *job)
 static void windows_run(const void *core, fl__native_job *job)
 {
     const window_table *t = core;
+    fl_stage_clock clock;
+    fl_stage_begin(&clock, FL_STAGE_COLLATE);
     size_t failed = 0;
     if (fl_gather_windows(t->tokens, t->token_size, t->is_signed, t->file_backed, job->indices,
                           job->n, t->block, (int64_t *)job->data[0], (int64_t *)job->data[1],
@@ -279,6 +285,7 @@ static void windows_run(const void *core, fl__native_job *job)
         job->status = FL_ERR_IO;
         job->sample = failed < job->n ? job->indices[failed] / t->stride : -1;
     }
+    fl_stage_end(&clock);
 }
 
 static PyObject *windows_failure(PyObject *source, const fl__native_job *job)

@@ -19,6 +19,7 @@
 
 #include "core/image_source.h"
 #include "core/resample.h"
+#include "core/stats.h"
 #include "core/status.h"
 
 #include <string.h>
@@ -57,7 +58,11 @@ static int pillow_fallback(void *ctx, fl_image_worker *w, const fl_image_plan *p
                            const unsigned char *data, size_t size, const fl_sample_key *key,
                            void *dst, fl_sample_geometry *geometry, char *msg, size_t msg_size)
 {
+    fl_stats_row *timers = fl_stats_current();
+    uint64_t t = timers ? fl_stats_now() : 0;
     PyGILState_STATE gil = PyGILState_Ensure();
+    if (timers)
+        fl_stats_add_gil_wait(timers, t, fl_stats_now());
     PyObject *fallback = ctx;
     int rc = FL_ERR_DECODE;
     if (fallback == Py_None) {

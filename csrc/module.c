@@ -59,6 +59,40 @@ static PyMethodDef module_methods[] = {
      "take_freed_shared_slots()\n--\n\n"
      "The ids of shared slots freed since the last call (their mappings in\n"
      "another process can go)."},
+    {"stage_begin", (PyCFunction)fl__stage_begin, METH_O,
+     "stage_begin(stage, /)\n--\n\n"
+     "Python code on this thread starts stage `stage` (an index into STAGES),\n"
+     "timed into the thread's Timers row if one is bound (else nothing)."},
+    {"stage_next", (PyCFunction)fl__stage_next, METH_O,
+     "stage_next(stage, /)\n--\n\nEnds the open stage and starts `stage`."},
+    {"stage_end", (PyCFunction)fl__stage_end, METH_NOARGS,
+     "stage_end()\n--\n\nEnds the open stage, if any."},
+    {"clock_ns", (PyCFunction)fl__clock_ns, METH_NOARGS,
+     "clock_ns()\n--\n\nThe clock of every timer and trace event (monotonic ns)."},
+    {"trace_start", (PyCFunction)fl__trace_start, METH_O,
+     "trace_start(capacity, /)\n--\n\n"
+     "Records every worker job, stage and GIL wait of every loader (at most\n"
+     "`capacity` events until taken) for a profiler's timeline."},
+    {"trace_take", (PyCFunction)fl__trace_take, METH_O,
+     "trace_take(max, /)\n--\n\n"
+     "Stops recording; returns (bytes of up to `max` 24-byte events: start and\n"
+     "end ns as uint64, kind and thread id as int32; the number dropped)."},
+    {"trace_stop", (PyCFunction)fl__trace_stop, METH_NOARGS,
+     "trace_stop()\n--\n\nStops recording; what was recorded waits for trace_take()."},
+    {"trace_on", (PyCFunction)fl__trace_on, METH_NOARGS,
+     "trace_on()\n--\n\nWhether events are being recorded."},
+    {"nvtx_start", (PyCFunction)(void (*)(void))fl__nvtx_start, METH_FASTCALL,
+     "nvtx_start(path=None, /)\n--\n\n"
+     "Loads the NVTX library (libnvToolsExt.so.1, or `path`) and marks every\n"
+     "worker job and stage as an NVTX range.  Raises OSError when it cannot."},
+    {"nvtx_stop", (PyCFunction)fl__nvtx_stop, METH_NOARGS,
+     "nvtx_stop()\n--\n\nNo more NVTX ranges."},
+    {"nvtx_on", (PyCFunction)fl__nvtx_on, METH_NOARGS,
+     "nvtx_on()\n--\n\nWhether NVTX ranges are on."},
+    {"set_stats_enabled", (PyCFunction)fl__set_stats_enabled, METH_O,
+     "set_stats_enabled(on, /)\n--\n\n"
+     "Switches every loader's timers on (the default) or off, process-wide:\n"
+     "only to measure what they cost."},
     {"tar_index", (PyCFunction)(void (*)(void))fl__tar_index, METH_FASTCALL, FL__TAR_INDEX_DOC},
     {"status_str", (PyCFunction)status_str, METH_O,
      "status_str(status, /)\n--\n\nDescribes a core status code."},
@@ -87,6 +121,7 @@ static int module_exec(PyObject *module)
     if (add_type(module, &fl__SlotPool_spec, NULL, &state->SlotPool_type) < 0 ||
         add_type(module, &fl__SlotOwner_spec, NULL, &state->SlotOwner_type) < 0 ||
         add_type(module, &fl__Engine_spec, NULL, &state->Engine_type) < 0 ||
+        add_type(module, &fl__Timers_spec, NULL, &state->Timers_type) < 0 ||
         add_type(module, &fl__ImageSource_spec, NULL, &state->ImageSource_type) < 0 ||
         add_type(module, &fl__RowSource_spec, NULL, &state->RowSource_type) < 0 ||
         add_type(module, &fl__WindowSource_spec, NULL, &state->WindowSource_type) < 0 ||
@@ -101,6 +136,8 @@ static int module_exec(PyObject *module)
         PyExc_OSError, NULL);
     if (!state->DecodeError || PyModule_AddObjectRef(module, "DecodeError", state->DecodeError) < 0)
         return -1;
+    if (fl__stats_module_exec(module) < 0)
+        return -1;
     return fl__engine_module_exec(module);
 }
 
@@ -110,6 +147,7 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(state->SlotPool_type);
     Py_VISIT(state->SlotOwner_type);
     Py_VISIT(state->Engine_type);
+    Py_VISIT(state->Timers_type);
     Py_VISIT(state->ImageSource_type);
     Py_VISIT(state->RowSource_type);
     Py_VISIT(state->WindowSource_type);
@@ -127,6 +165,7 @@ static int module_clear(PyObject *module)
     Py_CLEAR(state->SlotPool_type);
     Py_CLEAR(state->SlotOwner_type);
     Py_CLEAR(state->Engine_type);
+    Py_CLEAR(state->Timers_type);
     Py_CLEAR(state->ImageSource_type);
     Py_CLEAR(state->RowSource_type);
     Py_CLEAR(state->WindowSource_type);

@@ -6,7 +6,7 @@ threads with the GIL released; Python datasets run in worker processes, as
 torch's do, and hand batches over through shared buffers without a copy.
 """
 
-from . import transforms
+from . import profiler, transforms
 from .arrays import ArrayDataset, TokenDataset
 from .images import DecodeError, ImageFiles, ImageFolder
 from ._worker import WorkerInfo, get_worker_info
@@ -24,6 +24,7 @@ from .sampler import (
     WeightedRandomSampler,
 )
 from .shards import shards_from_image_folder, write_shards
+from .stats import LoaderStats
 
 __version__ = "0.1.0"
 
@@ -37,6 +38,7 @@ __all__ = [
     "ImageFiles",
     "ImageFolder",
     "IterableDataset",
+    "LoaderStats",
     "RandomSampler",
     "Sampler",
     "SequentialSampler",

@@ -56,7 +56,7 @@ from multiprocessing.reduction import ForkingPickler, recvfds, sendfds
 
 import numpy as np
 
-from . import _C
+from . import _C, stats
 from ._native import NativeBatches, skip_reporter, source_of
 from ._torch import torch
 from ._worker import (
@@ -211,8 +211,11 @@ def worker_main(conn, plan, worker_id, parent_pid):
     sock = socket.socket(fileno=os.dup(conn.fileno()))
     announced = set()
     held = collections.defaultdict(list)
+    timers = _C.Timers(1)  # this process's work, sent to the parent with each batch
+    timers.bind(0)
     try:
         worker.start()
+        idle_since = time.perf_counter_ns()
         while True:
             if not conn.poll(_PARENT_CHECK_SECONDS):
                 if os.getppid() != parent_pid:
@@ -224,18 +227,34 @@ def worker_main(conn, plan, worker_id, parent_pid):
             task, request, freed = message
             for slot_id in freed:
                 held.pop(slot_id, None)
+            started, cpu = time.perf_counter_ns(), time.thread_time_ns()
             outcome, value = worker.fetch(request)
+            times = _job_times(timers, started - idle_since, started, cpu)
             _send_result(conn, sock, task, outcome, value, report() if report else None,
-                         announced, held)
+                         times, announced, held)
+            idle_since = time.perf_counter_ns()
             del value
     except (EOFError, BrokenPipeError, ConnectionResetError, KeyboardInterrupt):
         return  # the parent is gone or stopping: exit quietly, as torch's workers do
     finally:
+        timers.unbind()
         worker.stop()
         sock.close()
 
 
-def _send_result(conn, sock, task, outcome, value, report, announced, held):
+def _job_times(timers, idle_ns, started, cpu):
+    """This process's times for the job that started at `started` (with
+    `cpu` ns of CPU used by then), after idle_ns waiting for it: a row
+    tuple for the parent's ``Timers.add``."""
+    times = list(timers.take(0))
+    times[stats.BUSY] += time.perf_counter_ns() - started
+    times[stats.CPU] += time.thread_time_ns() - cpu
+    times[stats.IDLE] += idle_ns
+    times[stats.JOBS] += 1
+    return tuple(times)
+
+
+def _send_result(conn, sock, task, outcome, value, report, times, announced, held):
     new = []
     buffer = io.BytesIO()
     try:
@@ -253,7 +272,7 @@ def _send_result(conn, sock, task, outcome, value, report, announced, held):
     for slot_id in dropped:
         announced.discard(slot_id)
     slots = [(slot_id, nbytes) for slot_id, _fd, nbytes in new]
-    conn.send((task, outcome, slots, dropped, report, buffer.getvalue()))
+    conn.send((task, outcome, slots, dropped, report, times, buffer.getvalue()))
     if new:
         sendfds(sock, [fd for _slot_id, fd, _bytes in new])
 
@@ -383,9 +402,9 @@ class _Channel:
         return (f"DataLoader worker (pid {self.process.pid}) {_describe_exit(self.process)}. "
                 "See the worker's output above for its error, if any.")
 
-    def receive(self, to_output, on_report):
+    def receive(self, to_output, on_report, on_times):
         try:
-            task, outcome, slots, dropped, report, payload = self.conn.recv()
+            task, outcome, slots, dropped, report, times, payload = self.conn.recv()
         except (EOFError, OSError):
             self.process.join(_JOIN_SECONDS)
             raise RuntimeError(self.death()) from None
@@ -408,6 +427,8 @@ class _Channel:
                 self.maps[slot_id] = mapping
         if report is not None:
             on_report(report)
+        if on_times is not None:
+            on_times(self.id, times)
         value = _SlotUnpickler(io.BytesIO(payload), self, to_output).load()
         return task, outcome, value
 
@@ -499,8 +520,9 @@ class ProcessWorkers:
     """
 
     def __init__(self, plan, num_workers, max_in_flight, in_order, context, to_output,
-                 on_report=None, page_locking=None):
+                 on_report=None, page_locking=None, on_times=None):
         self.on_report = on_report  # takes a worker's report (see the module doc)
+        self.on_times = on_times    # takes (worker id, a job's times), see fastload.stats
         self.page_locking = page_locking  # PageLocking, or None
         self.max_in_flight = max_in_flight
         self.in_order = in_order
@@ -590,7 +612,8 @@ class ProcessWorkers:
     def _take(self, waiting, ready):
         for channel in waiting:
             if channel.conn in ready or channel.conn.poll():
-                task, outcome, value = channel.receive(self.to_output, self.on_report)
+                task, outcome, value = channel.receive(self.to_output, self.on_report,
+                                                       self.on_times)
                 del self.owner[task]
                 if outcome == _C.JOB_RETIRE:
                     channel.active = False

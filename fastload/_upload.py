@@ -24,6 +24,8 @@ import numpy as np
 
 from . import _C
 from ._torch import is_tensor, torch
+from .profiler import next_range, torch_profiling
+from .stats import UPLOAD, clock_ns
 
 
 _POLL_S = 0.05  # how often a blocked upload thread checks for close()
@@ -32,8 +34,9 @@ _POLL_S = 0.05  # how often a blocked upload thread checks for close()
 class DeviceIter:
     """Iterates device batches uploaded from ``pump``'s host batches."""
 
-    def __init__(self, pump, to_torch, normalize=None):
+    def __init__(self, pump, to_torch, normalize=None, clock=None):
         self._pump = pump
+        self._clock = clock  # the loop's waits (fastload.stats.ConsumerClock), or None
         self._to_torch = to_torch
         self._normalize = normalize  # (mul, add, dtype) for the image array, or None
         self._done = False
@@ -45,8 +48,15 @@ class DeviceIter:
         return len(self._pump.host)
 
     def __next__(self):
+        if torch_profiling():
+            with next_range("enumerate(DataLoader)#DeviceIter.__next__"):
+                return self._next()
+        return self._next()
+
+    def _next(self):
         if self._done:
             raise StopIteration
+        called_at, ready = clock_ns(), self._pump.ready.qsize()
         item = self._pump.next_item()
         if item is None:  # stopped: a new epoch of a persistent loader took over
             self._done = True
@@ -58,7 +68,10 @@ class DeviceIter:
                 raise item[1]
             raise StopIteration
         _, structure, arrays = item
-        return _rebuild(structure, iter([self._output(i, *a) for i, a in enumerate(arrays)]))
+        batch = _rebuild(structure, iter([self._output(i, *a) for i, a in enumerate(arrays)]))
+        if self._clock is not None:
+            self._clock.handed_over(called_at, ready, ready)
+        return batch
 
     def _output(self, position, array, permutation):
         if not self._to_torch:
@@ -80,10 +93,11 @@ class Pump:
     DeviceIter, so dropping the iterator mid-epoch collects it and stops
     the thread."""
 
-    def __init__(self, host_iter, stream, pool, depth):
+    def __init__(self, host_iter, stream, pool, depth, timers=None, row=None):
         self.host = host_iter
         self._stream = stream
         self._pool = pool
+        self._timers, self._row = timers, row  # where the upload's time goes, or None
         self.ready = queue.Queue(maxsize=max(1, depth))
         self.stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fastload-upload", daemon=True)
@@ -119,7 +133,10 @@ class Pump:
             for batch in self.host:
                 structure, leaves = _flatten(batch)
                 hosts, permutations = zip(*map(_host_array, leaves)) if leaves else ((), ())
+                started = clock_ns()
                 arrays, event = self._stream.upload(hosts, self._pool)
+                if self._timers is not None:
+                    self._timers.add_stage(self._row, UPLOAD, started, clock_ns())
                 in_flight.append((event, batch))
                 if not self._put(("batch", structure, list(zip(arrays, permutations))),
                                  in_flight):

@@ -22,6 +22,10 @@ from ._torch import torch
 
 _local = threading.local()
 
+# The stages Python code runs, timed here (C times its own: fastload.stats).
+_DATASET = _C.STAGES.index("dataset")
+_COLLATE = _C.STAGES.index("collate")
+
 
 class WorkerRNG:
     """A worker's own random generators, seeded as torch seeds a worker
@@ -188,15 +192,24 @@ class _MapFetcher:
         self.position = None  # the sample index being read, for error messages
 
     def fetch(self, index):
-        if not self.auto_collation:
-            self.position = index
-            return self.collate_fn(self.dataset[index])
-        if self.native_batch is not None:
+        if self.native_batch is not None and self.auto_collation:
             # A native dataset reads and collates the whole batch in C.
             self.position = index
             batch = self.native_batch(index, epoch=self.epoch)
             self.position = None
             return batch
+        _C.stage_begin(_DATASET)
+        try:
+            data = self._samples(index)
+            _C.stage_next(_COLLATE)
+            return self.collate_fn(data)
+        finally:
+            _C.stage_end()
+
+    def _samples(self, index):
+        if not self.auto_collation:
+            self.position = index
+            return self.dataset[index]
         getitems = getattr(self.dataset, "__getitems__", None)
         if getitems:
             self.position = index
@@ -210,7 +223,7 @@ class _MapFetcher:
                 self.position = i
                 data.append(self.dataset[i])
         self.position = None
-        return self.collate_fn(data)
+        return data
 
 
 class _IterableFetcher:
@@ -226,6 +239,15 @@ class _IterableFetcher:
     def fetch(self, index):
         if self.ended:
             raise StopIteration
+        _C.stage_begin(_DATASET)
+        try:
+            data = self._samples(index)
+            _C.stage_next(_COLLATE)
+            return self.collate_fn(data)
+        finally:
+            _C.stage_end()
+
+    def _samples(self, index):
         if self.auto_collation:
             data = []
             for _ in index:
@@ -236,9 +258,8 @@ class _IterableFetcher:
                     break
             if len(data) == 0 or (self.drop_last and len(data) < len(index)):
                 raise StopIteration
-        else:
-            data = next(self.dataset_iter)
-        return self.collate_fn(data)
+            return data
+        return next(self.dataset_iter)
 
 
 def make_fetcher(plan, stop_flag, epoch=0):

@@ -23,7 +23,8 @@ import uuid
 import warnings
 import weakref
 
-from . import _C, _native, _process, _resume, cuda
+from . import _C, _native, _process, _resume, cuda, profiler
+from .stats import ConsumerClock, LoaderStats, LoaderTimers, clock_ns
 from ._random import draw_seed
 from ._upload import DeviceIter, Pump
 from ._torch import torch
@@ -232,6 +233,7 @@ class DataLoader:
             max_free=2 * in_flight + 2, memory=memory,
             device=device_index if device_index is not None else _pin_device(pin_memory_device))
         self._upload = _Upload(self, device_index, in_flight) if device_index is not None else None
+        self._timers = LoaderTimers()  # loader.stats()
         self._IterableDataset_len_called = None
         self._iterator = None
         self._last_iter = None  # weakref to the latest iterator, for state_dict()
@@ -300,7 +302,8 @@ class DataLoader:
             return self._host_iter()
         if self.persistent_workers and self.num_workers > 0:
             self._upload.stop()  # the host iterator is shared: stop its reader first
-        return self._upload.start(self._host_iter())
+        host_iter = self._host_iter()
+        return self._upload.start(host_iter, self._timers)
 
     def _claim_persistent_workers(self):
         """Persistent workers serve one epoch at a time: refuse a second
@@ -408,6 +411,21 @@ class DataLoader:
             load(state["dataset"])
         self._resume = state
 
+    # -- where the time goes -------------------------------------------------
+
+    def stats(self, reset=False):
+        """Where this loader's time went since it was made (or since the last
+        ``stats(reset=True)``): per stage, per worker, and the training
+        loop's wait per batch, with a verdict.  ``print()`` the result for
+        a table; ``.as_dict()`` for a logger.  See fastload.stats."""
+        timers = self._timers
+        report = LoaderStats(
+            timers.timers.snapshot(), timers.num_workers,
+            _worker_mode(self) if timers.num_workers else None, self.prefetch_factor)
+        if reset:
+            timers.timers.reset()
+        return report
+
     def __len__(self):
         if self._dataset_kind == "iterable":
             length = self._IterableDataset_len_called = len(self.dataset)
@@ -453,9 +471,11 @@ class _Upload:
             self._pump.close()
             self._pump = None
 
-    def start(self, host_iter):
-        self._pump = Pump(host_iter, self.stream, self.pool, self.depth)
-        return DeviceIter(self._pump, self.to_torch, self.normalize)
+    def start(self, host_iter, timers):
+        self._pump = Pump(host_iter, self.stream, self.pool, self.depth, timers.timers,
+                          timers.upload_row)
+        return DeviceIter(self._pump, self.to_torch, self.normalize,
+                          ConsumerClock(timers.timers))
 
 
 # --------------------------------------------------------------- collation
@@ -550,6 +570,10 @@ class _BaseIter:
                 stacklevel=3,
             )
         self._native_source = _native_source(self, loader)
+        profiler.sync()  # before any worker starts
+        self._timers = loader._timers.for_workers(self._num_workers)
+        # With device=, the loop's waits are the upload iterator's to record.
+        self._clock = ConsumerClock(self._timers) if loader._upload is None else None
         self._finished = False  # this epoch has ended (StopIteration raised)
         self._num_yielded = 0
         self._epoch = 0  # a persistent iterator's epochs: keys native augmentation
@@ -625,7 +649,10 @@ class _BaseIter:
         return getattr(self, "_pid", os.getpid()) == os.getpid()
 
     def _reset(self, loader):
+        profiler.sync()
         self._sampler_iter = self._open_epoch(loader)
+        if self._clock is not None:
+            self._clock.last = 0  # the time between epochs is not the loop's
         self._finished = False
         self._num_yielded = 0
         self._IterableDataset_len_called = loader._IterableDataset_len_called
@@ -634,6 +661,19 @@ class _BaseIter:
         return next(self._sampler_iter)
 
     def __next__(self):
+        if profiler.torch_profiling():
+            with profiler.next_range(self._profile_name):
+                return self._next()
+        return self._next()
+
+    @property
+    def _profile_name(self):
+        # torch's name for the range: profiler views file it under DataLoader.
+        return f"enumerate(DataLoader)#{type(self).__name__}.__next__"
+
+    def _next(self):
+        called_at = clock_ns()
+        in_flight, done = self._depth()
         try:
             data = self._next_data()
         except StopIteration:
@@ -656,10 +696,16 @@ class _BaseIter:
                     "configuring the IterableDataset replica at each worker (see "
                     "get_worker_info())."
                 )
-            warnings.warn(msg, stacklevel=2)
+            warnings.warn(msg, stacklevel=3)  # the loop's next(), past __next__
         if self._pin_memory:
             data = _pin(data, self._already_pinned)
+        if self._clock is not None:
+            self._clock.handed_over(called_at, in_flight, done)
         return data
+
+    def _depth(self):
+        """(batches in flight, of them done) as the loop asks for one."""
+        return 0, 0
 
     def __len__(self):
         return len(self._index_sampler)
@@ -680,7 +726,13 @@ class _SingleThreadIter(_BaseIter):
 
     def _next_data(self):
         index = self._next_index()
-        return self._fetcher.fetch(index)
+        # The loop makes the batch itself: its stages time into its own row.
+        timers = self._timers
+        timers.bind(self._num_workers)
+        try:
+            return self._fetcher.fetch(index)
+        finally:
+            timers.unbind()
 
 
 def _default_collation(loader):
@@ -794,12 +846,16 @@ class _ThreadedIter(_BaseIter):
         workers = [Worker(i, plan, self._stop_flag) for i in range(self._num_workers)]
         _torch_compat.route_torch_worker_info()
         if self._native_source is None:
-            return _C.Engine(workers, self._max_in_flight, bool(loader.in_order))
+            return _C.Engine(workers, self._max_in_flight, bool(loader.in_order),
+                             stats=self._timers)
         # Native jobs: each batch runs in C on a worker, without the GIL.
         return _C.Engine(workers, self._max_in_flight, bool(loader.in_order),
                          source=self._native_source, pool=loader._slot_pool,
                          convert=self._collate_fn.to_output, seed=self._base_seed,
-                         report=_native.skip_reporter(self._dataset))
+                         report=_native.skip_reporter(self._dataset), stats=self._timers)
+
+    def _depth(self):
+        return self._engine.depth()
 
     def _prime(self):
         for _ in range(self._max_in_flight):
@@ -923,7 +979,10 @@ class _ProcessIter(_ThreadedIter):
         return _process.ProcessWorkers(plan, self._num_workers, self._max_in_flight,
                                        bool(loader.in_order), context, to_output,
                                        getattr(self._dataset, "_merge_worker_report", None),
-                                       page_locking)
+                                       page_locking, on_times=self._timers.add)
+
+    def _depth(self):
+        return self._engine.in_flight(), len(self._engine.results)
 
     def _already_pinned(self, tensor):
         # The slot tensors page-locked in place; torch's pin_memory() would

@@ -18,6 +18,8 @@
 #include "engine.h"
 
 #include "forksafe.h"
+#include "nvtx.h"
+#include "stats.h"
 #include "status.h"
 
 #include <errno.h>
@@ -157,6 +159,14 @@ static void *worker_main(void *arg)
 
     if (e->hooks.worker_start)
         e->hooks.worker_start(e->hooks.ctx, w->id);
+    /* The start hook may bind this thread's timers (stats.h). */
+    fl_stats_row *timers = fl_stats_current();
+    uint64_t t = timers ? fl_stats_now() : 0;
+    if (fl_nvtx_on()) {
+        char name[32];
+        snprintf(name, sizeof name, "%s%d", e->name, w->id);
+        fl_nvtx_name_thread(name);
+    }
 
     pthread_mutex_lock(&e->lock);
     for (;;) {
@@ -170,7 +180,24 @@ static void *worker_main(void *arg)
         void *payload = j->payload;
         pthread_mutex_unlock(&e->lock);
 
+        uint64_t cpu = 0;
+        if (timers) {
+            uint64_t now = fl_stats_now();
+            fl_stats_add_activity(timers, FL_IDLE, now - t);
+            t = now;
+            cpu = fl_stats_thread_cpu();
+        }
+        int ranged = timers && fl_nvtx_on();
+        if (ranged)
+            fl_nvtx_push("fastload batch");
         int outcome = e->hooks.run(e->hooks.ctx, w->id, payload);
+        if (ranged)
+            fl_nvtx_pop();
+        if (timers) {
+            uint64_t now = fl_stats_now();
+            fl_stats_add_job(timers, t, now, fl_stats_thread_cpu() - cpu);
+            t = now;
+        }
 
         pthread_mutex_lock(&e->lock);
         if (outcome == FL_JOB_RETIRE)
@@ -606,6 +633,17 @@ int fl_engine_in_flight(fl_engine *e)
     int n = e->in_flight;
     pthread_mutex_unlock(&e->lock);
     return n;
+}
+
+void fl_engine_depth(fl_engine *e, int *in_flight, int *done)
+{
+    pthread_mutex_lock(&e->lock);
+    int n = 0;
+    for (int i = 0; i < e->capacity; i++)
+        n += e->jobs[i].state == JOB_DONE;
+    *in_flight = e->in_flight;
+    *done = n;
+    pthread_mutex_unlock(&e->lock);
 }
 
 int fl_engine_is_own_thread(const fl_engine *e)

@@ -93,6 +93,10 @@ int fl_engine_reset(fl_engine *engine);
 /* Number of jobs submitted and not yet delivered. */
 int fl_engine_in_flight(fl_engine *engine);
 
+/* fl_engine_in_flight, and of those jobs the number that finished (or were
+ * cancelled) and wait for delivery, in any order: read together. */
+void fl_engine_depth(fl_engine *engine, int *in_flight, int *done);
+
 /* Nonzero when called on one of this engine's worker threads. */
 int fl_engine_is_own_thread(const fl_engine *engine);
 

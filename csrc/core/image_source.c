@@ -2,6 +2,7 @@
 #include "image_source.h"
 
 #include "resample.h"
+#include "stats.h"
 #include "status.h"
 
 #include <stdio.h>
@@ -19,6 +20,8 @@ int fl_image_source_read(const fl_image_source *src, fl_image_worker *w, int64_t
 {
     failure->index = file->index = index;
     failure->err = 0;
+    fl_stage_clock clock;
+    fl_stage_begin(&clock, FL_STAGE_READ);
     uint64_t offset = 0, length = FL_TO_END;
     if (src->ranges) {
         offset = (uint64_t)src->ranges[2 * index];
@@ -29,6 +32,7 @@ int fl_image_source_read(const fl_image_source *src, fl_image_worker *w, int64_t
     /* An empty file goes to the JPEG decoder, which names the problem. */
     file->jpeg = rc != FL_OK || file->size == 0 || fl_is_jpeg(file->data, file->size);
     failure->status = rc;
+    fl_stage_end(&clock);
     return rc;
 }
 
@@ -43,8 +47,12 @@ int fl_image_source_decode(const fl_image_source *src, fl_image_worker *w,
         rc = fl_pipeline_jpeg(w, &src->plan, key, file->data, file->size, dst, geometry,
                               failure->msg, sizeof failure->msg);
     } else if (src->fallback) {
+        /* Decoded and transformed together, by another library. */
+        fl_stage_clock clock;
+        fl_stage_begin(&clock, FL_STAGE_DECODE);
         rc = src->fallback(src->fallback_ctx, w, &src->plan, file->data, file->size, key, dst,
                            geometry, failure->msg, sizeof failure->msg);
+        fl_stage_end(&clock);
     } else {
         snprintf(failure->msg, sizeof failure->msg, "not a JPEG, and no other decoder is set");
         rc = FL_ERR_DECODE;

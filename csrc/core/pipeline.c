@@ -4,6 +4,7 @@
 
 #include "jpeg.h"
 #include "resample.h"
+#include "stats.h"
 #include "status.h"
 
 #include <errno.h>
@@ -300,9 +301,11 @@ static int resample_box(fl_image_worker *w, const fl_image_plan *plan,
     return rc;
 }
 
-int fl_pipeline_jpeg(fl_image_worker *w, const fl_image_plan *plan, const fl_sample_key *key,
-                     const unsigned char *data, size_t size, void *dst,
-                     fl_sample_geometry *geometry, char *msg, size_t msg_size)
+/* fl_pipeline_jpeg, its stages timed on `clock` (decode open on entry). */
+static int jpeg_to_row(fl_image_worker *w, const fl_image_plan *plan, const fl_sample_key *key,
+                       const unsigned char *data, size_t size, void *dst,
+                       fl_sample_geometry *geometry, char *msg, size_t msg_size,
+                       fl_stage_clock *clock)
 {
     fl_jpeg_header header;
     fl_sample_geometry local;
@@ -345,6 +348,7 @@ int fl_pipeline_jpeg(fl_image_worker *w, const fl_image_plan *plan, const fl_sam
     rc = fl_jpeg_decode(w->jpeg, data, size, &region, plan->max_pixels, &px, msg, msg_size);
     if (rc != FL_OK)
         return rc;
+    fl_stage_next(clock, FL_STAGE_TRANSFORM);
     double d = g->scale_denom;
     double bx = px.box_x + (g->box.x - x0) / d, by = px.box_y + (g->box.y - y0) / d;
     double bw = g->box.w / d, bh = g->box.h / d;
@@ -355,6 +359,17 @@ int fl_pipeline_jpeg(fl_image_worker *w, const fl_image_plan *plan, const fl_sam
         bh = px.height - by;
     return resample_box(w, plan, g, px.data, px.width, px.height, px.stride, bx, by, bw, bh, dst,
                         msg, msg_size);
+}
+
+int fl_pipeline_jpeg(fl_image_worker *w, const fl_image_plan *plan, const fl_sample_key *key,
+                     const unsigned char *data, size_t size, void *dst,
+                     fl_sample_geometry *geometry, char *msg, size_t msg_size)
+{
+    fl_stage_clock clock;
+    fl_stage_begin(&clock, FL_STAGE_DECODE);
+    int rc = jpeg_to_row(w, plan, key, data, size, dst, geometry, msg, msg_size, &clock);
+    fl_stage_end(&clock);
+    return rc;
 }
 
 int fl_pipeline_pixels(fl_image_worker *w, const fl_image_plan *plan, const fl_sample_key *key,
