@@ -56,8 +56,9 @@ class TuneRow:
     seconds: float     # time.perf_counter() over the timed batches
 
     def setting(self):
-        prefetch = "-" if self.prefetch_factor is None else self.prefetch_factor
-        return f"num_workers={self.num_workers}, prefetch_factor={prefetch}"
+        if self.prefetch_factor is None:
+            return f"num_workers={self.num_workers}"
+        return f"num_workers={self.num_workers}, prefetch_factor={self.prefetch_factor}"
 
     def as_dict(self):
         return dataclasses.asdict(self)
@@ -262,15 +263,21 @@ def _samples_in(batch, loader):
     return n if n is not None else (getattr(loader, "batch_size", None) or 1)
 
 
-def _progress_bar(total, enabled):
-    """A tqdm bar on stderr; None without tqdm or when not wanted."""
-    if not enabled:
-        return None
+def _tqdm():
+    """tqdm's bar class, or None when tqdm is not installed."""
     try:
         from tqdm.auto import tqdm
     except ImportError:
         return None
-    return tqdm(total=total, file=sys.stderr, unit="batch", dynamic_ncols=True, leave=False)
+    return tqdm
+
+
+def _progress_bar(total, enabled):
+    """A tqdm bar on stderr; None without tqdm or when not wanted."""
+    bar = _tqdm() if enabled else None
+    if bar is None:
+        return None
+    return bar(total=total, file=sys.stderr, unit="batch", dynamic_ncols=True, leave=False)
 
 
 def _measure(loader, warmup, batches, bar):
@@ -459,15 +466,15 @@ def load_dataset(spec, transform="train"):
     if _is_dataset(obj):
         return obj
     if not callable(obj):
-        raise SpecError(f"{spec!r} is a {type(obj).__name__}, not a dataset (an object with "
-                        f"__getitem__ and __len__, or __iter__) nor a callable returning one")
+        raise SpecError(f"{spec!r} is of type {type(obj).__name__}: not a dataset (an object "
+                        f"with __getitem__ and __len__, or __iter__) nor a callable returning one")
     try:
         dataset = obj()
     except TypeError as e:
         raise SpecError(f"{spec!r}: calling it with no arguments failed: {e}") from None
     if not _is_dataset(dataset):
-        raise SpecError(f"{spec!r}() returned a {type(dataset).__name__}, not a dataset (an "
-                        f"object with __getitem__ and __len__, or __iter__)")
+        raise SpecError(f"{spec!r}() returned an object of type {type(dataset).__name__}: not "
+                        f"a dataset (an object with __getitem__ and __len__, or __iter__)")
     return dataset
 
 
@@ -529,7 +536,7 @@ def main(argv=None):
             import matplotlib  # noqa: F401  (fail before the sweep, not after it)
         except ImportError:
             parser.error(f"--plot needs matplotlib: {INSTALL_HINT}")
-    if not args.no_progress and importlib.util.find_spec("tqdm") is None:
+    if not args.no_progress and _tqdm() is None:
         print(f"(no progress bar: tqdm is not installed; {INSTALL_HINT})", file=sys.stderr)
     try:
         dataset = load_dataset(args.dataset, args.transform)
