@@ -1,7 +1,7 @@
 """Sweep ``num_workers`` x ``prefetch_factor`` on your data and recommend one.
 
     python -m fastload.tune DATASET_SPEC [--batch-size B] [--workers 0,1,2,4]
-                            [--prefetch 1,2,4] [--batches N] [--warmup K]
+                            [--prefetch 1,2,4] [--batches N] [--warmup K] [--repeat R]
                             [--worker-mode auto|thread|process] [--transform train|eval]
                             [--plot out.png] [--json out.json]
 
@@ -27,6 +27,7 @@ import importlib
 import importlib.util
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -103,7 +104,7 @@ class TuneReport:
     (needs matplotlib).
     """
 
-    def __init__(self, rows, *, batch_size=None, batches=None, warmup=None, cpus=None,
+    def __init__(self, rows, *, batch_size=None, batches=None, warmup=None, repeat=1, cpus=None,
                  tolerance=TOLERANCE):
         self.rows = list(rows)
         self.recommended, self.best, self.reason = recommend(self.rows, tolerance)
@@ -111,6 +112,7 @@ class TuneReport:
         self.batch_size = batch_size
         self.batches = batches
         self.warmup = warmup
+        self.repeat = repeat
         self.cpus = cpus
 
     def table(self):
@@ -140,6 +142,7 @@ class TuneReport:
             "batch_size": self.batch_size,
             "batches": self.batches,
             "warmup": self.warmup,
+            "repeat": self.repeat,
             "cpus": self.cpus,
             "tolerance": self.tolerance,
             "rows": [row.as_dict() for row in self.rows],
@@ -309,7 +312,7 @@ def _measure(loader, warmup, batches, bar):
 
 
 def sweep(dataset_or_loader_factory, *, batch_size=64, workers=None, prefetch=DEFAULT_PREFETCH,
-          batches=30, warmup=5, progress=True, **loader_kwargs):
+          batches=30, warmup=5, repeat=1, progress=True, **loader_kwargs):
     """Measure the loader's samples/s for each (num_workers, prefetch_factor).
 
     ``dataset_or_loader_factory`` is a dataset, given to
@@ -320,16 +323,19 @@ def sweep(dataset_or_loader_factory, *, batch_size=64, workers=None, prefetch=DE
     ``workers`` defaults to ``default_workers()``, which never exceeds the
     usable CPU count; ``prefetch`` applies to ``w > 0`` only, so ``w == 0``
     gives one row.  Each setting iterates ``warmup`` batches, then times
-    ``batches`` more with ``time.perf_counter`` and nothing done to them.
+    ``batches`` more with ``time.perf_counter`` and nothing done to them;
+    with ``repeat=R`` the settings are measured in R rounds, one after the
+    other in each, and a row's rate is the median of its rounds (its
+    ``samples``, ``batches`` and ``seconds`` are the rounds' totals).
     Each loader and iterator is dropped (and garbage collected) before the
     next setting starts, so workers do not pile up.  ``progress`` shows a
     tqdm bar on stderr when tqdm is installed.  Returns a ``TuneReport``.
     """
     workers = default_workers() if workers is None else tuple(workers)
     prefetch = tuple(prefetch)
-    if batches < 1 or warmup < 0:
-        raise ValueError(f"batches must be at least 1 and warmup at least 0, "
-                         f"got batches={batches}, warmup={warmup}")
+    if batches < 1 or warmup < 0 or repeat < 1:
+        raise ValueError(f"batches and repeat must be at least 1 and warmup at least 0, "
+                         f"got batches={batches}, repeat={repeat}, warmup={warmup}")
     if not workers or any(not isinstance(w, int) or w < 0 for w in workers):
         raise ValueError(f"workers must be non-negative ints, got {workers!r}")
     if any(w > 0 for w in workers) and (
@@ -349,25 +355,31 @@ def sweep(dataset_or_loader_factory, *, batch_size=64, workers=None, prefetch=DE
                         f"{type(dataset_or_loader_factory).__name__}")
 
     settings = _settings(workers, prefetch)
-    bar = _progress_bar(len(settings) * (warmup + batches), progress)
-    rows = []
+    bar = _progress_bar(repeat * len(settings) * (warmup + batches), progress)
+    runs = {setting: [] for setting in settings}  # (samples, seconds) per round
     try:
-        for w, p in settings:
-            if bar is not None:
-                bar.set_description(f"workers={w} prefetch={'-' if p is None else p}")
-            loader = make_loader(num_workers=w, prefetch_factor=p)
-            try:
-                samples, seconds = _measure(loader, warmup, batches, bar)
-            finally:
-                del loader
-                gc.collect()  # join this setting's workers before the next starts
-            rows.append(TuneRow(w, p, samples / seconds if seconds > 0 else float("inf"),
-                                samples, batches, seconds))
+        # Rounds go through every setting in turn, so that a burst of load
+        # from another process is shared out rather than landing on one row.
+        for _ in range(repeat):
+            for w, p in settings:
+                if bar is not None:
+                    bar.set_description(f"workers={w} prefetch={'-' if p is None else p}")
+                loader = make_loader(num_workers=w, prefetch_factor=p)
+                try:
+                    runs[w, p].append(_measure(loader, warmup, batches, bar))
+                finally:
+                    del loader
+                    gc.collect()  # join this setting's workers before the next starts
     finally:
         if bar is not None:
             bar.close()
+    rows = []
+    for (w, p), measured in runs.items():
+        rate = statistics.median(n / t if t > 0 else float("inf") for n, t in measured)
+        rows.append(TuneRow(w, p, rate, sum(n for n, _ in measured), repeat * batches,
+                            sum(t for _, t in measured)))
     return TuneReport(rows, batch_size=batch_size if from_dataset else None, batches=batches,
-                      warmup=warmup, cpus=usable_cpus())
+                      warmup=warmup, cpus=usable_cpus(), repeat=repeat)
 
 
 def _dataset_loader(dataset, batch_size, loader_kwargs):
@@ -508,6 +520,9 @@ def _parser():
                         help="batches timed per setting, after the warm-up (default: 30)")
     parser.add_argument("--warmup", type=int, default=5,
                         help="batches iterated before timing each setting (default: 5)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="rounds over all settings; each row is the median of its rounds "
+                             "(default: 1; more on a busy machine)")
     parser.add_argument("--worker-mode", choices=("auto", "thread", "process"), default="auto",
                         help="DataLoader(worker_mode=...) (default: auto)")
     parser.add_argument("--transform", choices=("train", "eval"), default="train",
@@ -525,8 +540,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.batch_size < 1:
         parser.error(f"--batch-size must be at least 1, got {args.batch_size}")
-    if args.batches < 1 or args.warmup < 0:
-        parser.error("--batches must be at least 1 and --warmup at least 0")
+    if args.batches < 1 or args.repeat < 1 or args.warmup < 0:
+        parser.error("--batches and --repeat must be at least 1 and --warmup at least 0")
     if args.workers is not None and min(args.workers) < 0:
         parser.error(f"--workers must be non-negative, got {args.workers}")
     if min(args.prefetch) < 1:
@@ -545,10 +560,11 @@ def main(argv=None):
 
     report = sweep(dataset, batch_size=args.batch_size, workers=args.workers,
                    prefetch=args.prefetch, batches=args.batches, warmup=args.warmup,
-                   progress=not args.no_progress, worker_mode=args.worker_mode)
+                   repeat=args.repeat, progress=not args.no_progress, worker_mode=args.worker_mode)
     print(f"{args.dataset}: {len(dataset) if hasattr(dataset, '__len__') else '?'} samples, "
           f"batch_size={args.batch_size}, {args.warmup} warm-up + {args.batches} timed batches "
-          f"per setting, {report.cpus} usable CPUs, no compute")
+          f"per setting{f' in each of {args.repeat} rounds (median)' if args.repeat > 1 else ''}, "
+          f"{report.cpus} usable CPUs, no compute")
     print(report)
     if args.json:
         with open(args.json, "w") as f:

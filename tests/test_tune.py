@@ -27,7 +27,7 @@ from fastload.tune import TuneReport, TuneRow, recommend  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-REPORT_KEYS = {"batch_size", "batches", "warmup", "cpus", "tolerance", "rows", "best",
+REPORT_KEYS = {"batch_size", "batches", "warmup", "repeat", "cpus", "tolerance", "rows", "best",
                "recommended", "reason"}
 ROW_KEYS = {"num_workers", "prefetch_factor", "samples_per_s", "samples", "batches", "seconds"}
 
@@ -193,6 +193,24 @@ def test_settings_and_loaders_dropped_between_them():
     assert report.batch_size is None  # a factory's own
 
 
+def test_repeat_goes_round_the_settings_and_takes_the_median():
+    made = []
+
+    def factory(num_workers, prefetch_factor):
+        made.append((num_workers, prefetch_factor))
+        return fastload.DataLoader(list(range(8)), batch_size=4, num_workers=num_workers,
+                                   prefetch_factor=prefetch_factor, worker_mode="thread")
+
+    report = tune.sweep(factory, workers=(0, 1), prefetch=(1,), batches=2, warmup=0, repeat=3,
+                        progress=False)
+    assert made == [(0, None), (1, 1)] * 3
+    assert report.repeat == 3 and report.as_dict()["repeat"] == 3
+    for r in report.rows:
+        assert (r.batches, r.samples) == (6, 24)
+    with pytest.raises(ValueError, match="repeat must be at least 1"):
+        tune.sweep(factory, repeat=0, progress=False)
+
+
 @pytest.mark.parametrize("batches,samples", [(3, 10), (5, 18)])
 def test_samples_counted_from_batches_across_epochs(batches, samples):
     """10 samples in batches of 4: 4, 4, 2, then the next epoch."""
@@ -316,7 +334,8 @@ def test_bad_specs_are_named(dataset_file, capsys, spec, message):
 def test_bad_option_values(capsys):
     for args, message in [(["--workers", "0,x"], "comma-separated integers"),
                           (["--prefetch", "0"], "--prefetch must be positive"),
-                          (["--batches", "0"], "--batches must be at least 1")]:
+                          (["--batches", "0"], "--batches and --repeat must be at least 1"),
+                          (["--repeat", "0"], "--batches and --repeat must be at least 1")]:
         with pytest.raises(SystemExit):
             tune.main(["whatever", *args])
         assert message in capsys.readouterr().err
