@@ -29,7 +29,7 @@ import json
 import os
 import statistics
 import sys
-import time
+from time import perf_counter
 
 __all__ = ["TuneReport", "TuneRow", "default_workers", "load_dataset", "recommend", "sweep"]
 
@@ -54,7 +54,7 @@ class TuneRow:
     samples_per_s: float
     samples: int       # samples in the timed batches
     batches: int       # timed batches (after the warm-up)
-    seconds: float     # time.perf_counter() over the timed batches
+    seconds: float     # perf_counter() over the timed batches
 
     def setting(self):
         if self.prefetch_factor is None:
@@ -284,31 +284,37 @@ def _progress_bar(total, enabled):
 
 
 def _measure(loader, warmup, batches, bar):
-    """Iterate ``warmup`` batches, then time ``batches`` more.  An epoch too
-    short for them is followed by the next one (its start is timed too: a
-    training loop pays it as well)."""
+    """Iterate ``warmup`` batches, then time the next ``batches``: from just
+    after the last warm-up batch arrives (from the start, without warm-up)
+    to just after the last timed one arrives, before the iterator is shut
+    down.  An epoch too short for them is followed by the next one; its start
+    is timed too, as a training loop pays it."""
+    total = warmup + batches
     done = timed_samples = 0
-    start = None
-    while done < warmup + batches:
+    start = perf_counter() if warmup == 0 else None
+    end = None
+    while end is None:
         iterator = iter(loader)
         progressed = False
         for batch in iterator:
             progressed = True
-            if done == warmup:
-                start = time.perf_counter()
             if done >= warmup:
                 timed_samples += _samples_in(batch, loader)
             del batch  # hand the slot back before waiting for the next one
             done += 1
+            if done == total:
+                end = perf_counter()
+                break
+            if done == warmup:
+                start = perf_counter()
             if bar is not None:
                 bar.update(1)
-            if done == warmup + batches:
-                break
         del iterator
         if not progressed:
             raise ValueError("the loader yielded no batch: nothing to measure")
-    seconds = time.perf_counter() - start
-    return timed_samples, seconds
+    if bar is not None:
+        bar.update(1)
+    return timed_samples, end - start
 
 
 def sweep(dataset_or_loader_factory, *, batch_size=64, workers=None, prefetch=DEFAULT_PREFETCH,
@@ -505,7 +511,7 @@ def _parser():
         prog="python -m fastload.tune",
         description="Measure fastload.DataLoader's samples/s on a dataset for each "
                     "(num_workers, prefetch_factor) and recommend the cheapest setting within "
-                    "5 %% of the fastest.")
+                    "5 % of the fastest.")
     parser.add_argument("dataset", metavar="DATASET_SPEC",
                         help="an image folder (class folders of images), or module:attr or "
                              "path/to/file.py:attr naming a dataset or a zero-argument callable "
@@ -548,7 +554,7 @@ def main(argv=None):
         parser.error(f"--prefetch must be positive, got {args.prefetch}")
     if args.plot:
         try:
-            import matplotlib  # noqa: F401  (fail before the sweep, not after it)
+            importlib.import_module("matplotlib")  # fail before the sweep, not after it
         except ImportError:
             parser.error(f"--plot needs matplotlib: {INSTALL_HINT}")
     if not args.no_progress and _tqdm() is None:

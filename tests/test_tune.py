@@ -222,6 +222,38 @@ def test_samples_counted_from_batches_across_epochs(batches, samples):
         assert r.seconds > 0 and r.samples_per_s == pytest.approx(samples / r.seconds)
 
 
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.mark.parametrize("warmup", [0, 2])
+def test_timed_window_is_the_timed_batches_only(monkeypatch, warmup):
+    """On a clock that ticks once per batch made and 100 times when the
+    iterator is shut down, the timed window holds exactly the timed batches:
+    not the last warm-up batch, not the shutdown."""
+    clock = FakeClock()
+    monkeypatch.setattr(tune, "perf_counter", clock)
+
+    class Loader:
+        batch_size, batch_sampler = 4, None
+
+        def __iter__(self):
+            try:
+                for _ in range(100):
+                    clock.now += 1  # making a batch
+                    yield np.zeros((4, 2))
+            finally:
+                clock.now += 100  # shutting down
+
+    report = tune.sweep(lambda num_workers, prefetch_factor: Loader(), workers=(0,),
+                        batches=3, warmup=warmup, progress=False)
+    assert (report.rows[0].seconds, report.rows[0].samples) == (3.0, 12)
+
+
 def test_batch_size_none_counts_one_sample_per_item():
     report = tune.sweep([np.zeros(5)] * 6, batch_size=None, workers=(0,), batches=4, warmup=1,
                         progress=False)
