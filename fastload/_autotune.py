@@ -14,8 +14,16 @@ The algorithm (docs/design.md, "Autotune"):
   least ``window_seconds``, after skipping the deliveries that drain the
   pipeline of the previous setting (as many as the setting keeps in flight).
   A window gives the throughput (batches per second, as the consumer sees
-  them), the share of the time the consumer spent waiting, and the standard
-  error of the throughput (from the spread of the delivery intervals).
+  them), the share of the time the consumer spent waiting, and the relative
+  standard error of the throughput, from the spread of the rates of its
+  eight consecutive blocks (a block spans several deliveries, so a pipeline
+  that delivers in bursts -- a bursty consumer, uneven samples -- is judged
+  by its average over the bursts, not by single intervals).  The window
+  grows until that error is under a quarter of the gain the next decision
+  looks for (a quarter of s / w for a worker step from w to w + s, which
+  gains up to s / w; ``min_gain`` for a prefetch step), or it reaches ``max_window_batches`` or
+  ``max_window_seconds``: large steps are judged quickly, small ones
+  precisely.
 * If the consumer hardly waited (under ``min_wait_share``), the loader keeps
   up: settle.  Else *try* a step: more workers first, then a deeper prefetch
   (deeper buffers absorb a bursty consumer when more workers do not help).
@@ -83,6 +91,9 @@ def batch_nbytes(batch, _depth=0):
     return 0
 
 
+_BLOCKS = 8
+
+
 class _Window:
     """Deliveries at one setting: their intervals and the consumer's waits."""
 
@@ -98,16 +109,29 @@ class _Window:
     def seconds(self):
         return sum(self.intervals)
 
-    def stats(self):
+    def error(self):
+        """The relative standard error of the window's throughput, from the
+        rates of _BLOCKS consecutive blocks of deliveries."""
         n = len(self.intervals)
+        if n < _BLOCKS:
+            return math.inf
+        rates = []
+        for b in range(_BLOCKS):
+            block = self.intervals[b * n // _BLOCKS:(b + 1) * n // _BLOCKS]
+            seconds = sum(block)
+            if seconds <= 0:
+                return math.inf
+            rates.append(len(block) / seconds)
+        mean = sum(rates) / _BLOCKS
+        variance = sum((r - mean) ** 2 for r in rates) / (_BLOCKS - 1)
+        return math.sqrt(variance / _BLOCKS) / mean
+
+    def stats(self):
         total = self.seconds
-        mean = total / n
-        variance = sum((x - mean) ** 2 for x in self.intervals) / max(1, n - 1)
         return {
-            "batches_per_s": n / total,
+            "batches_per_s": len(self.intervals) / total,
             "wait_share": min(1.0, self.waited / total),
-            # Relative standard error of the throughput.
-            "error": math.sqrt(variance) / mean / math.sqrt(n) if mean > 0 else 0.0,
+            "error": self.error(),
         }
 
 
@@ -117,8 +141,9 @@ class Autotuner:
     epoch starts, ``end_epoch`` when the first epoch ends."""
 
     def __init__(self, max_workers, max_prefetch=DEFAULT_MAX_PREFETCH, max_bytes=None,
-                 start_workers=1, start_prefetch=START_PREFETCH, window_batches=8,
-                 window_seconds=0.1, min_gain=0.05, min_wait_share=0.05, max_windows=64):
+                 start_workers=1, start_prefetch=START_PREFETCH, window_batches=16,
+                 window_seconds=0.1, max_window_batches=512, max_window_seconds=3.0,
+                 min_gain=0.05, min_wait_share=0.05, max_windows=64):
         if max_workers < 1 or max_prefetch < 1:
             raise ValueError("max_workers and max_prefetch must be at least 1")
         self.max_workers = max_workers
@@ -128,6 +153,8 @@ class Autotuner:
         self.prefetch = max(1, min(start_prefetch, max_prefetch))
         self.window_batches = window_batches
         self.window_seconds = window_seconds
+        self.max_window_batches = max_window_batches
+        self.max_window_seconds = max_window_seconds
         self.min_gain = min_gain
         self.min_wait_share = min_wait_share
         self.max_windows = max_windows
@@ -198,11 +225,29 @@ class Autotuner:
         if last is None or self._skip > 0:
             self._skip = max(0, self._skip - 1)
             return self.setting
-        self._window.add(max(0.0, now - last), waited)
-        if (len(self._window.intervals) >= self.window_batches
-                and self._window.seconds >= self.window_seconds):
-            self._conclude(self._window.stats())
+        window = self._window
+        window.add(max(0.0, now - last), waited)
+        n, seconds = len(window.intervals), window.seconds
+        if n < self.window_batches or seconds < self.window_seconds:
+            return self.setting
+        # The error costs a pass over the window: check every _BLOCKS batches.
+        if (n >= self.max_window_batches or seconds >= self.max_window_seconds
+                or (n % _BLOCKS == 0 and window.error() <= self._wanted_error())):
+            self._conclude(window.stats())
         return self.setting
+
+    def _wanted_error(self):
+        """How precise the window must be: a quarter of the gain the next
+        decision looks for, which is a step's proportional gain discounted
+        four times (a step near the bottleneck gains less), or min_gain."""
+        kept_workers = self._kept[0]
+        if self._trial == "workers":
+            gain = self.workers / kept_workers - 1.0
+        elif self._trial is None and "workers" in self._searching:
+            gain = min(self._worker_step, self.max_workers - kept_workers) / kept_workers
+        else:
+            gain = 0.0
+        return max(self.min_gain, gain / 4) / 4
 
     def _record(self, stats, decision):
         self.steps.append({
