@@ -721,10 +721,42 @@ static PyObject *Engine_get_closed(EngineObject *self, void *closure)
     return PyBool_FromLong(!self->engine || self->closed);
 }
 
+static PyObject *Engine_get_active(EngineObject *self, void *closure)
+{
+    (void)closure;
+    if (!engine_usable(self))
+        return NULL;
+    return PyLong_FromLong(fl_engine_active(self->engine));
+}
+
+static int Engine_set_active(EngineObject *self, PyObject *value, void *closure)
+{
+    (void)closure;
+    if (!value) {
+        PyErr_SetString(PyExc_AttributeError, "cannot delete Engine.active");
+        return -1;
+    }
+    long active = PyLong_AsLong(value);
+    if (active == -1 && PyErr_Occurred())
+        return -1;
+    if (!engine_usable(self))
+        return -1;
+    if (active < 1 || active > self->num_workers) {
+        PyErr_Format(PyExc_ValueError, "Engine.active must be in 1..%d (num_workers), got %ld",
+                     self->num_workers, active);
+        return -1;
+    }
+    if (fl_engine_set_active(self->engine, (int)active) != FL_OK) {
+        closed_error();
+        return -1;
+    }
+    return 0;
+}
+
 static PyMethodDef Engine_methods[] = {
     {"submit", (PyCFunction)Engine_submit, METH_O,
      "submit(request, /)\n--\n\n"
-     "Queues worker.fetch(request) on the next live worker, round-robin; with\n"
+     "Queues worker.fetch(request) on the next live active worker, round-robin; with\n"
      "a native source, request is (epoch, indices) and the batch runs in C.\n"
      "Returns 0, or 1 when every worker has retired (nothing queued)."},
     {"next", (PyCFunction)(void (*)(void))Engine_next, METH_FASTCALL,
@@ -752,6 +784,8 @@ static PyMethodDef Engine_methods[] = {
 static PyGetSetDef Engine_getset[] = {
     {"in_flight", (getter)Engine_get_in_flight, NULL, "jobs submitted, not yet delivered", NULL},
     {"closed", (getter)Engine_get_closed, NULL, "whether close() has run", NULL},
+    {"active", (getter)Engine_get_active, (setter)Engine_set_active,
+     "workers that get new jobs: 0..active-1 (jobs queued beyond it still run)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

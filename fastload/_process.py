@@ -28,7 +28,10 @@ Messages, per worker, over one duplex pipe (a Unix socket pair):
 
 The parent's scheduling is torch's: round-robin over the live workers, at
 most ``num_workers * prefetch_factor`` tasks out, one new task per result,
-and an iterable worker that reports its end gets no more tasks.
+and an iterable worker that reports its end gets no more tasks.  Like the
+thread engine, only workers ``[0, active)`` get new tasks (the autotuner
+moves that bound); a worker process starts when it first becomes active, so
+workers the autotuner never uses cost nothing.
 
 With ``pin_memory=True`` and fastload's CUDA driver, the parent page-locks
 each slot mapping in place when it first maps it (``PageLocking``), so
@@ -40,7 +43,6 @@ import collections
 import ctypes
 import importlib
 import io
-import itertools
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -356,7 +358,7 @@ class _Channel:
         self.freed = collections.deque()     # slot ids released by the parent
         self.fenced = collections.deque()    # released, their fence pending at the last send
         self.outstanding = 0                 # tasks sent and not answered
-        self.active = True                   # False once its iterable ended
+        self.live = True                     # False once its iterable ended
 
     def send(self, task, request):
         freed = self._returnable()
@@ -520,26 +522,48 @@ class ProcessWorkers:
     """
 
     def __init__(self, plan, num_workers, max_in_flight, in_order, context, to_output,
-                 on_report=None, page_locking=None, on_times=None):
+                 on_report=None, page_locking=None, active=None, on_times=None):
         self.on_report = on_report  # takes a worker's report (see the module doc)
         self.on_times = on_times    # takes (worker id, a job's times), see fastload.stats
         self.page_locking = page_locking  # PageLocking, or None
         self.max_in_flight = max_in_flight
         self.in_order = in_order
         self.to_output = to_output
-        self.channels = []
-        try:
-            for worker_id in range(num_workers):
-                self.channels.append(_Channel(context, worker_id, plan, page_locking))
-        except BaseException:
-            self.close()
-            raise
+        self.num_workers = num_workers
+        self._plan = plan
+        self._context = context
+        self.channels = []  # the workers started so far: ids 0..len-1
+        self._active = 0
         self.closed = False
         self.broken = False  # a worker died: these workers cannot serve another epoch
-        self.reset()
         self._creator_pid = os.getpid()  # a forked child's copy must not stop them
         self._finalizer = weakref.finalize(self, _close_channels, self.channels,
                                            self._creator_pid)
+        self.reset()
+        try:
+            self.active = num_workers if active is None else active
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def active(self):
+        """Only workers ``[0, active)`` get new tasks (the thread engine's
+        rule); tasks already sent to a worker beyond it are still answered
+        and delivered in their turn."""
+        return self._active
+
+    @active.setter
+    def active(self, active):
+        if not 1 <= active <= self.num_workers:
+            raise ValueError(f"active must be in 1..{self.num_workers} (num_workers), "
+                             f"got {active}")
+        # Started on first activation (the plan's worker count, which
+        # get_worker_info() reports, is the full num_workers).
+        while len(self.channels) < active:
+            self.channels.append(
+                _Channel(self._context, len(self.channels), self._plan, self.page_locking))
+        self._active = active
 
     def reset(self):
         """A new epoch: the round-robin restarts at worker 0 and every
@@ -548,21 +572,26 @@ class ProcessWorkers:
         self.delivered = 0     # in order: the next task to deliver
         self.results = {}      # task -> (worker id, outcome, value), received early
         self.owner = {}        # task -> worker id, for tasks not yet answered
-        self.cycle = itertools.cycle(range(len(self.channels)))
+        self.cursor = 0        # the next worker the round-robin considers
         for channel in self.channels:
-            channel.active = True
+            channel.live = True
 
+    @property
     def in_flight(self):
         return sum(channel.outstanding for channel in self.channels) + len(self.results)
 
     def submit(self, request):
-        """Sends `request` to the next live worker; False when none is live."""
-        live = sum(channel.active for channel in self.channels)
+        """Sends `request` to the next live active worker; False when none is."""
+        candidates = self.channels[:self._active]
+        live = sum(channel.live for channel in candidates)
         if live == 0:
             return False
-        for _ in range(len(self.channels)):
-            channel = self.channels[next(self.cycle)]
-            if not channel.active:
+        for _ in range(len(candidates)):
+            if self.cursor >= len(candidates):  # the bound shrank below the cursor
+                self.cursor = 0
+            channel = candidates[self.cursor]
+            self.cursor += 1
+            if not channel.live:
                 continue
             if self.in_order or channel.outstanding < self.max_in_flight // live:
                 break
@@ -616,7 +645,7 @@ class ProcessWorkers:
                                                        self.on_times)
                 del self.owner[task]
                 if outcome == _C.JOB_RETIRE:
-                    channel.active = False
+                    channel.live = False
                 self.results[task] = (outcome, channel.id, value)
             elif channel.process.sentinel in ready:
                 channel.process.join()

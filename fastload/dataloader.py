@@ -19,11 +19,12 @@ import multiprocessing
 import os
 import re
 import threading
+import time
 import uuid
 import warnings
 import weakref
 
-from . import _C, _native, _process, _resume, cuda, profiler
+from . import _C, _autotune, _native, _process, _resume, cuda, profiler
 from .stats import ConsumerClock, LoaderStats, LoaderTimers, clock_ns
 from ._random import draw_seed
 from ._upload import DeviceIter, Pump
@@ -94,6 +95,17 @@ class DataLoader:
       the GIL only around dataset and collate calls.  "auto" (default):
       threads for fastload's native datasets (their batches are read in C
       without the GIL), processes for every other dataset.
+    * ``num_workers="auto"``: a pool of as many workers as usable cores;
+      during the first epoch the loader grows the *active* workers and the
+      prefetch depth while that raises the throughput the loop sees, then
+      holds them (``autotune_report()``).  Batches and their order are those
+      of a fixed ``num_workers``.  ``loader.num_workers`` is then the pool
+      size and ``loader.autotune`` True; ``prefetch_factor`` is the largest
+      prefetch it may choose (default 8).  An IterableDataset gets a fixed
+      pool (its shards follow the worker count).
+    * ``max_prefetch_bytes``: with ``num_workers="auto"``, the most bytes of
+      batches kept in flight (default: 1 GiB or an eighth of RAM, the
+      lesser).
     """
 
     _initialized = False
@@ -103,7 +115,17 @@ class DataLoader:
                  worker_init_fn=None, multiprocessing_context=None, generator=None, *,
                  prefetch_factor=None, persistent_workers=False, pin_memory_device="",
                  in_order=True, device=None, output="auto", normalize_on_device=False,
-                 worker_mode="auto"):
+                 worker_mode="auto", max_prefetch_bytes=None):
+        self.autotune = isinstance(num_workers, str)
+        self._autotune = None  # the autotuner, shared by this loader's iterators
+        if self.autotune:
+            self._autotune = _plan_autotune(num_workers, dataset, prefetch_factor,
+                                            max_prefetch_bytes)
+            num_workers = self._autotune.max_workers
+            prefetch_factor = self._autotune.max_prefetch
+        elif max_prefetch_bytes is not None:
+            raise ValueError("max_prefetch_bytes needs num_workers='auto' (a fixed num_workers "
+                             "keeps num_workers * prefetch_factor batches in flight)")
         if num_workers < 0:
             raise ValueError(
                 "num_workers option should be non-negative; use num_workers=0 to disable "
@@ -221,8 +243,11 @@ class DataLoader:
         self.collate_fn = collate_fn
         self.persistent_workers = persistent_workers
         # Batch buffers outlive iterators (epochs reuse warm pages) and even
-        # the loader (a held batch keeps its slot).
+        # the loader (a held batch keeps its slot).  Autotuned: sized as a
+        # fixed loader with the whole pool at the usual prefetch.
         in_flight = max(1, num_workers * (prefetch_factor or 0))
+        if self.autotune:
+            in_flight = num_workers * min(prefetch_factor, _autotune.START_PREFETCH)
         # Uploads read slots through fastload's own stream, which tracks its
         # copies; batches handed to the loop are fenced against theirs.
         if device_index is not None:
@@ -288,6 +313,14 @@ class DataLoader:
     @property
     def _index_sampler(self):
         return self.batch_sampler if self._auto_collation else self.sampler
+
+    def autotune_report(self):
+        """With ``num_workers="auto"``: a plain dict of what the autotuner
+        chose and why -- ``workers`` (active), ``prefetch``, ``in_flight``,
+        ``settled``, ``reason``, the bounds (``max_workers``,
+        ``max_prefetch``, ``max_prefetch_bytes``), ``batch_bytes`` and
+        ``steps`` (one dict per measured window).  None otherwise."""
+        return self._autotune.report() if self._autotune is not None else None
 
     # -- iteration ----------------------------------------------------------
 
@@ -421,7 +454,8 @@ class DataLoader:
         timers = self._timers
         report = LoaderStats(
             timers.timers.snapshot(), timers.num_workers,
-            _worker_mode(self) if timers.num_workers else None, self.prefetch_factor)
+            _worker_mode(self) if timers.num_workers else None, self.prefetch_factor,
+            autotune=self.autotune_report())
         if reset:
             timers.timers.reset()
         return report
@@ -436,6 +470,33 @@ class DataLoader:
                     length = -(-length // self.batch_size)
             return length
         return len(self._index_sampler)
+
+
+def _plan_autotune(num_workers, dataset, prefetch_factor, max_prefetch_bytes):
+    """The autotuner for ``num_workers="auto"``, after checking the
+    arguments that go with it."""
+    if num_workers != "auto":
+        raise ValueError(
+            f"num_workers option should be a non-negative integer or 'auto', but got "
+            f"num_workers={num_workers!r}; use num_workers=0 to disable multiprocessing.")
+    if prefetch_factor is not None and (not isinstance(prefetch_factor, int)
+                                        or prefetch_factor < 1):
+        raise ValueError(f"prefetch_factor option should be a positive integer with "
+                         f"num_workers='auto' (the largest prefetch), but got "
+                         f"prefetch_factor={prefetch_factor!r}")
+    if max_prefetch_bytes is not None and (not isinstance(max_prefetch_bytes, int)
+                                           or max_prefetch_bytes < 1):
+        raise ValueError(f"max_prefetch_bytes should be a positive integer, but got "
+                         f"max_prefetch_bytes={max_prefetch_bytes!r}")
+    max_prefetch = prefetch_factor or _autotune.DEFAULT_MAX_PREFETCH
+    workers = min(_autotune.usable_cores(), _MAX_WORKERS)
+    if is_iterable_dataset(dataset):
+        # Each worker reads its own shard: a worker left idle would drop its
+        # data, so the count is fixed.
+        return _autotune.Autotuner.fixed(
+            workers, prefetch_factor or _autotune.START_PREFETCH,
+            "an IterableDataset's shards follow the worker count: fixed at the usable cores")
+    return _autotune.Autotuner(workers, max_prefetch, max_prefetch_bytes)
 
 
 def _pin_device(pin_memory_device):
@@ -837,6 +898,11 @@ class _ThreadedIter(_BaseIter):
             raise AssertionError("prefetch_factor must be greater than 0 with workers")
         self._stop_flag = StopFlag()
         self._pid = os.getpid()  # the workers belong to this process
+        # Autotuned (map-style only): the tuner's setting decides the active
+        # workers and the batches kept in flight (_target).
+        self._tuner = None if self._iterable else loader._autotune
+        self._target = self._max_in_flight
+        self._waited = 0.0  # seconds the last _next_delivery waited
         self._engine = self._start_workers(loader)
         _live_iters.add(self)
         self._prime()
@@ -858,8 +924,19 @@ class _ThreadedIter(_BaseIter):
         return self._engine.depth()
 
     def _prime(self):
+        if self._tuner is not None:
+            self._apply(self._tuner.begin())
+            self._try_put_index()  # up to the target
+            return
         for _ in range(self._max_in_flight):
             self._try_put_index()
+
+    def _apply(self, setting):
+        """Applies an autotuner setting: the workers that get new batches,
+        and the batches kept in flight (fewer: submits are skipped)."""
+        if self._engine.active != setting.workers:
+            self._engine.active = setting.workers
+        self._target = setting.in_flight
 
     def _reset(self, loader):
         """Persistent workers: a new epoch on the same threads."""
@@ -886,12 +963,28 @@ class _ThreadedIter(_BaseIter):
         self._stop_flag.stopped = False
 
     def _try_put_index(self):
+        # One batch per batch delivered, as torch; autotuned, as many as
+        # bring the batches in flight up to the target.  Indices go out in
+        # sampler order either way, so the batches are the same.
+        count = 1 if self._tuner is None else self._target - self._engine.in_flight
+        for _ in range(count):
+            try:
+                index = self._next_index()
+            except StopIteration:
+                return
+            # 1 means every worker has retired: the index is dropped, as torch does.
+            self._engine.submit((self._epoch, index))
+
+    def _next_delivery(self, timeout):
+        """``engine.next(timeout)``, recording in ``_waited`` how long the
+        consumer waited for it when a tuner needs to know."""
+        if self._tuner is None or self._tuner.settled:
+            return self._engine.next(timeout)
+        start = time.perf_counter()
         try:
-            index = self._next_index()
-        except StopIteration:
-            return
-        # 1 means every worker has retired: the index is dropped, as torch does.
-        self._engine.submit((self._epoch, index))
+            return self._engine.next(timeout)
+        finally:
+            self._waited = time.perf_counter() - start
 
     def _next_data(self):
         if self._engine.closed:  # exhausted and shut down: stays exhausted
@@ -899,11 +992,13 @@ class _ThreadedIter(_BaseIter):
         timeout = self._timeout if self._timeout > 0 else None
         while True:
             try:
-                delivered = self._engine.next(timeout)
+                delivered = self._next_delivery(timeout)
             except TimeoutError:
                 self._timed_out = True
                 raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from None
             if delivered is None:
+                if self._tuner is not None:
+                    self._tuner.end_epoch()
                 self._finished = True
                 if not self._persistent:
                     self._shutdown()
@@ -911,6 +1006,9 @@ class _ThreadedIter(_BaseIter):
             outcome, worker, value = delivered
             if outcome in (_C.JOB_SKIPPED, _C.JOB_CANCELLED):
                 continue
+            if self._tuner is not None and not self._tuner.settled:
+                self._apply(self._tuner.observe(time.perf_counter(), self._waited,
+                                                _autotune.batch_nbytes(value)))
             self._try_put_index()
             if outcome == _C.JOB_RETIRE:
                 continue
@@ -979,10 +1077,12 @@ class _ProcessIter(_ThreadedIter):
         return _process.ProcessWorkers(plan, self._num_workers, self._max_in_flight,
                                        bool(loader.in_order), context, to_output,
                                        getattr(self._dataset, "_merge_worker_report", None),
-                                       page_locking, on_times=self._timers.add)
+                                       page_locking,
+                                       self._tuner.setting.workers if self._tuner else None,
+                                       on_times=self._timers.add)
 
     def _depth(self):
-        return self._engine.in_flight(), len(self._engine.results)
+        return self._engine.in_flight, len(self._engine.results)
 
     def _already_pinned(self, tensor):
         # The slot tensors page-locked in place; torch's pin_memory() would

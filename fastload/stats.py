@@ -266,7 +266,11 @@ class LoaderStats:
             lines.append(f"when the loop asked: {self.mean_in_flight:.1f} batches in flight, "
                          f"{self.mean_done:.1f} of them ready")
         if self.autotune:
-            lines.append(f"autotune: {self.autotune}")
+            tuned = self.autotune
+            state = "settled" if tuned["settled"] else "still measuring"
+            why = f"; {tuned['reason']}" if tuned["reason"] else ""
+            lines.append(f"autotune ({state}): {tuned['workers']} of {tuned['max_workers']} "
+                         f"workers active, prefetch {tuned['prefetch']}{why}")
         return "\n".join(lines)
 
     def __repr__(self):

@@ -264,3 +264,15 @@ def test_timers_check_their_arguments():
     timers.add(1, tuple(range(ROW_FIELDS)))
     assert timers.take(1) == tuple(range(ROW_FIELDS))
     assert timers.take(1) == (0,) * ROW_FIELDS
+
+
+def test_an_autotuned_loader_shows_what_it_chose():
+    data = fastload.ArrayDataset(np.zeros((256, 4), np.float32))
+    loader = fastload.DataLoader(data, batch_size=4, num_workers="auto", output="numpy")
+    for _ in loader:
+        pass
+    stats = loader.stats()
+    report = loader.autotune_report()
+    assert stats.as_dict()["autotune"] == report
+    assert f"workers active, prefetch {report['prefetch']}" in str(stats)
+    assert stats.batches == 64

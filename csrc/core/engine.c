@@ -74,6 +74,7 @@ struct fl_engine {
     int free_head, free_tail;  /* !in_order: FREE records */
     int in_flight;             /* submitted, not yet delivered */
     int rr_cursor;             /* next worker the round-robin considers */
+    int active;                /* only workers [0, active) get new jobs */
     int stopping;              /* workers must exit */
     int stopped;               /* workers joined (or gone with a fork) */
     int forked;                /* this is a child's copy: no threads */
@@ -260,6 +261,7 @@ int fl_engine_create(const fl_engine_config *config, const fl_engine_hooks *hook
         return FL_ERR_NOMEM;
     e->hooks = *hooks;
     e->num_workers = config->num_workers;
+    e->active = config->num_workers;
     e->capacity = config->max_in_flight;
     e->in_order = config->in_order != 0;
     snprintf(e->name, sizeof e->name, "%s", config->name ? config->name : "fastload-w");
@@ -464,26 +466,50 @@ void fl_engine_free(fl_engine *e)
 
 /* ------------------------------------------------------------------ owner */
 
-/* Picks the worker for the next job: the next live one in round-robin order;
- * out of order, also one with room (torch's rule: fewer than
- * max_in_flight / live_workers jobs).  Returns -1 when none qualifies.
- * Called with lock held. */
+/* Picks the worker for the next job: the next live one among the active
+ * ones in round-robin order; out of order, also one with room (torch's rule:
+ * fewer than max_in_flight / live workers jobs).  Returns -1 when none
+ * qualifies.  Called with lock held. */
 static int pick_worker_locked(fl_engine *e)
 {
     int live = 0;
-    for (int i = 0; i < e->num_workers; i++)
+    for (int i = 0; i < e->active; i++)
         live += !e->workers[i].retired;
     if (live == 0)
         return -1;
-    for (int tries = 0; tries < e->num_workers; tries++) {
+    if (e->rr_cursor >= e->active) /* the bound shrank below the cursor */
+        e->rr_cursor = 0;
+    for (int tries = 0; tries < e->active; tries++) {
         int w = e->rr_cursor;
-        e->rr_cursor = (e->rr_cursor + 1) % e->num_workers;
+        e->rr_cursor = (e->rr_cursor + 1) % e->active;
         if (e->workers[w].retired)
             continue;
         if (e->in_order || e->workers[w].assigned < e->capacity / live)
             return w;
     }
     return -1;
+}
+
+int fl_engine_set_active(fl_engine *e, int active)
+{
+    if (active < 1 || active > e->num_workers)
+        return FL_ERR_INVALID;
+    pthread_mutex_lock(&e->lock);
+    int rc = FL_OK;
+    if (e->stopping || e->forked)
+        rc = FL_ERR_CLOSED;
+    else
+        e->active = active;
+    pthread_mutex_unlock(&e->lock);
+    return rc;
+}
+
+int fl_engine_active(fl_engine *e)
+{
+    pthread_mutex_lock(&e->lock);
+    int active = e->active;
+    pthread_mutex_unlock(&e->lock);
+    return active;
 }
 
 int fl_engine_submit(fl_engine *e, void *payload, uint64_t *seq, int *worker_out)

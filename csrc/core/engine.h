@@ -8,12 +8,19 @@
  * on that worker's thread, and delivered back by fl_engine_next either by
  * submission order (in_order) or by completion order.
  *
- * Bounds: at most max_in_flight jobs are submitted and not yet delivered.
- * With in_order == 0 a worker also holds at most max_in_flight / live_workers
- * of them, so one slow worker cannot collect every job.
+ * Active bound: only workers [0, active) receive new jobs (fl_engine_set_active;
+ * all of them by default).  Jobs already queued on a worker beyond the bound
+ * still run there and are delivered in their turn, so changing it never
+ * changes what is delivered or in which order, only which thread does the
+ * work.  Retiring (an iterable's end) is per worker, so an owner whose
+ * workers retire keeps every worker active.
  *
- * Threads: fl_engine_submit, _next, _cancel_pending, _reset, _stop and _free
- * belong to the owner (one thread at a time).  The hooks run on worker
+ * Bounds: at most max_in_flight jobs are submitted and not yet delivered.
+ * With in_order == 0 a worker also holds at most max_in_flight / live active
+ * workers of them, so one slow worker cannot collect every job.
+ *
+ * Threads: fl_engine_submit, _set_active, _next, _cancel_pending, _reset, _stop
+ * and _free belong to the owner (one thread at a time).  The hooks run on worker
  * threads with no engine lock held.  No call blocks except fl_engine_next
  * (bounded by its timeout), fl_engine_stop (joins the workers) and
  * fl_engine_stop_within (bounded by its timeout).
@@ -69,11 +76,20 @@ typedef struct fl_delivery {
 int fl_engine_create(const fl_engine_config *config, const fl_engine_hooks *hooks,
                      fl_engine **out);
 
-/* Queues `payload` on the next live worker in round-robin order.  Returns
- * FL_OK (setting *seq and *worker when not NULL), FL_ERR_FULL when the
+/* Queues `payload` on the next live active worker in round-robin order.
+ * Returns FL_OK (setting *seq and *worker when not NULL), FL_ERR_FULL when the
  * in-flight bound is reached (nothing queued), FL_ERR_NO_WORKER when every
- * worker has retired, or FL_ERR_CLOSED. */
+ * active worker has retired, or FL_ERR_CLOSED. */
 int fl_engine_submit(fl_engine *engine, void *payload, uint64_t *seq, int *worker);
+
+/* Lets only workers [0, active) receive new jobs (see the top); takes effect
+ * from the next submit, and the round-robin carries on from where it was
+ * (from worker 0 when that is now beyond the bound).  Returns FL_OK,
+ * FL_ERR_INVALID unless 1 <= active <= num_workers, or FL_ERR_CLOSED. */
+int fl_engine_set_active(fl_engine *engine, int active);
+
+/* The current active bound (num_workers unless set). */
+int fl_engine_active(fl_engine *engine);
 
 /* Waits up to timeout_s seconds (< 0: forever) for the next delivery.
  * Returns FL_OK and fills *out, FL_ERR_EMPTY when nothing is in flight,
