@@ -66,8 +66,11 @@ def report(environ=os.environ):
         built = "libjpeg (not libjpeg-turbo)"
     lines.append(f"libjpeg built with: {built}, JPEG_LIB_VERSION {info['jpeg_lib_version']}")
     path = info["libjpeg_path"]
-    loaded = f"{path} ({_libjpeg_origin(path, package_dir)})" if path else "unknown"
-    lines.append(f"libjpeg loaded: {loaded}")
+    if path:
+        lines.append(f"libjpeg loaded: {os.path.realpath(path)} "
+                     f"({_libjpeg_origin(path, package_dir)})")
+    else:
+        lines.append("libjpeg loaded: unknown")
     features = " ".join(info["cpu_simd_features"]) or "none"
     lines.append(f"SIMD: {_simd_in_use(info, environ)} (CPU: {features})")
     driver = cuda._status()

@@ -34,7 +34,7 @@ copy="build/wheel-tests"
 rm -rf "$copy"
 mkdir -p "$copy"
 tar -cf - --exclude=./fastload --exclude=./build --exclude=./dist --exclude=./.venv \
-    --exclude=./.git . | tar -xf - -C "$copy"
+    --exclude=./.git --exclude="./*.egg-info" . | tar -xf - -C "$copy"
 (cd "$copy" && FASTLOAD_EXPECT_INSTALLED=wheel $limit "../../$venv/bin/python" -m pytest \
     tests benchmarks -q -p no:cacheprovider --benchmark-disable "$@")
 

@@ -25,9 +25,9 @@ import numpy as np
 import fastload
 from proc_info import mapped_files
 
-image = fastload.ImageFiles([sys.argv[1]])[0]
+image, label = fastload.ImageFiles([sys.argv[1]])[0]
 assert image.shape == (24, 32, 3) and image.dtype == np.uint8, image.shape
-assert "PIL" not in sys.modules
+assert "PIL.Image" not in sys.modules  # Pillow would map its own libjpeg
 for path in sorted(mapped_files()):
     if "libjpeg" in path.rsplit("/", 1)[-1]:
         print(path)
