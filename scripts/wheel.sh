@@ -4,7 +4,7 @@
 # `auditwheel repair`, which copies that libjpeg into the wheel
 # (fastload.libs/), points the extension at it and tags the wheel
 # manylinux_X_Y for the oldest glibc its binaries accept.  The sdist and the
-# repaired wheel land in dist/; the wheel's path is the last line printed.
+# repaired wheel land in dist/; the wheel's path is the one line on stdout.
 #
 # PYTHON (default python3) is the interpreter the wheel is for; the build
 # tools go into a virtual environment of its own, build/wheel-tools-<tag>.
@@ -25,7 +25,7 @@ fi
 rm -rf "$raw" "$raw.log"
 # From the sdist, not the tree: proves the sdist is complete, and no object
 # file left in build/ by an in-place or sanitizer build can reach the wheel.
-echo "fastload: building the sdist and a $tag wheel from it (log: $raw.log)"
+echo "fastload: building the sdist and a $tag wheel from it (log: $raw.log)" >&2
 if ! "$tools/bin/python" -m build --outdir "$raw" . > "$raw.log" 2>&1; then
     tail -n 40 "$raw.log"
     exit 1
