@@ -212,6 +212,10 @@ PyObject *fl__transform_image(PyObject *module, PyObject *const *args, Py_ssize_
 /* cuda.c */
 PyObject *fl__cuda_driver(PyObject *module, PyObject *unused);
 
+/* build_info.c: the libjpeg fastload was built with and loaded, and the
+ * CPU's SIMD features, as a dict (python -m fastload prints it). */
+PyObject *fl__build_info(PyObject *module, PyObject *unused);
+
 /* The loaded driver, or NULL with RuntimeError "CUDA is not available: ..."
  * set. */
 const fl_cuda *fl__cuda_driver_or_raise(void);

@@ -94,6 +94,12 @@ static PyMethodDef module_methods[] = {
      "Switches every loader's timers on (the default) or off, process-wide:\n"
      "only to measure what they cost."},
     {"tar_index", (PyCFunction)(void (*)(void))fl__tar_index, METH_FASTCALL, FL__TAR_INDEX_DOC},
+    {"build_info", (PyCFunction)fl__build_info, METH_NOARGS,
+     "build_info()\n--\n\n"
+     "What fastload was built with and runs on: {'jpeg_lib_version',\n"
+     "'libjpeg_turbo_version' (e.g. 2001005, 0 if not libjpeg-turbo),\n"
+     "'libjpeg_with_simd', 'libjpeg_path' (the loaded library, or None),\n"
+     "'cpu_simd_features' (tuple of str)}."},
     {"status_str", (PyCFunction)status_str, METH_O,
      "status_str(status, /)\n--\n\nDescribes a core status code."},
     {NULL, NULL, 0, NULL},

