@@ -10,7 +10,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SOURCES = ["tests/c/engine_stress.c"] + [
-    f"csrc/core/{name}.c" for name in ("engine", "forksafe", "slots", "status")
+    f"csrc/core/{name}.c" for name in ("engine", "forksafe", "nvtx", "slots", "stats", "status")
 ]
 CC = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
 
@@ -21,7 +21,7 @@ def build_and_run(tmp_path, flags):
     exe = tmp_path / "engine_stress"
     build = subprocess.run(
         [CC, "-std=c11", "-g", "-Wall", "-Wextra", "-Werror", *flags, "-Icsrc", *SOURCES,
-         "-lpthread", "-o", str(exe)],
+         "-lpthread", "-ldl", "-o", str(exe)],
         cwd=ROOT, capture_output=True, text=True,
     )
     if build.returncode != 0:
