@@ -34,7 +34,7 @@ extension = Extension(
     "fastload._C",
     sources=sources,
     include_dirs=["csrc", numpy.get_include()],
-    libraries=["jpeg", "pthread", "dl"],
+    libraries=["jpeg", "png", "webp", "webpdemux", "pthread", "dl"],
     define_macros=[("NPY_TARGET_VERSION", "NPY_1_24_API_VERSION")],
     extra_compile_args=["-std=c11", "-O3", "-Wall", "-Wextra", "-fvisibility=hidden"]
     + san_compile,
