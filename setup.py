@@ -1,9 +1,10 @@
-"""Builds fastload._C from csrc/ (C11, pthreads, libjpeg-turbo).
+"""Builds fastload._C from csrc/ (C11, pthreads, libjpeg-turbo, libpng,
+libwebp).
 
-The build links the system's libjpeg (libjpeg-turbo on current Linux
-distributions) and stops with a message naming the package to install when
-jpeglib.h is missing.  scripts/wheel.sh makes the binary wheel that carries
-its own copy instead.
+The build links the system's image libraries (libjpeg is libjpeg-turbo on
+current Linux distributions) and stops with a message naming the packages to
+install when a header is missing.  scripts/wheel.sh makes the binary wheel
+that carries its own copies instead.
 
 FASTLOAD_SANITIZE=1 (or a list such as "address,undefined" or "thread")
 builds with the sanitizers, debug info and warnings as errors; the tests then
@@ -18,38 +19,53 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 from setuptools.errors import CompileError, SetupError
 
-JPEG_HEADER_MISSING = """\
-fastload needs libjpeg's development files (jpeglib.h) to build, and the
-compiler cannot find them.  Install them and try again:
-
-    Debian, Ubuntu:          sudo apt-get install libjpeg-dev
-    Fedora, RHEL, CentOS:    sudo dnf install libjpeg-turbo-devel
-    Alpine:                  apk add libjpeg-turbo-dev
-    conda:                   conda install libjpeg-turbo
-
-(a binary wheel, fastload-*-manylinux_*.whl, needs none of this: it carries
-its own libjpeg-turbo)."""
+# The image libraries, by the header the build needs and the package that
+# has it: (header, library, Debian/Ubuntu, Fedora/RHEL, Alpine).
+IMAGE_LIBRARIES = [
+    ("jpeglib.h", "libjpeg-turbo", "libjpeg-dev", "libjpeg-turbo-devel", "libjpeg-turbo-dev"),
+    ("png.h", "libpng", "libpng-dev", "libpng-devel", "libpng-dev"),
+    ("webp/decode.h", "libwebp", "libwebp-dev", "libwebp-devel", "libwebp-dev"),
+]
 
 
-class build_ext_checking_libjpeg(build_ext):
-    """build_ext that first compiles `#include <jpeglib.h>` alone, so a missing
-    header gives a message naming the package rather than a compiler error
-    deep in csrc/core/jpeg.c."""
+def headers_missing_message(missing):
+    names = ", ".join(header for header, *_ in missing)
+    packages = [list(p) for p in zip(*(row[2:] for row in missing))]
+    return (
+        f"fastload needs the development files of {', '.join(r[1] for r in missing)} "
+        f"({names}) to build, and the compiler cannot find them.  Install them and try "
+        "again:\n\n"
+        f"    Debian, Ubuntu:          sudo apt-get install {' '.join(packages[0])}\n"
+        f"    Fedora, RHEL, CentOS:    sudo dnf install {' '.join(packages[1])}\n"
+        f"    Alpine:                  apk add {' '.join(packages[2])}\n\n"
+        "(a binary wheel, fastload-*-manylinux_*.whl, needs none of this: it carries "
+        "its own copies).")
+
+
+class build_ext_checking_libraries(build_ext):
+    """build_ext that first compiles each image library's header alone, so a
+    missing one gives a message naming the package rather than a compiler
+    error deep in csrc/core/."""
 
     def build_extensions(self):
-        self.check_jpeg_header()
+        self.check_headers()
         super().build_extensions()
 
-    def check_jpeg_header(self):
+    def check_headers(self):
+        missing = []
         with tempfile.TemporaryDirectory() as scratch:
-            probe = os.path.join(scratch, "jpeg_probe.c")
-            with open(probe, "w") as f:
-                f.write("#include <stdio.h>\n#include <jpeglib.h>\nint main(void) { return 0; }\n")
-            try:
-                self.compiler.compile([probe], output_dir=scratch,
-                                      include_dirs=extension.include_dirs)
-            except CompileError:
-                raise SetupError(JPEG_HEADER_MISSING) from None
+            for row in IMAGE_LIBRARIES:
+                probe = os.path.join(scratch, row[0].replace("/", "_") + "_probe.c")
+                with open(probe, "w") as f:
+                    f.write(f"#include <stdio.h>\n#include <{row[0]}>\n"
+                            "int main(void) { return 0; }\n")
+                try:
+                    self.compiler.compile([probe], output_dir=scratch,
+                                          include_dirs=extension.include_dirs)
+                except CompileError:
+                    missing.append(row)
+        if missing:
+            raise SetupError(headers_missing_message(missing))
 
 
 def sanitizer_flags():
@@ -75,11 +91,11 @@ extension = Extension(
     "fastload._C",
     sources=sources,
     include_dirs=["csrc", numpy.get_include()],
-    libraries=["jpeg", "pthread", "dl"],
+    libraries=["jpeg", "png", "webp", "webpdemux", "pthread", "dl"],
     define_macros=[("NPY_TARGET_VERSION", "NPY_1_24_API_VERSION")],
     extra_compile_args=["-std=c11", "-O3", "-Wall", "-Wextra", "-fvisibility=hidden"]
     + san_compile,
     extra_link_args=san_link,
 )
 
-setup(ext_modules=[extension], cmdclass={"build_ext": build_ext_checking_libjpeg})
+setup(ext_modules=[extension], cmdclass={"build_ext": build_ext_checking_libraries})

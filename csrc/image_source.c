@@ -6,7 +6,8 @@
  * the compiled plan, all read as plain C by the batch code.  The Python
  * objects behind that memory are held here and never change.
  *
- * Files that are not JPEGs go to the Python fallback decoder (Pillow), with
+ * Files that are not JPEGs, PNGs or WebPs go to the Python fallback decoder
+ * (Pillow; with fallback_all, PNGs and WebPs too, to compare), with
  * the bytes already read: the core calls pillow_fallback(), which takes the
  * GIL for the call itself, so a batch needs the GIL on its worker only for
  * such files.  With `ranges`, sample i is bytes [offset, offset + size) of
@@ -66,7 +67,7 @@ static int pillow_fallback(void *ctx, fl_image_worker *w, const fl_image_plan *p
     PyObject *fallback = ctx;
     int rc = FL_ERR_DECODE;
     if (fallback == Py_None) {
-        snprintf(msg, msg_size, "not a JPEG, and Pillow is not installed to decode it");
+        snprintf(msg, msg_size, "not a JPEG, PNG or WebP, and Pillow is not installed to decode it");
         goto done;
     }
     /* A copy: the worker's buffer is reused by its next read. */
@@ -245,13 +246,13 @@ static int check_vector(PyObject *obj, const char *what)
 static PyObject *ImageSource_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"paths", "offsets", "labels", "plan", "exact", "max_pixels",
-                             "skip", "fallback", "ranges", NULL};
+                             "skip", "fallback", "ranges", "fallback_all", NULL};
     PyObject *paths, *offsets, *labels, *plan = Py_None, *fallback = Py_None, *ranges = Py_None;
-    int exact = 0, skip = 0;
+    int exact = 0, skip = 0, fallback_all = 0;
     unsigned long long max_pixels = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "SOO|O$pKpOO:ImageSource", kwlist, &paths,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "SOO|O$pKpOOp:ImageSource", kwlist, &paths,
                                      &offsets, &labels, &plan, &exact, &max_pixels, &skip,
-                                     &fallback, &ranges))
+                                     &fallback, &ranges, &fallback_all))
         return NULL;
     if (check_vector(offsets, "offsets") < 0 || check_vector(labels, "labels") < 0)
         return NULL;
@@ -328,6 +329,7 @@ static PyObject *ImageSource_new(PyTypeObject *type, PyObject *args, PyObject *k
         .skip = skip,
         .fallback = pillow_fallback,
         .fallback_ctx = self->fallback,
+        .fallback_all = fallback_all,
     };
     self->has_shape = p.out_w > 0 && p.out_h > 0;
     self->channels_first = tensor_output && p.layout == FL_LAYOUT_HWC;
@@ -472,8 +474,9 @@ static PyObject *ImageSource_geometry(ImageSourceObject *self, PyObject *const *
 
 PyDoc_STRVAR(decode_only_doc,
              "decode_only(indices, /)\n--\n\n"
-             "Reads and fully decodes the JPEGs `indices` into this thread's reused\n"
-             "decoder buffer and nothing else (no crop, resize or copy out), with\n"
+             "Reads and fully decodes the images (JPEG, PNG, WebP) `indices` into\n"
+             "this thread's reused decoder buffer and nothing else (no crop, resize\n"
+             "or copy out), with\n"
              "the GIL released: the decode ceiling the pipeline is measured\n"
              "against.  Returns the number of images decoded; raises for the first\n"
              "that fails.");
@@ -532,9 +535,10 @@ static PyMethodDef ImageSource_methods[] = {
 
 static PyType_Slot ImageSource_slots[] = {
     {Py_tp_doc, "ImageSource(paths, offsets, labels, plan=None, *, exact=False, max_pixels=0, "
-                "skip=False, fallback=None, ranges=None)\n--\n\n"
+                "skip=False, fallback=None, ranges=None, fallback_all=False)\n--\n\n"
                 "The native source of fastload's image datasets (max_pixels=0: no limit;\n"
-                "ranges: (offset, size) of each sample inside its file)."},
+                "ranges: (offset, size) of each sample inside its file; fallback_all: PNG\n"
+                "and WebP files go to the fallback decoder too)."},
     {Py_tp_new, ImageSource_new},
     {Py_tp_dealloc, ImageSource_dealloc},
     {Py_tp_traverse, ImageSource_traverse},

@@ -105,8 +105,8 @@ def _is_default_loader(loader):
 
 
 def _pillow_decode(data):
-    """Non-JPEG files (their bytes, read by the C source): Pillow, with the
-    GIL, to an HWC uint8 RGB array."""
+    """Files that are not JPEG, PNG or WebP (their bytes, read by the C
+    source): Pillow, with the GIL, to an HWC uint8 RGB array."""
     from PIL import Image
 
     with Image.open(io.BytesIO(data)) as img:
@@ -148,6 +148,10 @@ class ImageFiles(SourceOwner):
     a fastload ``Compose``) decodes in C instead."""
 
     _sources = ("_source", "_raw")  # they hold per-thread decoders: not pickled
+    # True: PNG and WebP files are decoded by Pillow too (with the GIL), as
+    # every format but JPEG, PNG and WebP is; set before the sources are
+    # made (``_make_sources``), to compare the decoders.
+    _fallback_all = False
 
     def __init__(self, paths, labels=None, transform=None, target_transform=None,
                  decode="fast", on_error="raise", max_pixels=PILLOW_MAX_PIXELS, loader=None):
@@ -206,7 +210,8 @@ class ImageFiles(SourceOwner):
     def _image_source(self, plan, skip):
         return _C.ImageSource(self._paths, self._offsets, self._labels, plan,
                               exact=self.decode == "exact", max_pixels=self.max_pixels,
-                              skip=skip, fallback=_fallback(), ranges=self._ranges)
+                              skip=skip, fallback=_fallback(), ranges=self._ranges,
+                              fallback_all=self._fallback_all)
 
     def __len__(self):
         return len(self._offsets)

@@ -3,8 +3,10 @@
  * The first PARAM_BYTES bytes of an input choose a transform plan (crop
  * kind, output size, scale and ratio ranges, filter, flip, dtype, layout,
  * exact or DCT-scaled decode) and a random key; the rest is the file.  The
- * pipeline (csrc/core/pipeline.c) then does what a worker does: JPEG
- * header, crop box, completeness check, region decode, resample into the
+ * pipeline (csrc/core/pipeline.c) then does what a worker does, by the
+ * file's magic bytes: for a JPEG (or bytes of no known format), header, crop
+ * box, completeness check, region decode; for a PNG or WebP (libpng,
+ * libwebp), header, whole decode to RGB; then the resample into the
  * output.  Images are capped at MAX_PIXELS so a run explores parsers rather
  * than allocating; every output byte is read, so a sanitizer sees any that
  * were left uninitialised.
@@ -92,7 +94,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort(); /* out of memory before anything ran: not the input's doing */
     char msg[256];
     fl_sample_geometry g;
-    if (fl_pipeline_jpeg(w, &plan, &key, data, size, NULL, &g, msg, sizeof msg) != FL_OK)
+    /* Bytes of no known format go to the JPEG path, whose parser sees them. */
+    fl_image_format format = fl_image_format_of(data, size);
+    if (format == FL_FORMAT_OTHER)
+        format = FL_FORMAT_JPEG;
+    if (fl_pipeline_image(w, format, &plan, &key, data, size, NULL, &g, msg, sizeof msg) !=
+        FL_OK)
         return 0;
     if (g.out_w < 1 || g.out_h < 1 || (uint64_t)g.out_w * g.out_h > MAX_PIXELS)
         return 0; /* a resize plan can ask for big outputs; not what is explored */
@@ -100,7 +107,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     unsigned char *out = malloc(bytes);
     if (!out)
         return 0;
-    if (fl_pipeline_jpeg(w, &plan, &key, data, size, out, &g, msg, sizeof msg) == FL_OK) {
+    if (fl_pipeline_image(w, format, &plan, &key, data, size, out, &g, msg, sizeof msg) ==
+        FL_OK) {
         /* Read every output byte: uninitialised memory becomes a report. */
         volatile unsigned char sink = 0;
         unsigned char acc = 0;

@@ -6,7 +6,8 @@ pipeline: each seed is 16 parameter bytes (the plan: see fuzz_pipeline.c)
 followed by a small JPEG from benchmarks/imagenet_like.make_test_images:
 every kind (baseline and progressive, each chroma sampling, grayscale, CMYK,
 restart markers, optimised tables), under a few plans each, plus a truncated
-file and a PNG.
+file; then small PNGs (every colour type, 16-bit, interlaced, APNG) and
+WebPs (lossy, lossless, alpha, animated), and broken ones.
 
 tar: shards written by Python's tarfile in the ustar, GNU and pax formats
 (long names and links, directories, links, FIFOs, a global pax header, many
@@ -24,9 +25,11 @@ import io
 import os
 import pathlib
 import random
+import struct
 import sys
 import tarfile
 import tempfile
+import zlib
 
 ROOT = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent / "benchmarks"))
@@ -64,7 +67,90 @@ def pipeline_corpus():
                     params = bytes([k % 3] + [rng.randrange(256) for _ in range(15)])
                     (out / f"{name}-{v}{k}").write_bytes(params + body)
                     written += 1
+    # PNG and WebP: their own random stream, so the JPEG seeds above stay
+    # the same whatever is added here.
+    rng = random.Random(1)
+    for name, body in png_webp_seeds().items():
+        for k in range(PLANS_PER_IMAGE):
+            params = bytes([k % 3] + [rng.randrange(256) for _ in range(15)])
+            (out / f"{name}-{k}").write_bytes(params + body)
+            written += 1
     report(out, written)
+
+
+# -------------------------------------------------------------- PNG, WebP
+
+def png_chunk(kind, data):
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def raw_png(samples, depth, color_type, interlace=False, extra=b""):
+    """A PNG of (h, w, channels) samples at 8 or 16 bits, filter type 0,
+    Adam7-interlaced on request: kinds Pillow does not write."""
+    import numpy as np
+
+    h, w = samples.shape[:2]
+    dtype = ">u2" if depth == 16 else np.uint8
+
+    def scanlines(part):
+        return b"".join(b"\0" + row.astype(dtype).tobytes() for row in part.reshape(len(part), -1))
+
+    passes = [(0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2),
+              (0, 1, 1, 2)] if interlace else [(0, 0, 1, 1)]
+    raw = b"".join(scanlines(samples[y0::dy, x0::dx]) for x0, y0, dx, dy in passes
+                   if w > x0 and h > y0)
+    ihdr = struct.pack(">IIBBBBB", w, h, depth, color_type, 0, 0, int(interlace))
+    return (b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + extra
+            + png_chunk(b"IDAT", zlib.compress(raw)) + png_chunk(b"IEND", b""))
+
+
+def png_webp_seeds():
+    """Small files of every kind the PNG and WebP decoders handle, and a few
+    broken ones."""
+    import numpy as np
+    from PIL import Image, features
+
+    gen = np.random.default_rng(0)
+    h, w = 13, 21
+    rgba = gen.integers(0, 256, (h, w, 4), dtype=np.uint8)
+
+    def saved(img, fmt="PNG", **kw):
+        buf = io.BytesIO()
+        img.save(buf, fmt, **kw)
+        return buf.getvalue()
+
+    palette = Image.fromarray(rgba[:, :, 0] // 16).convert("P")
+    palette.putpalette(bytes(range(48)))
+    seeds = {
+        "png-rgb": saved(Image.fromarray(rgba[:, :, :3])),
+        "png-rgba": saved(Image.fromarray(rgba, "RGBA")),
+        "png-gray": saved(Image.fromarray(rgba[:, :, 0])),
+        "png-gray-alpha": saved(Image.fromarray(rgba[:, :, :2].copy(), "LA")),
+        "png-1bit": saved(Image.fromarray(rgba[:, :, 0] > 127)),
+        "png-palette4-trns": saved(palette, bits=4, transparency=2),
+        "png-palette8": saved(palette),
+        "png-gray16": saved(Image.fromarray(rgba[:, :, 0].astype(np.uint16) * 3)),
+        "png-rgb16": raw_png(rgba[:, :, :3].astype(np.uint16) * 257, 16, 2),
+        "png-interlaced-rgba": raw_png(rgba, 8, 6, interlace=True),
+        "png-interlaced-gray16": raw_png(rgba[:, :, :1].astype(np.uint16) * 300, 16, 0,
+                                         interlace=True),
+        "png-apng": saved(Image.fromarray(rgba[:, :, :3]), save_all=True,
+                          append_images=[Image.fromarray(rgba[::-1, :, :3].copy())]),
+    }
+    seeds["png-truncated"] = seeds["png-rgb"][:len(seeds["png-rgb"]) // 2]
+    huge = png_chunk(b"IHDR", struct.pack(">IIBBBBB", 1 << 20, 1 << 20, 8, 2, 0, 0, 0))
+    seeds["png-huge"] = seeds["png-rgb"][:8] + huge + seeds["png-rgb"][33:]
+    if features.check("webp"):
+        seeds.update({
+            "webp-lossy": saved(Image.fromarray(rgba[:, :, :3]), "WEBP", quality=70),
+            "webp-lossless": saved(Image.fromarray(rgba[:, :, :3]), "WEBP", lossless=True),
+            "webp-alpha": saved(Image.fromarray(rgba, "RGBA"), "WEBP", quality=70),
+            "webp-animated": saved(Image.fromarray(rgba, "RGBA"), "WEBP", save_all=True,
+                                   append_images=[Image.fromarray(rgba[::-1].copy(), "RGBA")],
+                                   duration=40),
+        })
+        seeds["webp-truncated"] = seeds["webp-lossy"][:len(seeds["webp-lossy"]) * 2 // 3]
+    return seeds
 
 
 def report(out, written):

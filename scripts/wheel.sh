@@ -37,22 +37,23 @@ PATH="$PWD/$tools/bin:$PATH" "$tools/bin/auditwheel" repair --wheel-dir "$raw/re
     "$raw"/fastload-*-linux_*.whl >> "$raw.log" 2>&1 || { tail -n 40 "$raw.log"; exit 1; }
 repaired="$(ls "$raw"/repaired/fastload-*.whl)"
 
-# libjpeg-turbo's licenses ask a binary that carries it to carry their text:
-# on Debian/Ubuntu that is the copyright file of the package the library
-# came from.  auditwheel names its copy libjpeg-<hash>.so.62.3.0 after the
-# file it copied, libjpeg.so.62.3.0.
-bundled="$("$tools/bin/python" -c 'import sys, zipfile; print(*[n for n in zipfile.ZipFile(sys.argv[1]).namelist() if n.startswith("fastload.libs/libjpeg")])' "$repaired")"
-original="$(basename "$bundled" | sed -E 's/^libjpeg-[0-9a-f]+\./libjpeg./')"
-package="$(dpkg -S "*/$original" 2>/dev/null | head -n 1 | cut -d: -f1 || true)"
-if [ -n "$package" ] && [ -f "/usr/share/doc/$package/copyright" ]; then
-    unpacked="$raw/unpacked"
-    "$tools/bin/python" -m wheel unpack --dest "$unpacked" "$repaired" > /dev/null
-    licenses="$(echo "$unpacked"/fastload-*/fastload-*.dist-info)/licenses"
-    mkdir -p "$licenses"
-    cp "/usr/share/doc/$package/copyright" "$licenses/libjpeg-turbo-copyright"
-    "$tools/bin/python" -m wheel pack --dest-dir "$raw/repaired" "$unpacked"/fastload-* > /dev/null
-else
-    echo "fastload: warning: no copyright file found for $original; add libjpeg-turbo's license to the wheel by hand" >&2
-fi
+# The bundled libraries' licenses (libjpeg-turbo's, libpng's, libwebp's) ask
+# a binary that carries them to carry their text: on Debian/Ubuntu that is the
+# copyright file of the package each library came from.  auditwheel names its
+# copies <name>-<hash>.so.N after the files it copied (libjpeg.so.62.3.0).
+unpacked="$raw/unpacked"
+"$tools/bin/python" -m wheel unpack --dest "$unpacked" "$repaired" > /dev/null
+licenses="$(echo "$unpacked"/fastload-*/fastload-*.dist-info)/licenses"
+mkdir -p "$licenses"
+for bundled in "$unpacked"/fastload-*/fastload.libs/*; do
+    original="$(basename "$bundled" | sed -E 's/-[0-9a-f]{8}\././')"
+    package="$(dpkg -S "*/$original" 2>/dev/null | head -n 1 | cut -d: -f1 || true)"
+    if [ -n "$package" ] && [ -f "/usr/share/doc/$package/copyright" ]; then
+        cp "/usr/share/doc/$package/copyright" "$licenses/$package-copyright"
+    else
+        echo "fastload: warning: no copyright file found for $original; add its license to the wheel by hand" >&2
+    fi
+done
+"$tools/bin/python" -m wheel pack --dest-dir "$raw/repaired" "$unpacked"/fastload-* > /dev/null
 cp "$repaired" dist/
 echo "dist/$(basename "$repaired")"

@@ -15,7 +15,8 @@ CC = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
 TARGETS = sorted(p.stem[len("fuzz_"):] for p in FUZZ.glob("fuzz_*.c"))
 # The fuzz targets exercise the parsing half of the core.
 CORE = [f"csrc/core/{name}.c"
-        for name in ("augment", "jpeg", "pipeline", "resample", "status", "tar")]
+        for name in ("augment", "jpeg", "nvtx", "pipeline", "png", "resample", "stats", "status",
+                     "tar", "webp")]
 
 pytestmark = pytest.mark.skipif(CC is None, reason="needs a C compiler")
 
@@ -26,7 +27,7 @@ def test_replay_corpus_and_crashes(tmp_path, target):
     build = subprocess.run(
         [CC, "-std=c11", "-g", "-O1", "-Icsrc", "-Wall", "-Wextra", "-Werror",
          "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",
-         f"fuzz/fuzz_{target}.c", "fuzz/replay.c", *CORE, "-ljpeg", "-lpthread", "-lm",
+         f"fuzz/fuzz_{target}.c", "fuzz/replay.c", *CORE, "-ljpeg", "-lpng", "-lwebp", "-lwebpdemux", "-lpthread", "-lm", "-ldl",
          "-o", str(exe)],
         cwd=ROOT, capture_output=True, text=True)
     assert build.returncode == 0, build.stderr

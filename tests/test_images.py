@@ -256,7 +256,7 @@ def test_skip_replaces_bad_samples_and_reports_them(bad_files):
 # ------------------------------------------------------------ other paths
 
 
-def test_png_goes_through_pillow(test_images):
+def test_png_matches_the_pillow_reference(test_images):
     png = next(p for p, d in test_images if p.endswith(".png"))
     ds = fastload.ImageFiles([png], transform=T.Compose([T.Resize(32), T.CenterCrop(32),
                                                          T.ToTensor()]))
@@ -351,11 +351,13 @@ def test_image_files_arguments():
 def test_non_jpeg_without_pillow_is_a_clear_error(test_images, monkeypatch):
     import fastload.images
 
-    png = next(p for p, d in test_images if p.endswith(".png"))
+    bmp = pathlib.Path(next(p for p, d in test_images if p.endswith(".png"))).with_suffix(".bmp")
+    Image.new("RGB", (9, 9)).save(bmp)
     monkeypatch.setattr(fastload.images, "_fallback", lambda: None)
-    ds = fastload.ImageFiles([png], transform=T.Compose([T.CenterCrop(8), T.ToTensor()]))
-    with pytest.raises(fastload.DecodeError, match=r"rgb_200x150.png \(sample index 0\): not a "
-                                                   "JPEG, and Pillow is not installed"):
+    ds = fastload.ImageFiles([bmp], transform=T.Compose([T.CenterCrop(8), T.ToTensor()]))
+    with pytest.raises(fastload.DecodeError, match=r"rgb_200x150.bmp \(sample index 0\): not a "
+                                                   "JPEG, PNG or WebP, and Pillow is not "
+                                                   "installed"):
         ds[0]
 
 

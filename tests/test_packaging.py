@@ -66,7 +66,7 @@ def test_installed_fastload_lies_outside_the_checkout():
 
 @pytest.mark.skipif(not (ROOT / "setup.py").is_file() or not (ROOT / "fastload").is_dir(),
                     reason="needs the source tree")
-def test_source_build_without_jpeglib_h_names_the_package_to_install(tmp_path):
+def test_source_build_without_the_image_headers_names_the_packages(tmp_path):
     pytest.importorskip("setuptools", minversion="77")
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler")
@@ -81,8 +81,8 @@ def test_source_build_without_jpeglib_h_names_the_package_to_install(tmp_path):
          "--build-lib", str(tmp_path / "lib")],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode != 0
-    assert "jpeglib.h" in result.stderr
-    assert "apt-get install libjpeg-dev" in result.stderr
-    assert "dnf install libjpeg-turbo-devel" in result.stderr
+    assert "jpeglib.h, png.h, webp/decode.h" in result.stderr
+    assert "apt-get install libjpeg-dev libpng-dev libwebp-dev" in result.stderr
+    assert "dnf install libjpeg-turbo-devel libpng-devel libwebp-devel" in result.stderr
     assert "Traceback" not in result.stderr
     assert not list((tmp_path / "lib").rglob("*.so"))

@@ -30,7 +30,12 @@ int fl_image_source_read(const fl_image_source *src, fl_image_worker *w, int64_t
     int rc = fl_read_range(w, fl_image_source_path(src, index), offset, length, &file->data,
                            &file->size, &failure->err, failure->msg, sizeof failure->msg);
     /* An empty file goes to the JPEG decoder, which names the problem. */
-    file->jpeg = rc != FL_OK || file->size == 0 || fl_is_jpeg(file->data, file->size);
+    if (rc != FL_OK || file->size == 0)
+        file->format = FL_FORMAT_JPEG;
+    else
+        file->format = fl_image_format_of(file->data, file->size);
+    if (src->fallback_all && file->format != FL_FORMAT_JPEG)
+        file->format = FL_FORMAT_OTHER;
     failure->status = rc;
     fl_stage_end(&clock);
     return rc;
@@ -43,9 +48,9 @@ int fl_image_source_decode(const fl_image_source *src, fl_image_worker *w,
     int rc;
     failure->index = file->index;
     failure->err = 0;
-    if (file->jpeg) {
-        rc = fl_pipeline_jpeg(w, &src->plan, key, file->data, file->size, dst, geometry,
-                              failure->msg, sizeof failure->msg);
+    if (file->format != FL_FORMAT_OTHER) {
+        rc = fl_pipeline_image(w, file->format, &src->plan, key, file->data, file->size, dst,
+                               geometry, failure->msg, sizeof failure->msg);
     } else if (src->fallback) {
         /* Decoded and transformed together, by another library. */
         fl_stage_clock clock;
@@ -54,7 +59,8 @@ int fl_image_source_decode(const fl_image_source *src, fl_image_worker *w,
                            geometry, failure->msg, sizeof failure->msg);
         fl_stage_end(&clock);
     } else {
-        snprintf(failure->msg, sizeof failure->msg, "not a JPEG, and no other decoder is set");
+        snprintf(failure->msg, sizeof failure->msg,
+                 "not a JPEG, PNG or WebP, and no other decoder is set");
         rc = FL_ERR_DECODE;
     }
     failure->status = rc;

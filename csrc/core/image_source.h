@@ -4,8 +4,9 @@
  * A source is plain memory the binding fills once (the paths, labels and
  * plan of fastload.ImageFiles) and never changes, so any number of threads
  * read batches from it at once.  fl_image_source_batch runs a whole batch:
- * each sample is read, decoded and transformed straight into its row; a file
- * that is not a JPEG goes to the source's fallback decoder (the binding's
+ * each sample is read, decoded and transformed straight into its row.  The
+ * format is told by the file's first bytes: JPEG, PNG and WebP are decoded
+ * here; any other file goes to the source's fallback decoder (the binding's
  * Pillow call, which takes the GIL itself), so the loop never needs the
  * caller to hold it.
  *
@@ -26,8 +27,8 @@
 #define FL_IMAGE_MSG_SIZE 256
 #define FL_IMAGE_MAX_SKIPS 64
 
-/* Decodes the bytes of a file the JPEG path cannot (`size` bytes at
- * `data`, already read) and runs the plan on its pixels into `dst` (NULL:
+/* Decodes the bytes of a file the core cannot (not a JPEG, PNG or WebP;
+ * `size` bytes at `data`, already read) and runs the plan on its pixels into `dst` (NULL:
  * only fills *geometry).  Returns FL_OK, FL_ERR_DECODE or FL_ERR_NOMEM with
  * a message in msg.  Called on the thread running the batch, without the GIL
  * held by the core. */
@@ -45,8 +46,10 @@ typedef struct fl_image_source {
     int64_t length;          /* number of samples */
     fl_image_plan plan;
     int skip;                /* on_error == "skip" */
-    fl_image_fallback_fn fallback; /* NULL: files that are not JPEGs fail */
+    fl_image_fallback_fn fallback; /* NULL: files of other formats fail */
     void *fallback_ctx;
+    int fallback_all;        /* 1: PNG and WebP go to the fallback too (to
+                                compare decoders) */
 } fl_image_source;
 
 /* One sample that failed. */
@@ -90,7 +93,7 @@ typedef struct fl_image_file {
     int64_t index;
     const unsigned char *data;
     size_t size;
-    int jpeg;                /* 0: the fallback decodes it */
+    fl_image_format format;  /* FL_FORMAT_OTHER: the fallback decodes it */
 } fl_image_file;
 
 /* Reads sample `index`.  Returns FL_OK, or FL_ERR_IO with *failure filled. */

@@ -3,9 +3,11 @@
 #include "pipeline.h"
 
 #include "jpeg.h"
+#include "png.h"
 #include "resample.h"
 #include "stats.h"
 #include "status.h"
+#include "webp.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -21,6 +23,8 @@
 
 struct fl_image_worker {
     fl_jpeg *jpeg;
+    fl_png *png;   /* made on the first PNG */
+    fl_webp *webp; /* made on the first WebP */
     fl_resample_scratch *scratch;
     unsigned char *buf; /* the last file read */
     size_t capacity;
@@ -38,6 +42,8 @@ static void worker_free(void *p)
     if (!w)
         return;
     fl_jpeg_free(w->jpeg);
+    fl_png_free(w->png);
+    fl_webp_free(w->webp);
     fl_resample_scratch_free(w->scratch);
     free(w->buf);
     free(w);
@@ -188,6 +194,17 @@ out:
 int fl_is_jpeg(const unsigned char *data, size_t size)
 {
     return size >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF;
+}
+
+fl_image_format fl_image_format_of(const unsigned char *data, size_t size)
+{
+    if (fl_is_jpeg(data, size))
+        return FL_FORMAT_JPEG;
+    if (fl_is_png(data, size))
+        return FL_FORMAT_PNG;
+    if (fl_is_webp(data, size))
+        return FL_FORMAT_WEBP;
+    return FL_FORMAT_OTHER;
 }
 
 /* --------------------------------------------------------------- geometry */
@@ -391,6 +408,86 @@ int fl_pipeline_pixels(fl_image_worker *w, const fl_image_plan *plan, const fl_s
                         g->box.h, dst, msg, msg_size);
 }
 
+/* The worker's PNG or WebP decoder, made on first use; NULL when out of
+ * memory (with msg set). */
+static int whole_decoder(fl_image_worker *w, fl_image_format format, char *msg, size_t msg_size)
+{
+    if (format == FL_FORMAT_PNG && !w->png)
+        w->png = fl_png_new();
+    else if (format == FL_FORMAT_WEBP && !w->webp)
+        w->webp = fl_webp_new();
+    if (format == FL_FORMAT_PNG ? w->png != NULL : w->webp != NULL)
+        return FL_OK;
+    snprintf(msg, msg_size, "out of memory for this thread's decoder");
+    return FL_ERR_NOMEM;
+}
+
+/* A PNG or WebP decoded whole into the worker's decoder. */
+static int decode_whole(fl_image_worker *w, fl_image_format format, const unsigned char *data,
+                        size_t size, uint64_t max_pixels, const unsigned char **rgb, int *width,
+                        int *height, size_t *stride, char *msg, size_t msg_size)
+{
+    int rc = whole_decoder(w, format, msg, msg_size);
+    if (rc != FL_OK)
+        return rc;
+    if (format == FL_FORMAT_PNG)
+        return fl_png_decode(w->png, data, size, max_pixels, rgb, width, height, stride, msg,
+                             msg_size);
+    return fl_webp_decode(w->webp, data, size, max_pixels, rgb, width, height, stride, msg,
+                          msg_size);
+}
+
+/* fl_pipeline_image for a PNG or WebP, its stages timed on `clock` (decode
+ * open on entry). */
+static int whole_to_row(fl_image_worker *w, fl_image_format format, const fl_image_plan *plan,
+                        const fl_sample_key *key, const unsigned char *data, size_t size,
+                        void *dst, fl_sample_geometry *geometry, char *msg, size_t msg_size,
+                        fl_stage_clock *clock)
+{
+    int width, height, rc;
+    if (!dst) {
+        /* The geometry only: the header is enough. */
+        rc = whole_decoder(w, format, msg, msg_size);
+        if (rc != FL_OK)
+            return rc;
+        if (format == FL_FORMAT_PNG)
+            rc = fl_png_read_header(w->png, data, size, &width, &height, msg, msg_size);
+        else
+            rc = fl_webp_read_header(data, size, &width, &height, msg, msg_size);
+        if (rc != FL_OK)
+            return rc;
+        return fl_pipeline_pixels(w, plan, key, NULL, width, height, 0, NULL, geometry, msg,
+                                  msg_size);
+    }
+    const unsigned char *rgb;
+    size_t stride;
+    rc = decode_whole(w, format, data, size, plan->max_pixels, &rgb, &width, &height, &stride,
+                      msg, msg_size);
+    if (rc != FL_OK)
+        return rc;
+    fl_stage_next(clock, FL_STAGE_TRANSFORM);
+    return fl_pipeline_pixels(w, plan, key, rgb, width, height, stride, dst, geometry, msg,
+                              msg_size);
+}
+
+int fl_pipeline_image(fl_image_worker *w, fl_image_format format, const fl_image_plan *plan,
+                      const fl_sample_key *key, const unsigned char *data, size_t size,
+                      void *dst, fl_sample_geometry *geometry, char *msg, size_t msg_size)
+{
+    if (format == FL_FORMAT_JPEG)
+        return fl_pipeline_jpeg(w, plan, key, data, size, dst, geometry, msg, msg_size);
+    if (format != FL_FORMAT_PNG && format != FL_FORMAT_WEBP) {
+        snprintf(msg, msg_size, "not a format decoded here");
+        return FL_ERR_INVALID;
+    }
+    fl_stage_clock clock;
+    fl_stage_begin(&clock, FL_STAGE_DECODE);
+    int rc = whole_to_row(w, format, plan, key, data, size, dst, geometry, msg, msg_size,
+                          &clock);
+    fl_stage_end(&clock);
+    return rc;
+}
+
 int fl_decode_full(fl_image_worker *w, const unsigned char *data, size_t size,
                    uint64_t max_pixels, const unsigned char **rgb, int *width, int *height,
                    size_t *stride, char *msg, size_t msg_size)
@@ -399,6 +496,10 @@ int fl_decode_full(fl_image_worker *w, const unsigned char *data, size_t size,
         snprintf(msg, msg_size, "empty file");
         return FL_ERR_DECODE;
     }
+    fl_image_format format = fl_image_format_of(data, size);
+    if (format == FL_FORMAT_PNG || format == FL_FORMAT_WEBP)
+        return decode_whole(w, format, data, size, max_pixels, rgb, width, height, stride, msg,
+                            msg_size);
     fl_pixels px;
     int rc = fl_jpeg_decode(w->jpeg, data, size, NULL, max_pixels, &px, msg, msg_size);
     if (rc != FL_OK)

@@ -2,7 +2,8 @@
  *
  * read the file → pick the crop box (the plan's rules, counter-based
  * draws) → decode only the box, DCT-scaled when the output is much smaller
- * → resample, flip, convert and normalise into the sample's row.  Each
+ * (a JPEG; a PNG or WebP is decoded whole) → resample, flip, convert and
+ * normalise into the sample's row.  Each
  * thread keeps its own decoder, resampling scratch and read buffer
  * (fl_image_worker), so samples run in parallel with no shared state.
  */
@@ -74,6 +75,17 @@ int fl_read_range(fl_image_worker *w, const char *path, uint64_t offset, uint64_
 /* Nonzero when the bytes start like a JPEG (SOI marker). */
 int fl_is_jpeg(const unsigned char *data, size_t size);
 
+/* The formats decoded here; any other goes to a fallback decoder. */
+typedef enum fl_image_format {
+    FL_FORMAT_OTHER = 0,
+    FL_FORMAT_JPEG,
+    FL_FORMAT_PNG,
+    FL_FORMAT_WEBP,
+} fl_image_format;
+
+/* The format of a file by its first bytes (magic numbers, not the name). */
+fl_image_format fl_image_format_of(const unsigned char *data, size_t size);
+
 /* Decides the geometry for an image of width x height. */
 void fl_plan_geometry(const fl_image_plan *plan, const fl_sample_key *key, int width, int height,
                       fl_sample_geometry *out);
@@ -86,13 +98,21 @@ int fl_pipeline_jpeg(fl_image_worker *w, const fl_image_plan *plan, const fl_sam
                      const unsigned char *data, size_t size, void *dst,
                      fl_sample_geometry *geometry, char *msg, size_t msg_size);
 
+/* The same for a file of any format decoded here: a JPEG goes to
+ * fl_pipeline_jpeg; a PNG or WebP is decoded whole into the worker's
+ * decoder (with dst NULL, only its header is read), then goes through
+ * fl_pipeline_pixels.  FL_FORMAT_OTHER is FL_ERR_INVALID. */
+int fl_pipeline_image(fl_image_worker *w, fl_image_format format, const fl_image_plan *plan,
+                      const fl_sample_key *key, const unsigned char *data, size_t size,
+                      void *dst, fl_sample_geometry *geometry, char *msg, size_t msg_size);
+
 /* The same ops on pixels decoded elsewhere (RGB, rows `stride` bytes). */
 int fl_pipeline_pixels(fl_image_worker *w, const fl_image_plan *plan, const fl_sample_key *key,
                        const unsigned char *rgb, int width, int height, size_t stride, void *dst,
                        fl_sample_geometry *geometry, char *msg, size_t msg_size);
 
-/* Full decode to RGB HWC (for transforms written in Python): the pixels
- * stay in the worker's decoder until its next decode. */
+/* Full decode of a JPEG, PNG or WebP to RGB HWC (for transforms written in
+ * Python): the pixels stay in the worker's decoder until its next decode. */
 int fl_decode_full(fl_image_worker *w, const unsigned char *data, size_t size,
                    uint64_t max_pixels, const unsigned char **rgb, int *width, int *height,
                    size_t *stride, char *msg, size_t msg_size);
