@@ -23,11 +23,14 @@ PyObject *fl__build_info(PyObject *module, PyObject *unused)
         PyTuple_SET_ITEM(simd, i, name); /* steals the reference */
     }
     /* The path is a file name from the loader: decode it as os.fsdecode would. */
-    info = Py_BuildValue("{s:i, s:l, s:O, s:N, s:O}", "jpeg_lib_version", fl_jpeg_lib_version(),
-                         "libjpeg_turbo_version", fl_libjpeg_turbo_version(), "libjpeg_with_simd",
+    info = Py_BuildValue("{s:i, s:l, s:O, s:N, s:O, s:s, s:s, s:i}", "jpeg_lib_version",
+                         fl_jpeg_lib_version(), "libjpeg_turbo_version",
+                         fl_libjpeg_turbo_version(), "libjpeg_with_simd",
                          fl_libjpeg_with_simd() ? Py_True : Py_False, "libjpeg_path",
                          path ? PyUnicode_DecodeFSDefault(path) : Py_NewRef(Py_None),
-                         "cpu_simd_features", simd);
+                         "cpu_simd_features", simd, "libpng_version", fl_libpng_version(),
+                         "libpng_built_version", fl_libpng_built_version(), "libwebp_version",
+                         fl_libwebp_version());
 error:
     Py_XDECREF(simd);
     return info;

@@ -71,6 +71,9 @@ def report(environ=os.environ):
                      f"({_libjpeg_origin(path, package_dir)})")
     else:
         lines.append("libjpeg loaded: unknown")
+    webp = info["libwebp_version"]
+    lines.append(f"libpng: {info['libpng_version']} (built with {info['libpng_built_version']}), "
+                 f"libwebp: {webp >> 16}.{(webp >> 8) & 0xFF}.{webp & 0xFF}")
     features = " ".join(info["cpu_simd_features"]) or "none"
     lines.append(f"SIMD: {_simd_in_use(info, environ)} (CPU: {features})")
     driver = cuda._status()

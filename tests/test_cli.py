@@ -22,7 +22,7 @@ def run_cli(**env):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     fields = dict(line.split(": ", 1) for line in lines)
-    assert len(fields) == len(lines) == 9, lines
+    assert len(fields) == len(lines) == 10, lines
     return fields
 
 
@@ -56,6 +56,14 @@ def test_libjpeg_it_was_built_with_and_the_one_loaded(fields):
     libs = os.path.join(os.path.dirname(os.path.dirname(fastload.__file__)), "fastload.libs")
     assert (origin == "bundled with fastload") == os.path.realpath(path).startswith(
         os.path.realpath(libs) + os.sep)
+
+
+def test_libpng_and_libwebp_versions(fields):
+    info = _C.build_info()
+    assert re.fullmatch(r"\d+\.\d+\.\d+ \(built with \d+\.\d+\.\d+\), libwebp: \d+\.\d+\.\d+",
+                        fields["libpng"]), fields
+    assert fields["libpng"].startswith(info["libpng_version"])
+    assert info["libwebp_version"] > 0
 
 
 def test_simd_line_names_the_cpu_features_and_honours_jsimd_forcenone(fields):

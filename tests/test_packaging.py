@@ -1,6 +1,6 @@
-"""How fastload is installed: a binary wheel decodes with the libjpeg-turbo it
-carries (fastload.libs/), and a source build without libjpeg's headers stops
-with a message naming the package to install."""
+"""How fastload is installed: a binary wheel decodes with the image libraries
+it carries (fastload.libs/), and a source build without their headers stops
+with a message naming the packages to install."""
 
 import os
 import pathlib
@@ -17,19 +17,21 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE_PARENT = pathlib.Path(fastload.__file__).resolve().parent.parent
 BUNDLED_LIBS = PACKAGE_PARENT / "fastload.libs"
 
-# In a child, so that no other package's libjpeg (Pillow's, torchvision's) is
-# mapped: every libjpeg in the process must then be the one fastload uses.
-DECODE_AND_LIST_LIBJPEG = """
+# In a child, so that no other package's image libraries (Pillow's,
+# torchvision's) are mapped: every libjpeg, libpng and libwebp in the process
+# must then be the ones fastload uses.
+DECODE_AND_LIST_LIBRARIES = """
 import sys
 import numpy as np
 import fastload
 from proc_info import mapped_files
 
-image, label = fastload.ImageFiles([sys.argv[1]])[0]
-assert image.shape == (24, 32, 3) and image.dtype == np.uint8, image.shape
-assert "PIL.Image" not in sys.modules  # Pillow would map its own libjpeg
+for path in sys.argv[1:]:
+    image, label = fastload.ImageFiles([path])[0]
+    assert image.shape == (24, 32, 3) and image.dtype == np.uint8, image.shape
+assert "PIL.Image" not in sys.modules  # Pillow would map its own libraries
 for path in sorted(mapped_files()):
-    if "libjpeg" in path.rsplit("/", 1)[-1]:
+    if path.rsplit("/", 1)[-1].startswith(("libjpeg", "libpng", "libwebp")):
         print(path)
 """
 
@@ -40,17 +42,20 @@ def from_repaired_wheel():
 
 @pytest.mark.skipif(not from_repaired_wheel() and os.environ.get("FASTLOAD_EXPECT_INSTALLED") != "wheel",
                     reason="fastload is not running from a repaired wheel (no fastload.libs/)")
-def test_decodes_with_the_libjpeg_the_wheel_carries(tmp_path):
+def test_decodes_with_the_libraries_the_wheel_carries(tmp_path):
     Image = pytest.importorskip("PIL.Image")
-    jpeg = tmp_path / "photo.jpg"
-    Image.new("RGB", (32, 24), (200, 40, 90)).save(jpeg, quality=90)
+    files = []
+    for suffix in ("jpg", "png", "webp"):
+        files.append(str(tmp_path / f"photo.{suffix}"))
+        Image.new("RGB", (32, 24), (200, 40, 90)).save(files[-1])
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.abspath(__file__)))
-    result = subprocess.run([sys.executable, "-c", DECODE_AND_LIST_LIBJPEG, str(jpeg)],
+    result = subprocess.run([sys.executable, "-c", DECODE_AND_LIST_LIBRARIES, *files],
                             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     loaded = result.stdout.split()
-    assert loaded, "no libjpeg mapped after a decode"
-    # The wheel's copy and nothing else: not the system's libjpeg.so.62.
+    names = {pathlib.Path(path).name.split("-")[0].split(".")[0] for path in loaded}
+    assert {"libjpeg", "libpng16", "libwebp"} <= names, loaded
+    # The wheel's copies and nothing else: not the system's libjpeg.so.62.
     assert all(pathlib.Path(path).parent == BUNDLED_LIBS.resolve() for path in loaded), loaded
 
 

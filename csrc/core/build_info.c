@@ -7,6 +7,8 @@
 #include <stdio.h> /* jpeglib.h needs FILE and size_t */
 
 #include <jpeglib.h>
+#include <png.h>
+#include <webp/decode.h>
 
 int fl_jpeg_lib_version(void)
 {
@@ -65,4 +67,19 @@ int fl_cpu_simd_features(const char **names, int max)
 #endif
 #undef FL_ADD
     return count;
+}
+
+const char *fl_libpng_version(void)
+{
+    return png_get_libpng_ver(NULL);
+}
+
+const char *fl_libpng_built_version(void)
+{
+    return PNG_LIBPNG_VER_STRING;
+}
+
+int fl_libwebp_version(void)
+{
+    return WebPGetDecoderVersion();
 }

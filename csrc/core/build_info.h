@@ -20,6 +20,14 @@ int fl_libjpeg_with_simd(void);
  * loaded. */
 const char *fl_libjpeg_path(void);
 
+/* The libpng fastload runs with ("1.6.39"; the string is libpng's), and
+ * the one it was built with. */
+const char *fl_libpng_version(void);
+const char *fl_libpng_built_version(void);
+
+/* The libwebp decoder fastload runs with, as 0xMMmmrr (WebPGetDecoderVersion). */
+int fl_libwebp_version(void);
+
 /* Fills `names` with up to `max` static names of the SIMD instruction sets
  * this CPU supports that libjpeg-turbo can use ("sse2", "avx2", "neon");
  * returns how many. */
