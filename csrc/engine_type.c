@@ -164,7 +164,7 @@ static void hook_worker_start(void *ctx, int w)
     worker_ctx *wc = &shared->workers[w];
     current_engine = ctx;
     if (shared->stats)
-        fl_stats_bind(&shared->stats->rows[w]);
+        fl_stats_bind_worker(shared->stats, w);
     wc->gilstate = PyGILState_Ensure();
     PyObject *r = PyObject_CallMethod(wc->worker, "start", NULL);
     if (!r)
@@ -229,7 +229,8 @@ static void hook_worker_stop(void *ctx, int w)
     Py_CLEAR(wc->init_error);
     wc->tstate = NULL;
     current_engine = NULL;
-    fl_stats_bind(NULL);
+    if (((engine_shared *)ctx)->stats)
+        fl_stats_unbind_worker(((engine_shared *)ctx)->stats, w);
     PyGILState_Release(wc->gilstate);
 }
 
@@ -574,6 +575,12 @@ static PyObject *Engine_next(EngineObject *self, PyObject *const *args, Py_ssize
         return NULL;
 
     fl_engine *e = self->engine;
+    if (self->shared->stats && fl_stats_current_enabled()) {
+        /* The queue as the loop asks (loader.stats()). */
+        int in_flight, done;
+        fl_engine_depth(e, &in_flight, &done);
+        fl_stats_note_depth(self->shared->stats, (uint64_t)in_flight, (uint64_t)done);
+    }
     fl_delivery d;
     double waited = 0.0;
     /* Always wait with the GIL released, even when a batch is ready: the
@@ -706,14 +713,6 @@ static PyObject *Engine_get_in_flight(EngineObject *self, void *closure)
     return PyLong_FromLong(self->engine && !self->closed ? fl_engine_in_flight(self->engine) : 0);
 }
 
-static PyObject *Engine_depth(EngineObject *self, PyObject *unused)
-{
-    (void)unused;
-    int in_flight = 0, done = 0;
-    if (self->engine && !self->closed)
-        fl_engine_depth(self->engine, &in_flight, &done);
-    return Py_BuildValue("(ii)", in_flight, done);
-}
 
 static PyObject *Engine_get_closed(EngineObject *self, void *closure)
 {
@@ -767,9 +766,6 @@ static PyMethodDef Engine_methods[] = {
      "TimeoutError after `timeout` seconds, and whatever fetch raised."},
     {"cancel_pending", (PyCFunction)Engine_cancel_pending, METH_NOARGS,
      "cancel_pending()\n--\n\nDelivers every job no worker has started as cancelled."},
-    {"depth", (PyCFunction)Engine_depth, METH_NOARGS,
-     "depth()\n--\n\n"
-     "(jobs in flight, of them finished and waiting for delivery), read at once."},
     {"reset", (PyCFunction)Engine_reset, METH_NOARGS,
      "reset()\n--\n\nStarts a new epoch on the same threads (nothing may be in flight)."},
     {"close", (PyCFunction)(void (*)(void))Engine_close, METH_FASTCALL,

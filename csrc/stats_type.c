@@ -84,8 +84,9 @@ static uint64_t load(_Atomic uint64_t *counter)
     return atomic_load_explicit(counter, memory_order_relaxed);
 }
 
-static PyObject *row_tuple(fl_stats_row *row)
+static PyObject *row_tuple(fl_stats *stats, int r)
 {
+    fl_stats_row *row = &stats->rows[r];
     PyObject *t = PyTuple_New(ROW_FIELDS);
     if (!t)
         return NULL;
@@ -96,7 +97,7 @@ static PyObject *row_tuple(fl_stats_row *row)
     for (int s = 0; s < FL_STAGES; s++)
         values[k++] = load(&row->stage_calls[s]);
     for (int a = 0; a < FL_ACTIVITIES; a++)
-        values[k++] = load(&row->activity_ns[a]);
+        values[k++] = a == FL_CPU ? fl_stats_row_cpu(stats, r) : load(&row->activity_ns[a]);
     values[k++] = load(&row->jobs);
     for (int i = 0; i < ROW_FIELDS; i++) {
         PyObject *v = PyLong_FromUnsignedLongLong(values[i]);
@@ -119,7 +120,7 @@ static PyObject *Timers_snapshot(TimersObject *self, PyObject *unused)
     if (!rows || !hist)
         goto done;
     for (int r = 0; r < stats->num_rows; r++) {
-        PyObject *t = row_tuple(&stats->rows[r]);
+        PyObject *t = row_tuple(stats, r);
         if (!t)
             goto done;
         PyList_SET_ITEM(rows, r, t);
@@ -138,10 +139,11 @@ static PyObject *Timers_snapshot(TimersObject *self, PyObject *unused)
         }
         Py_DECREF(item);
     }
-    result = Py_BuildValue("{sOs{sKsKsKsKsKsO}}", "rows", rows, "consumer", "batches",
+    result = Py_BuildValue("{sOs{sKsKsKsKsKsKsO}}", "rows", rows, "consumer", "batches",
                            (unsigned long long)c->batches, "wait_ns",
                            (unsigned long long)c->wait_ns, "period_ns",
-                           (unsigned long long)c->period_ns, "in_flight_sum",
+                           (unsigned long long)c->period_ns, "depth_samples",
+                           (unsigned long long)c->depth_samples, "in_flight_sum",
                            (unsigned long long)c->in_flight_sum, "ready_sum",
                            (unsigned long long)c->ready_sum, "wait_hist", hist);
 done:
@@ -160,13 +162,12 @@ static PyObject *Timers_reset(TimersObject *self, PyObject *unused)
 static PyObject *Timers_record_next(TimersObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     uint64_t now = fl_stats_now();
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError,
-                        "record_next(called_at, last, in_flight, done) takes 4 arguments");
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "record_next(called_at, last) takes 2 arguments");
         return NULL;
     }
-    unsigned long long v[4];
-    for (int i = 0; i < 4; i++) {
+    unsigned long long v[2];
+    for (int i = 0; i < 2; i++) {
         v[i] = PyLong_AsUnsignedLongLong(args[i]);
         if (v[i] == (unsigned long long)-1 && PyErr_Occurred())
             return NULL;
@@ -176,8 +177,22 @@ static PyObject *Timers_record_next(TimersObject *self, PyObject *const *args, P
         PyErr_SetString(PyExc_ValueError, "record_next: times after now (use clock_ns())");
         return NULL;
     }
-    fl_stats_record_batch(self->stats, now - called_at, now - since, v[2], v[3]);
+    fl_stats_record_batch(self->stats, now - called_at, now - since);
     return PyLong_FromUnsignedLongLong(now);
+}
+
+static PyObject *Timers_note_depth(TimersObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "note_depth(in_flight, ready) takes 2 arguments");
+        return NULL;
+    }
+    unsigned long long in_flight = PyLong_AsUnsignedLongLong(args[0]);
+    unsigned long long ready = PyLong_AsUnsignedLongLong(args[1]);
+    if (PyErr_Occurred())
+        return NULL;
+    fl_stats_note_depth(self->stats, in_flight, ready);
+    Py_RETURN_NONE;
 }
 
 static PyObject *Timers_take(TimersObject *self, PyObject *arg)
@@ -185,10 +200,9 @@ static PyObject *Timers_take(TimersObject *self, PyObject *arg)
     int r;
     if (row_index(self, arg, &r) < 0)
         return NULL;
-    fl_stats_row *row = &self->stats->rows[r];
-    PyObject *t = row_tuple(row);
+    PyObject *t = row_tuple(self->stats, r);
     if (t) /* only the row's writer calls this, so nothing lands in between */
-        fl_stats_row_zero(row);
+        fl_stats_row_zero(&self->stats->rows[r]);
     return t;
 }
 
@@ -294,11 +308,15 @@ static PyMethodDef Timers_methods[] = {
      "list of (lo_ns, hi_ns, count) for the buckets in use."},
     {"reset", (PyCFunction)Timers_reset, METH_NOARGS, "reset()\n--\n\nZeroes every counter."},
     {"record_next", (PyCFunction)(void (*)(void))Timers_record_next, METH_FASTCALL,
-     "record_next(called_at, last, in_flight, done, /)\n--\n\n"
+     "record_next(called_at, last, /)\n--\n\n"
      "The loop's next(), called at `called_at` (clock_ns()), returns a batch\n"
-     "now: records its wait, the time since `last` (the previous batch's\n"
-     "return, or 0 for the first of an epoch) and the batches in flight and\n"
-     "done when it was called.  Returns now, the next call's `last`."},
+     "now: records its wait and the time since `last` (the previous batch's\n"
+     "return, or 0 for the first of an epoch).  Returns now, the next call's\n"
+     "`last`."},
+    {"note_depth", (PyCFunction)(void (*)(void))Timers_note_depth, METH_FASTCALL,
+     "note_depth(in_flight, ready, /)\n--\n\n"
+     "As the loop asks for a batch: in_flight batches are in flight, `ready`\n"
+     "of them done (a thread Engine notes this itself)."},
     {"take", (PyCFunction)Timers_take, METH_O,
      "take(row, /)\n--\n\n"
      "Row `row` as a tuple (see snapshot), zeroed after.  Only for the thread\n"

@@ -56,7 +56,10 @@ class DeviceIter:
     def _next(self):
         if self._done:
             raise StopIteration
-        called_at, ready = clock_ns(), self._pump.ready.qsize()
+        called_at = clock_ns()
+        if self._clock is not None:
+            ready = self._pump.ready.qsize()
+            self._clock.note_depth(ready, ready)
         item = self._pump.next_item()
         if item is None:  # stopped: a new epoch of a persistent loader took over
             self._done = True
@@ -70,7 +73,7 @@ class DeviceIter:
         _, structure, arrays = item
         batch = _rebuild(structure, iter([self._output(i, *a) for i, a in enumerate(arrays)]))
         if self._clock is not None:
-            self._clock.handed_over(called_at, ready, ready)
+            self._clock.handed_over(called_at)
         return batch
 
     def _output(self, position, array, permutation):

@@ -734,7 +734,7 @@ class _BaseIter:
 
     def _next(self):
         called_at = clock_ns()
-        in_flight, done = self._depth()
+        self._note_depth()
         try:
             data = self._next_data()
         except StopIteration:
@@ -761,12 +761,13 @@ class _BaseIter:
         if self._pin_memory:
             data = _pin(data, self._already_pinned)
         if self._clock is not None:
-            self._clock.handed_over(called_at, in_flight, done)
+            self._clock.handed_over(called_at)
         return data
 
-    def _depth(self):
-        """(batches in flight, of them done) as the loop asks for one."""
-        return 0, 0
+    def _note_depth(self):
+        """Notes the batches in flight, and those of them done, as the loop
+        asks for one (loader.stats()).  None without workers; a thread
+        Engine notes them itself, in C."""
 
     def __len__(self):
         return len(self._index_sampler)
@@ -919,9 +920,6 @@ class _ThreadedIter(_BaseIter):
                          source=self._native_source, pool=loader._slot_pool,
                          convert=self._collate_fn.to_output, seed=self._base_seed,
                          report=_native.skip_reporter(self._dataset), stats=self._timers)
-
-    def _depth(self):
-        return self._engine.depth()
 
     def _prime(self):
         if self._tuner is not None:
@@ -1081,8 +1079,8 @@ class _ProcessIter(_ThreadedIter):
                                        self._tuner.setting.workers if self._tuner else None,
                                        on_times=self._timers.add)
 
-    def _depth(self):
-        return self._engine.in_flight, len(self._engine.results)
+    def _note_depth(self):
+        self._timers.note_depth(self._engine.in_flight, len(self._engine.results))
 
     def _already_pinned(self, tensor):
         # The slot tensors page-locked in place; torch's pin_memory() would

@@ -97,15 +97,16 @@ class ConsumerClock:
     """The training loop's side of one iterator: how long each ``next()``
     waited, and how long after the batch before it."""
 
-    __slots__ = ("record", "last")
+    __slots__ = ("record", "note_depth", "last")
 
     def __init__(self, timers):
         self.record = timers.record_next
+        self.note_depth = timers.note_depth
         self.last = 0  # when the previous batch was handed over; 0: none this epoch
 
-    def handed_over(self, called_at, in_flight, done):
+    def handed_over(self, called_at):
         """Records a batch that ``next()``, called at ``called_at``, returns now."""
-        self.last = self.record(called_at, self.last, in_flight, done)
+        self.last = self.record(called_at, self.last)
 
 
 class LoaderStats:
@@ -128,8 +129,9 @@ class LoaderStats:
         self.wait_s = consumer["wait_ns"] / 1e9
         self.wait_fraction = self.wait_s / self.elapsed_s if self.elapsed_s > 0 else 0.0
         n = max(self.batches, 1)
-        self.mean_in_flight = consumer["in_flight_sum"] / n
-        self.mean_done = consumer["ready_sum"] / n
+        looks = max(consumer["depth_samples"], 1)
+        self.mean_in_flight = consumer["in_flight_sum"] / looks
+        self.mean_done = consumer["ready_sum"] / looks
         hist = consumer["wait_hist"]
         self.wait_ms = {
             "mean": self.wait_s * 1e3 / n,

@@ -207,8 +207,8 @@ def snapshot(wait_s, elapsed_s, workers=(), stage_s=None, batches=100):
         extra[len(STAGES) + STAGES.index(name)] = 1
     rows.append(tuple(extra))
     consumer = {"batches": batches, "wait_ns": int(wait_s * 1e9),
-                "period_ns": int(elapsed_s * 1e9), "in_flight_sum": 0, "ready_sum": 0,
-                "wait_hist": [(1000, 1100, batches)]}
+                "period_ns": int(elapsed_s * 1e9), "depth_samples": 0, "in_flight_sum": 0,
+                "ready_sum": 0, "wait_hist": [(1000, 1100, batches)]}
     return {"rows": rows, "consumer": consumer}
 
 
@@ -240,7 +240,7 @@ def test_verdicts():
 def test_percentiles_of_the_wait_histogram():
     timers = _C.Timers(1)
     for ms in range(1, 101):  # waits of 1..100 ms, and a few ns of the call
-        timers.record_next(_C.clock_ns() - ms * 1_000_000, 0, 0, 0)
+        timers.record_next(_C.clock_ns() - ms * 1_000_000, 0)
     hist = timers.snapshot()["consumer"]["wait_hist"]
     assert sum(count for _lo, _hi, count in hist) == 100
     for q, exact in ((0.5, 50e6), (0.95, 95e6)):

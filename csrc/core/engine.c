@@ -181,12 +181,10 @@ static void *worker_main(void *arg)
         void *payload = j->payload;
         pthread_mutex_unlock(&e->lock);
 
-        uint64_t cpu = 0;
         if (timers) {
             uint64_t now = fl_stats_now();
             fl_stats_add_activity(timers, FL_IDLE, now - t);
             t = now;
-            cpu = fl_stats_thread_cpu();
         }
         int ranged = timers && fl_nvtx_on();
         if (ranged)
@@ -196,7 +194,7 @@ static void *worker_main(void *arg)
             fl_nvtx_pop();
         if (timers) {
             uint64_t now = fl_stats_now();
-            fl_stats_add_job(timers, t, now, fl_stats_thread_cpu() - cpu);
+            fl_stats_add_job(timers, t, now);
             t = now;
         }
 

@@ -20,6 +20,10 @@ fl_stats *fl_stats_new(int num_rows)
     fl_stats *stats = calloc(1, sizeof *stats + (size_t)num_rows * sizeof(fl_stats_row));
     if (!stats)
         return NULL;
+    if (pthread_mutex_init(&stats->cpu_lock, NULL) != 0) {
+        free(stats);
+        return NULL;
+    }
     atomic_init(&stats->refs, 1);
     stats->num_rows = num_rows;
     return stats;
@@ -32,8 +36,10 @@ void fl_stats_retain(fl_stats *stats)
 
 void fl_stats_release(fl_stats *stats)
 {
-    if (stats && atomic_fetch_sub_explicit(&stats->refs, 1, memory_order_acq_rel) == 1)
+    if (stats && atomic_fetch_sub_explicit(&stats->refs, 1, memory_order_acq_rel) == 1) {
+        pthread_mutex_destroy(&stats->cpu_lock);
         free(stats);
+    }
 }
 
 static void zero(_Atomic uint64_t *counters, int n)
@@ -52,8 +58,17 @@ void fl_stats_row_zero(fl_stats_row *row)
 
 void fl_stats_reset(fl_stats *stats)
 {
-    for (int r = 0; r < stats->num_rows; r++)
-        fl_stats_row_zero(&stats->rows[r]);
+    pthread_mutex_lock(&stats->cpu_lock);
+    for (int r = 0; r < stats->num_rows; r++) {
+        fl_stats_row *row = &stats->rows[r];
+        fl_stats_row_zero(row);
+        if (row->cpu_live) { /* the window restarts for the thread bound now too */
+            struct timespec ts;
+            if (clock_gettime(row->cpu_clock, &ts) == 0)
+                row->cpu_at_bind = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+        }
+    }
+    pthread_mutex_unlock(&stats->cpu_lock);
     memset(&stats->consumer, 0, sizeof stats->consumer);
 }
 
@@ -69,6 +84,11 @@ fl_stats_row *fl_stats_bind(fl_stats_row *row)
     return previous;
 }
 
+int fl_stats_current_enabled(void)
+{
+    return atomic_load_explicit(&enabled, memory_order_relaxed);
+}
+
 fl_stats_row *fl_stats_current(void)
 {
     return atomic_load_explicit(&enabled, memory_order_relaxed) ? bound_row : NULL;
@@ -81,12 +101,53 @@ uint64_t fl_stats_now(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-uint64_t fl_stats_thread_cpu(void)
+static uint64_t clock_ns(clockid_t clock)
 {
     struct timespec ts;
-    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0)
+    if (clock_gettime(clock, &ts) != 0)
         return 0;
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+void fl_stats_bind_worker(fl_stats *stats, int r)
+{
+    fl_stats_row *row = &stats->rows[r];
+    clockid_t clock;
+    pthread_mutex_lock(&stats->cpu_lock);
+    if (pthread_getcpuclockid(pthread_self(), &clock) == 0) {
+        row->cpu_clock = clock;
+        row->cpu_at_bind = clock_ns(CLOCK_THREAD_CPUTIME_ID);
+        row->cpu_live = 1;
+    }
+    pthread_mutex_unlock(&stats->cpu_lock);
+    fl_stats_bind(row);
+}
+
+void fl_stats_unbind_worker(fl_stats *stats, int r)
+{
+    fl_stats_row *row = &stats->rows[r];
+    fl_stats_bind(NULL);
+    pthread_mutex_lock(&stats->cpu_lock);
+    if (row->cpu_live) {
+        uint64_t used = clock_ns(CLOCK_THREAD_CPUTIME_ID) - row->cpu_at_bind;
+        atomic_fetch_add_explicit(&row->activity_ns[FL_CPU], used, memory_order_relaxed);
+        row->cpu_live = 0;
+    }
+    pthread_mutex_unlock(&stats->cpu_lock);
+}
+
+uint64_t fl_stats_row_cpu(fl_stats *stats, int r)
+{
+    fl_stats_row *row = &stats->rows[r];
+    pthread_mutex_lock(&stats->cpu_lock);
+    uint64_t cpu = atomic_load_explicit(&row->activity_ns[FL_CPU], memory_order_relaxed);
+    if (row->cpu_live) {
+        uint64_t now = clock_ns(row->cpu_clock);
+        if (now > row->cpu_at_bind)
+            cpu += now - row->cpu_at_bind;
+    }
+    pthread_mutex_unlock(&stats->cpu_lock);
+    return cpu;
 }
 
 /* A row has one writer: a load and a store add without a locked
@@ -114,11 +175,10 @@ void fl_stats_add_gil_wait(fl_stats_row *row, uint64_t start_ns, uint64_t end_ns
     fl_trace_record(FL_EVENT_GIL, start_ns, end_ns);
 }
 
-void fl_stats_add_job(fl_stats_row *row, uint64_t start_ns, uint64_t end_ns, uint64_t cpu_ns)
+void fl_stats_add_job(fl_stats_row *row, uint64_t start_ns, uint64_t end_ns)
 {
     fl_trace_record(FL_EVENT_JOB, start_ns, end_ns);
     add(&row->activity_ns[FL_BUSY], end_ns - start_ns);
-    add(&row->activity_ns[FL_CPU], cpu_ns);
     add(&row->jobs, 1);
 }
 
@@ -146,16 +206,21 @@ void fl_stats_bucket_range(int bucket, uint64_t *lo, uint64_t *hi)
     *hi = msb == 63 && sub == FL_STATS_SUB_BUCKETS - 1 ? UINT64_MAX : *lo + width;
 }
 
-void fl_stats_record_batch(fl_stats *stats, uint64_t wait_ns, uint64_t period_ns,
-                           uint64_t in_flight, uint64_t ready)
+void fl_stats_record_batch(fl_stats *stats, uint64_t wait_ns, uint64_t period_ns)
 {
     fl_stats_consumer *c = &stats->consumer;
     c->batches++;
     c->wait_ns += wait_ns;
     c->period_ns += period_ns;
+    c->wait_hist[fl_stats_bucket(wait_ns)]++;
+}
+
+void fl_stats_note_depth(fl_stats *stats, uint64_t in_flight, uint64_t ready)
+{
+    fl_stats_consumer *c = &stats->consumer;
+    c->depth_samples++;
     c->in_flight_sum += in_flight;
     c->ready_sum += ready;
-    c->wait_hist[fl_stats_bucket(wait_ns)]++;
 }
 
 /* ------------------------------------------------------------ stage clock */

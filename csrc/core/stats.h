@@ -24,9 +24,11 @@
 #ifndef FL_STATS_H
 #define FL_STATS_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h> /* clockid_t */
 
 /* What a worker spends its time on.  READ, DECODE and TRANSFORM are the
  * native image pipeline's; COLLATE is default collation (or an array
@@ -44,8 +46,9 @@ typedef enum fl_stage {
 
 /* A worker's whole time is BUSY (running a job) or IDLE (waiting for one);
  * GIL is the part of BUSY spent waiting for the interpreter lock, CPU the
- * processor time its thread used while BUSY (the rest it waited: for I/O,
- * a sleep, a lock). */
+ * processor time its thread used (an idle worker sleeps, so that is CPU
+ * while BUSY; the rest of BUSY it waited: for I/O, a sleep, a lock).  CPU
+ * is read from the thread's CPU clock when the row is read, not per job. */
 typedef enum fl_activity { FL_BUSY, FL_IDLE, FL_GIL, FL_CPU, FL_ACTIVITIES } fl_activity;
 
 /* The consumer's wait per batch: a log-linear histogram, 8 buckets per
@@ -56,15 +59,21 @@ typedef enum fl_activity { FL_BUSY, FL_IDLE, FL_GIL, FL_CPU, FL_ACTIVITIES } fl_
 typedef struct fl_stats_row {
     _Atomic uint64_t stage_ns[FL_STAGES];
     _Atomic uint64_t stage_calls[FL_STAGES];
-    _Atomic uint64_t activity_ns[FL_ACTIVITIES];
+    _Atomic uint64_t activity_ns[FL_ACTIVITIES]; /* CPU: of threads no longer bound */
     _Atomic uint64_t jobs;
+    /* The worker thread bound now (fl_stats_bind_worker), guarded by the
+     * block's cpu_lock: its CPU clock, and that clock when it was bound. */
+    int cpu_live;
+    clockid_t cpu_clock;
+    uint64_t cpu_at_bind;
 } fl_stats_row;
 
 typedef struct fl_stats_consumer {
     uint64_t batches;
     uint64_t wait_ns;        /* in next(), waiting for a batch */
     uint64_t period_ns;      /* from one batch handed over to the next */
-    uint64_t in_flight_sum;  /* batches in flight when next() was called */
+    uint64_t depth_samples;  /* times the queue was looked at as the loop asked */
+    uint64_t in_flight_sum;  /* batches in flight then */
     uint64_t ready_sum;      /* of them, finished and waiting */
     uint64_t wait_hist[FL_STATS_BUCKETS];
 } fl_stats_consumer;
@@ -72,6 +81,7 @@ typedef struct fl_stats_consumer {
 typedef struct fl_stats {
     atomic_int refs;
     int num_rows;
+    pthread_mutex_t cpu_lock; /* the rows' cpu_* fields */
     fl_stats_consumer consumer;  /* the consumer's thread only (the GIL) */
     fl_stats_row rows[];
 } fl_stats;
@@ -94,20 +104,29 @@ void fl_stats_set_enabled(int enabled);
 /* Binds `row` (or NULL) to the calling thread; returns the previous one. */
 fl_stats_row *fl_stats_bind(fl_stats_row *row);
 
+/* For a worker thread's whole life: binds row `r` of `stats` and counts the
+ * thread's CPU time into it from now; unbind_worker, on the same thread,
+ * adds what it used and unbinds. */
+void fl_stats_bind_worker(fl_stats *stats, int r);
+void fl_stats_unbind_worker(fl_stats *stats, int r);
+
+/* Row r's CPU time: that of the threads it had, and of the one bound now. */
+uint64_t fl_stats_row_cpu(fl_stats *stats, int r);
+
 /* The calling thread's row, or NULL when none is bound or timing is off. */
 fl_stats_row *fl_stats_current(void);
+
+/* Whether timing is on (fl_stats_set_enabled). */
+int fl_stats_current_enabled(void);
 
 /* CLOCK_MONOTONIC, in nanoseconds. */
 uint64_t fl_stats_now(void);
 
-/* The calling thread's CPU time, in nanoseconds. */
-uint64_t fl_stats_thread_cpu(void);
-
 /* Adds ns to a stage (one call) or an activity of a row. */
 void fl_stats_add_stage(fl_stats_row *row, fl_stage stage, uint64_t ns);
 void fl_stats_add_activity(fl_stats_row *row, fl_activity activity, uint64_t ns);
-/* One job ran from start_ns to end_ns, its thread using cpu_ns of CPU. */
-void fl_stats_add_job(fl_stats_row *row, uint64_t start_ns, uint64_t end_ns, uint64_t cpu_ns);
+/* One job ran from start_ns to end_ns. */
+void fl_stats_add_job(fl_stats_row *row, uint64_t start_ns, uint64_t end_ns);
 
 /* The thread waited for the GIL from start_ns to end_ns. */
 void fl_stats_add_gil_wait(fl_stats_row *row, uint64_t start_ns, uint64_t end_ns);
@@ -159,9 +178,12 @@ int fl_trace_on(void);
 void fl_trace_record(int kind, uint64_t start_ns, uint64_t end_ns);
 
 /* The consumer got a batch: it waited wait_ns, period_ns after the one
- * before, with in_flight batches in flight of which `ready` were done. */
-void fl_stats_record_batch(fl_stats *stats, uint64_t wait_ns, uint64_t period_ns,
-                           uint64_t in_flight, uint64_t ready);
+ * before.  The consumer's thread only. */
+void fl_stats_record_batch(fl_stats *stats, uint64_t wait_ns, uint64_t period_ns);
+
+/* As the consumer asked for a batch, in_flight batches were in flight, of
+ * which `ready` were done.  The consumer's thread only. */
+void fl_stats_note_depth(fl_stats *stats, uint64_t in_flight, uint64_t ready);
 
 /* The histogram bucket of a value and the value range of a bucket. */
 int fl_stats_bucket(uint64_t ns);
