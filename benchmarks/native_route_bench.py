@@ -54,6 +54,10 @@ if case == "images":
         T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.ToTensor(),
         T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))]))
     batch_size = 32
+elif case == "rows":  # benchmarks/arrays_bench.py's shape: 4 KiB rows, batches of 256
+    ds = fastload.ArrayDataset(np.random.default_rng(0).random((16384, 1024), dtype=np.float32),
+                               np.arange(16384))
+    batch_size = 256
 else:
     ds = fastload.ArrayDataset(np.random.default_rng(0).random((8192, 256), dtype=np.float32),
                                np.arange(8192))
@@ -97,6 +101,7 @@ def measure(tree, case, workers, batches, folder):
 def cases(quick):
     for workers in (1, 2):
         yield "arrays", workers, 64 if quick else 2000
+        yield "rows", workers, 16 if quick else 500
         yield "images", workers, 16 if quick else 300
     for workers in (1, 2):
         yield "first", workers, 3 if quick else 15
