@@ -16,6 +16,8 @@ Cases, each with 1 and 2 workers (persistent, so epochs reuse the threads):
 
 * arrays: ``ArrayDataset`` of 1 KiB float32 rows, batches of 64 -- a 64 KiB
   copy, so the time per batch is mostly the route's own overhead;
+* rows: 4 KiB float32 rows, batches of 256 (1 MiB): the shape of
+  benchmarks/arrays_bench.py;
 * images: ``ImageFolder`` of ImageNet-like JPEGs through RandomResizedCrop(64),
   a flip, ToTensor and Normalize, batches of 32 -- decode-bound;
 * first batch: a new loader's ``next(iter(loader))`` (threads started, first
