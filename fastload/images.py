@@ -23,14 +23,15 @@ import io
 import os
 import stat
 import sys
+import warnings
 
 import numpy as np
 
-from . import _C
+from . import _C, _torchvision
 from ._native import SourceOwner
 from ._random import draw_seed
 from .arrays import _check_index
-from .transforms import PILLOW_MAX_PIXELS, Compose, _nchw_view
+from .transforms import PILLOW_MAX_PIXELS, _nchw_view
 
 __all__ = ["DecodeError", "ImageFiles", "ImageFolder", "IMG_EXTENSIONS", "default_loader"]
 
@@ -192,15 +193,22 @@ class ImageFiles(SourceOwner):
         # recent (index, path, message) records (bounded: jobs run for days).
         self.skipped_count = 0
         self.skipped = collections.deque(maxlen=SKIP_RECORDS)
-        self._plan = transform.plan if isinstance(transform, Compose) else None
         self.loader = loader
+        custom_loader = loader is not None and not _is_default_loader(loader)
+        # A fastload Compose, or the part of a torchvision one that maps
+        # onto it, runs in C; the rest per image in Python.
+        resolved = _torchvision.resolve(transform, loader=custom_loader)
+        if resolved.warning is not None:
+            warnings.warn(resolved.warning, UserWarning, stacklevel=3)
+        self.transform_plan = resolved.plan
+        self._plan = resolved.compose.plan if resolved.compose is not None else None
+        self._python_transform = resolved.python
         # The loader is called unless the C decoder gives what it would: a
-        # default loader's image, seen only by a fastload Compose.
-        native_loader = loader is None or (_is_default_loader(loader) and self._plan is not None)
+        # default loader's image, seen only by a C plan.
+        native_loader = not custom_loader and (loader is None or self._plan is not None)
         self._loader = None if native_loader else loader
-        if self._loader is not None:
-            self._plan = None
-        self._native = self._plan is not None and self._plan.output_shape() is not None
+        self._native = (self._plan is not None and self._plan.output_shape() is not None
+                        and self._python_transform is None)
         self._make_sources()
 
     def _make_sources(self):
@@ -245,8 +253,8 @@ class ImageFiles(SourceOwner):
                 self._record_skips([(index, self.path(index), str(e))])
                 index = (index + 1) % len(self)
         target = int(self._labels[index])
-        if self._plan is None and self.transform is not None:
-            image = self.transform(image)
+        if self._python_transform is not None:
+            image = self._python_transform(image)
         if self.target_transform is not None:
             target = self.target_transform(target)
         return image, target
