@@ -7,9 +7,12 @@ and an offset array), not as a list of tuples that every worker copies;
 ``samples`` is a read-only sequence view over them.
 
 Given a ``fastload.transforms.Compose`` whose output size is fixed, a
-DataLoader with the default collate decodes whole batches in C; any other
-callable runs in Python on the image decoded in C (an HWC uint8 NumPy
-array).  A ``loader`` (torchvision's argument: path -> sample) replaces the
+DataLoader with the default collate decodes whole batches in C; so does a
+torchvision ``Compose`` whose steps all map onto fastload's, and one that
+does not keeps its leading geometric steps in C and runs the rest in Python
+on a PIL image (``fastload._torchvision``; ``transform_plan`` says which).
+Any other callable runs in Python on the image decoded in C (an HWC uint8
+NumPy array).  A ``loader`` (torchvision's argument: path -> sample) replaces the
 C decoder; it is called with the GIL, once a sample.
 
 Sample files are opened without blocking and refused unless they are
@@ -146,7 +149,10 @@ class ImageFiles(SourceOwner):
     ``loader``: as torchvision's, a callable path -> sample (e.g. a PIL
     image) called with the GIL for each sample, whose result goes through
     ``transform``.  None (or a default loader, see ``default_loader``, with
-    a fastload ``Compose``) decodes in C instead."""
+    a transform that runs in C) decodes in C instead.
+
+    ``transform_plan``: the transform's steps by where they run, as
+    ``(native, python)`` (``fastload._torchvision.TransformPlan``)."""
 
     _sources = ("_source", "_raw")  # they hold per-thread decoders: not pickled
     # True: PNG and WebP files are decoded by Pillow too (with the GIL), as
