@@ -30,9 +30,11 @@ import imagenet_like  # noqa: E402
 
 pytestmark = fastload_only
 
-# PSNR floors (in [0, 1] units) of fastload's own transforms against Pillow
-# (test_images.test_fidelity_against_pillow): the same hold here.
-FLOORS = {"exact": 38.0, "fast": 32.0}
+# PSNR floors (in [0, 1] units) against torchvision on the PIL image.
+# decode="exact" is documented within ~57 dB of Pillow (docs/benchmarks.md;
+# 57.7 dB the minimum over these files); "fast" (DCT scaling) keeps the floor
+# of test_images.test_fidelity_against_pillow (35.8 dB the minimum here).
+FLOORS = {"exact": 50.0, "fast": 32.0}
 
 
 @pytest.fixture(scope="module")
