@@ -58,13 +58,14 @@ import os
 import sys
 import tempfile
 import time
-import types
 import warnings
 
 import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import Dataset
+
+from torchvision_import import import_torchvision
 
 __all__ = [
     "IMAGENET_MEAN",
@@ -96,40 +97,6 @@ IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tif
 BILINEAR = Image.Resampling.BILINEAR
 
 _torchvision = None
-
-
-def import_torchvision():
-    """torchvision, or None when it cannot be imported here.
-
-    A torchvision wheel built against another torch build (the PyPI
-    torchvision with the CPU-only torch) fails at import: its compiled
-    operators do not load, and torchvision._meta_registrations then refers
-    to operators that do not exist.  The transforms and ImageFolder the
-    benchmarks use are pure Python and need neither, so the import is
-    retried with that one module replaced by an empty one."""
-    try:
-        import torchvision
-        return torchvision
-    except ModuleNotFoundError as e:
-        if e.name == "torchvision":  # not installed
-            return None
-    except Exception:  # noqa: BLE001 - see the docstring
-        pass
-    _forget_torchvision()
-    sys.modules["torchvision._meta_registrations"] = types.ModuleType(
-        "torchvision._meta_registrations")
-    try:
-        import torchvision
-        from torchvision import datasets, transforms  # noqa: F401 - what is used
-    except Exception:  # noqa: BLE001 - not importable after all
-        _forget_torchvision()
-        return None
-    return torchvision
-
-
-def _forget_torchvision():
-    for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
-        del sys.modules[name]
 
 
 def torchvision_or_none():

@@ -7,9 +7,12 @@ and an offset array), not as a list of tuples that every worker copies;
 ``samples`` is a read-only sequence view over them.
 
 Given a ``fastload.transforms.Compose`` whose output size is fixed, a
-DataLoader with the default collate decodes whole batches in C; any other
-callable runs in Python on the image decoded in C (an HWC uint8 NumPy
-array).  A ``loader`` (torchvision's argument: path -> sample) replaces the
+DataLoader with the default collate decodes whole batches in C; so does a
+torchvision ``Compose`` whose steps all map onto fastload's, and one that
+does not keeps its leading geometric steps in C and runs the rest in Python
+on a PIL image (``fastload._torchvision``; ``transform_plan`` says which).
+Any other callable runs in Python on the image decoded in C (an HWC uint8
+NumPy array).  A ``loader`` (torchvision's argument: path -> sample) replaces the
 C decoder; it is called with the GIL, once a sample.
 
 Sample files are opened without blocking and refused unless they are
@@ -23,14 +26,15 @@ import io
 import os
 import stat
 import sys
+import warnings
 
 import numpy as np
 
-from . import _C
+from . import _C, _torchvision
 from ._native import SourceOwner
 from ._random import draw_seed
 from .arrays import _check_index
-from .transforms import PILLOW_MAX_PIXELS, Compose, _nchw_view
+from .transforms import PILLOW_MAX_PIXELS, _nchw_view
 
 __all__ = ["DecodeError", "ImageFiles", "ImageFolder", "IMG_EXTENSIONS", "default_loader"]
 
@@ -145,7 +149,10 @@ class ImageFiles(SourceOwner):
     ``loader``: as torchvision's, a callable path -> sample (e.g. a PIL
     image) called with the GIL for each sample, whose result goes through
     ``transform``.  None (or a default loader, see ``default_loader``, with
-    a fastload ``Compose``) decodes in C instead."""
+    a transform that runs in C) decodes in C instead.
+
+    ``transform_plan``: the transform's steps by where they run, as
+    ``(native, python)`` (``fastload._torchvision.TransformPlan``)."""
 
     _sources = ("_source", "_raw")  # they hold per-thread decoders: not pickled
     # True: PNG and WebP files are decoded by Pillow too (with the GIL), as
@@ -192,15 +199,22 @@ class ImageFiles(SourceOwner):
         # recent (index, path, message) records (bounded: jobs run for days).
         self.skipped_count = 0
         self.skipped = collections.deque(maxlen=SKIP_RECORDS)
-        self._plan = transform.plan if isinstance(transform, Compose) else None
         self.loader = loader
+        custom_loader = loader is not None and not _is_default_loader(loader)
+        # A fastload Compose, or the part of a torchvision one that maps
+        # onto it, runs in C; the rest per image in Python.
+        resolved = _torchvision.resolve(transform, loader=custom_loader)
+        if resolved.warning is not None:
+            warnings.warn(resolved.warning, UserWarning, stacklevel=3)
+        self.transform_plan = resolved.plan
+        self._plan = resolved.compose.plan if resolved.compose is not None else None
+        self._python_transform = resolved.python
         # The loader is called unless the C decoder gives what it would: a
-        # default loader's image, seen only by a fastload Compose.
-        native_loader = loader is None or (_is_default_loader(loader) and self._plan is not None)
+        # default loader's image, seen only by a C plan.
+        native_loader = not custom_loader and (loader is None or self._plan is not None)
         self._loader = None if native_loader else loader
-        if self._loader is not None:
-            self._plan = None
-        self._native = self._plan is not None and self._plan.output_shape() is not None
+        self._native = (self._plan is not None and self._plan.output_shape() is not None
+                        and self._python_transform is None)
         self._make_sources()
 
     def _make_sources(self):
@@ -245,8 +259,8 @@ class ImageFiles(SourceOwner):
                 self._record_skips([(index, self.path(index), str(e))])
                 index = (index + 1) % len(self)
         target = int(self._labels[index])
-        if self._plan is None and self.transform is not None:
-            image = self.transform(image)
+        if self._python_transform is not None:
+            image = self._python_transform(image)
         if self.target_transform is not None:
             target = self.target_transform(target)
         return image, target

@@ -19,9 +19,9 @@ and the output is the same for any ``num_workers``.  Called directly on an
 image (an HWC uint8 array, or a PIL image) a transform draws its seed from
 torch's (or NumPy's) global generator, as torchvision's do.
 
-Any other callable given as a dataset's ``transform`` (a torchvision
-transform, a function) is called in the worker, with the GIL, on the image
-decoded in C.
+Any other callable given as a dataset's ``transform`` (a function) is
+called in the worker, with the GIL, on the image decoded in C; torchvision's
+transforms are compiled to these where they map (``fastload._torchvision``).
 """
 
 import numbers

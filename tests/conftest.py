@@ -24,6 +24,21 @@ if _HERE not in sys.path:
 
 
 @pytest.fixture(scope="session")
+def torchvision():
+    """torchvision, imported as benchmarks/torchvision_import.py does (it
+    works with the CPU-only torch); the test is skipped without it."""
+    benchmarks = os.path.join(os.path.dirname(_HERE), "benchmarks")
+    if benchmarks not in sys.path:
+        sys.path.insert(0, benchmarks)
+    from torchvision_import import import_torchvision
+
+    module = import_torchvision()
+    if module is None:
+        pytest.skip("torchvision cannot be imported")
+    return module
+
+
+@pytest.fixture(scope="session")
 def map_dataset_dir(tmp_path_factory):
     """Directory for file-backed datasets (memmap)."""
     return tmp_path_factory.mktemp("fastload_datasets")

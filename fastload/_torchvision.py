@@ -1,0 +1,227 @@
+"""torchvision transforms given to a fastload image dataset, run in C where
+they map exactly onto fastload's own.
+
+``resolve(transform)`` decides where each step of a dataset's ``transform``
+runs.  A torchvision ``Compose`` (v1 or v2) whose every step has a fastload
+equivalent (``_TABLE``) with the same parameters, in an order
+``fastload.transforms.compile_plan`` fuses, becomes a fastload ``Compose``:
+the C plan, no Python per image.  Otherwise the longest leading run of
+geometric steps (crops, resizes, flips) that compiles runs in C on the
+uint8 image, and the steps from the first one that does not map run in
+Python on that result, as a PIL image (what torchvision's ImageFolder hands
+its transform), with the GIL.  A split is exact because the C part ends on
+the RGB uint8 image torchvision's own geometric steps would produce from
+the PIL image (within fastload's resampling tolerance); no colour, dtype or
+tensor step is ever moved to C ahead of a Python one.
+
+torchvision is never imported here: its classes are recognised by class
+name and module, so fastload works without it.
+"""
+
+from typing import NamedTuple
+
+from . import transforms as T
+
+__all__ = ["TransformPlan", "resolve"]
+
+# The Python part is slower per image than the same chain in C by about
+# this factor (benchmarks/images_bench.py, "torchvision classes" rows).
+PYTHON_SLOWDOWN = 3
+
+
+class TransformPlan(NamedTuple):
+    """``dataset.transform_plan``: the dataset's transform steps by where
+    they run.  ``native``: fused into the C plan (no Python per image);
+    ``python``: called in order per image, with the GIL."""
+
+    native: tuple
+    python: tuple
+
+
+def _is_torchvision(obj):
+    module = type(obj).__module__ or ""
+    return module == "torchvision.transforms" or module.startswith("torchvision.transforms.")
+
+
+def _name(obj):
+    return type(obj).__name__
+
+
+# ------------------------------------------------------------- the table
+# Each builder takes the torchvision object and returns the fastload
+# transforms doing the same (an empty list: nothing to do on a decoded RGB
+# image), or None when the parameters have no exact C equivalent.
+
+
+def _interpolation(mode):
+    name = getattr(mode, "value", mode)  # InterpolationMode, or v2's string
+    return name if name in ("nearest", "bilinear", "bicubic") else None
+
+
+def _resampling(t):
+    """(interpolation, antialias) for fastload, or None.  torchvision
+    resamples PIL images with antialiasing whatever ``antialias`` says
+    (and warns when it is False); only the default is compiled."""
+    interpolation = _interpolation(t.interpolation)
+    if interpolation is None or t.antialias is not True:
+        return None
+    return interpolation
+
+
+def _random_resized_crop(t):
+    interpolation = _resampling(t)
+    if interpolation is None:
+        return None
+    return [T.RandomResizedCrop(t.size, scale=t.scale, ratio=t.ratio,
+                                interpolation=interpolation, antialias=True)]
+
+
+def _resize(t):
+    interpolation = _resampling(t)
+    if interpolation is None or t.size is None:  # v2's Resize(None, max_size=...)
+        return None
+    return [T.Resize(t.size, interpolation=interpolation, max_size=t.max_size, antialias=True)]
+
+
+def _is_float32(dtype):
+    return str(dtype) == "torch.float32"  # a torch.dtype; torch is not imported here
+
+
+def _convert_image_dtype(t):
+    return [T.ConvertImageDtype("float32")] if _is_float32(t.dtype) else None
+
+
+def _to_dtype(t):
+    if not _is_float32(t.dtype) or t.scale is not True:  # a dict of dtypes, or unscaled
+        return None
+    return [T.ConvertImageDtype("float32")]
+
+
+_TABLE = {
+    "RandomResizedCrop": _random_resized_crop,
+    "Resize": _resize,
+    "CenterCrop": lambda t: [T.CenterCrop(t.size)],
+    "RandomHorizontalFlip": lambda t: [T.RandomHorizontalFlip(t.p)],
+    "ToTensor": lambda t: [T.ToTensor()],
+    "PILToTensor": lambda t: [T.PILToTensor()],
+    "ToImage": lambda t: [T.PILToTensor()],  # v2: PIL -> uint8 CHW image tensor
+    "ConvertImageDtype": _convert_image_dtype,
+    "ToDtype": _to_dtype,
+    "Normalize": lambda t: [T.Normalize(t.mean, t.std, t.inplace)],
+    "ToPureTensor": lambda t: [],  # v2: unwraps tv_tensors; batches are plain tensors
+    "RGB": lambda t: [],  # decoded images are RGB already
+}
+
+# Steps that may run in C ahead of a Python part: they only move pixels (or
+# do nothing), so their uint8 result is the PIL image torchvision's own
+# steps would hand to the next one.
+_GEOMETRIC = {"RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip", "RGB"}
+
+
+def _fastload_ops(t):
+    """The fastload transforms for torchvision step ``t``, or None."""
+    build = _TABLE.get(_name(t)) if _is_torchvision(t) else None
+    if build is None:
+        return None
+    try:
+        return build(t)
+    except (AttributeError, TypeError, ValueError):
+        # parameters fastload refuses (torchvision raises or warns at call time)
+        return None
+
+
+def _steps(transform):
+    """The steps of a torchvision transform: a Compose's, flattened."""
+    if _name(transform) == "Compose" and isinstance(getattr(transform, "transforms", None),
+                                                    (list, tuple)):
+        steps = []
+        for t in transform.transforms:
+            steps.extend(_steps(t) if _is_torchvision(t) else [t])
+        return steps
+    return [transform]
+
+
+def _compose(steps):
+    """A fastload Compose doing ``steps`` (all mapped), or None if their
+    order does not fuse."""
+    ops = [op for t in steps for op in _fastload_ops(t)]
+    try:
+        return T.Compose(ops)
+    except (TypeError, ValueError):
+        return None
+
+
+class PythonSteps:
+    """The torchvision steps that run per image in Python: called on the
+    HWC uint8 array from C, they see it as a PIL image, as torchvision's
+    ImageFolder gives it; a sample from a ``loader`` is passed unchanged."""
+
+    def __init__(self, steps):
+        self.steps = tuple(steps)
+
+    def __call__(self, image):
+        if type(image).__module__ == "numpy":
+            from PIL import Image
+
+            image = Image.fromarray(image)  # HWC uint8: an RGB image
+        for step in self.steps:
+            image = step(image)
+        return image
+
+    def __repr__(self):
+        return f"PythonSteps({', '.join(_name(t) for t in self.steps)})"
+
+
+def _split(steps):
+    """(C part, Python part) of a chain that does not compile whole: the
+    longest geometric prefix that compiles, or nothing."""
+    for k in range(len(steps), 0, -1):
+        prefix = steps[:k]
+        if all(_name(t) in _GEOMETRIC and _fastload_ops(t) is not None for t in prefix):
+            compose = _compose(prefix)
+            if compose is not None and compose.transforms:
+                return compose, k
+    return None, 0
+
+
+def _warning(steps, k):
+    """The message for a chain of which ``steps[k:]`` run in Python."""
+    unmapped = [t for t in steps[k:] if _fastload_ops(t) is None]
+    names = lambda ts: ", ".join(_name(t) for t in ts)  # noqa: E731
+    why = (f"{names(unmapped)} {'has' if len(unmapped) == 1 else 'have'} no exact C equivalent"
+           if unmapped else "this order of steps does not fuse into one C operation")
+    where = f" (after {names(steps[:k])} in C)" if k else ""
+    return (f"fastload: {why}, so {names(steps[k:])} {'runs' if len(steps) - k == 1 else 'run'} "
+            f"in Python per image{where}, with the GIL: expect ~{PYTHON_SLOWDOWN}x slower than "
+            "the whole chain in C; see README, \"torchvision transforms work as they are\"")
+
+
+class Resolved(NamedTuple):
+    compose: object  # the fastload Compose run in C, or None
+    python: object  # the callable run per image after it, or None
+    plan: TransformPlan
+    warning: str  # or None
+
+
+def resolve(transform, loader=False):
+    """Where ``transform`` runs (see the module docstring).  ``loader``:
+    a Python loader makes the samples, so the transform runs on them as
+    it is."""
+    if transform is None:
+        return Resolved(None, None, TransformPlan((), ()), None)
+    torchvision = _is_torchvision(transform)
+    steps = _steps(transform) if torchvision else [transform]
+    if loader:
+        return Resolved(None, PythonSteps(steps) if torchvision else transform,
+                        TransformPlan((), tuple(steps)), None)
+    if isinstance(transform, T.Compose):
+        return Resolved(transform, None, TransformPlan(tuple(transform.transforms), ()), None)
+    if not torchvision:
+        return Resolved(None, transform, TransformPlan((), (transform,)), None)
+    if all(_fastload_ops(t) is not None for t in steps):
+        compose = _compose(steps)
+        if compose is not None:
+            return Resolved(compose, None, TransformPlan(tuple(steps), ()), None)
+    compose, k = _split(steps)
+    return Resolved(compose, PythonSteps(steps[k:]),
+                    TransformPlan(tuple(steps[:k]), tuple(steps[k:])), _warning(steps, k))
