@@ -666,3 +666,29 @@ int fl_resample(const unsigned char *src, int src_w, int src_h, size_t src_strid
     }
     return FL_OK;
 }
+
+int fl_resample_store(const float *rgb, const fl_resample_target *target,
+                      fl_resample_scratch *scratch)
+{
+    if (!rgb || !scratch || !valid_target(target))
+        return FL_ERR_INVALID;
+    const fl_resample_target *t = target;
+    fl_buf *acc_buf = &scratch->bufs[BUF_ACC];
+    int rc = reserve(acc_buf, sizeof(float) * 4 * (size_t)t->width);
+    if (rc != FL_OK)
+        return rc;
+    float *acc = acc_buf->data;
+    /* Row by row through store_row's RGB0 layout, so each dtype and layout
+     * keeps its one vectorised loop. */
+    for (int y = 0; y < t->height; y++) {
+        const float *row = rgb + (size_t)3 * t->width * y;
+        for (int x = 0; x < t->width; x++) {
+            acc[4 * x + 0] = row[3 * x + 0];
+            acc[4 * x + 1] = row[3 * x + 1];
+            acc[4 * x + 2] = row[3 * x + 2];
+            acc[4 * x + 3] = 0.0f;
+        }
+        store_row(t, y, acc);
+    }
+    return FL_OK;
+}
