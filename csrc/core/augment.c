@@ -131,96 +131,120 @@ void fl_color_draw_for(const fl_color_plan *plan, fl_rng *rng, fl_color_draw *ou
 #define GRAY_G 0.587f
 #define GRAY_B 0.114f
 
+/* gcc if-converts a select between computed floats (and so vectorises the
+ * loop) only when it may evaluate both arms, that is without
+ * -ftrapping-math.  The values are the same either way, and nothing here
+ * reads the floating-point exception flags.  The option covers this whole
+ * section, helpers included: gcc does not inline a function compiled with
+ * other options into these loops. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("no-trapping-math")
+#endif
+
 static inline float clamp255(float v)
 {
     return v < 0.0f ? 0.0f : v > 255.0f ? 255.0f : v;
 }
 
-static inline float gray_of(const float *px)
+static inline float gray_of(float r, float g, float b)
 {
-    return GRAY_R * px[0] + GRAY_G * px[1] + GRAY_B * px[2];
+    return GRAY_R * r + GRAY_G * g + GRAY_B * b;
 }
 
 /* torchvision's _blend: ratio * image + (1 - ratio) * other, clamped. */
-static void blend_constant(float *rgb, size_t n, float ratio, float other)
+static void blend_constant(float *restrict v, size_t count, float ratio, float other)
 {
     float rest = (1.0f - ratio) * other;
-    for (size_t i = 0; i < 3 * n; i++)
-        rgb[i] = clamp255(ratio * rgb[i] + rest);
+    for (size_t i = 0; i < count; i++)
+        v[i] = clamp255(ratio * v[i] + rest);
 }
 
-static void blend_gray(float *rgb, size_t n, float ratio)
+static void blend_gray(float *restrict r, float *restrict g, float *restrict b, size_t n,
+                       float ratio)
 {
     float rest = 1.0f - ratio;
     for (size_t i = 0; i < n; i++) {
-        float *px = rgb + 3 * i;
-        float g = rest * gray_of(px);
-        px[0] = clamp255(ratio * px[0] + g);
-        px[1] = clamp255(ratio * px[1] + g);
-        px[2] = clamp255(ratio * px[2] + g);
+        float gray = rest * gray_of(r[i], g[i], b[i]);
+        r[i] = clamp255(ratio * r[i] + gray);
+        g[i] = clamp255(ratio * g[i] + gray);
+        b[i] = clamp255(ratio * b[i] + gray);
     }
 }
 
-static void to_gray(float *rgb, size_t n)
+static void to_gray(float *restrict r, float *restrict g, float *restrict b, size_t n)
 {
-    for (size_t i = 0; i < n; i++) {
-        float *px = rgb + 3 * i;
-        px[0] = px[1] = px[2] = gray_of(px);
-    }
-}
-
-static float mean_gray(const float *rgb, size_t n)
-{
-    double sum = 0.0;
     for (size_t i = 0; i < n; i++)
-        sum += gray_of(rgb + 3 * i);
+        r[i] = g[i] = b[i] = gray_of(r[i], g[i], b[i]);
+}
+
+/* The mean in double, a row of floats at a time: the sum stays exact
+ * enough for any image size, and the inner loop vectorises. */
+static float mean_gray(const float *r, const float *g, const float *b, size_t n)
+{
+    enum { CHUNK = 256 };
+    double sum = 0.0;
+    for (size_t start = 0; start < n; start += CHUNK) {
+        size_t end = n - start < CHUNK ? n : start + CHUNK;
+        float partial = 0.0f;
+        for (size_t i = start; i < end; i++)
+            partial += gray_of(r[i], g[i], b[i]);
+        sum += partial;
+    }
     return (float)(sum / (double)n);
 }
 
-/* F.adjust_hue for tensors: _rgb2hsv, h shifted modulo 1, _hsv2rgb.  The
+/* One channel of HSV -> RGB in closed form: v - v * s * clamp(min(k, 4 - k),
+ * 0, 1) with k = (n + 6h) mod 6, n = 5, 3, 1 for R, G, B.  It equals the
+ * six-sector table of torchvision's _hsv2rgb (whose clamps never bind for v,
+ * s and f in range) and has no branches. */
+static inline float hsv_channel(float n, float h6, float v, float vs)
+{
+    float k = n + h6; /* in [1, 11] */
+    k -= k >= 6.0f ? 6.0f : 0.0f;
+    float w = k < 4.0f - k ? k : 4.0f - k;
+    w = w < 1.0f ? w : 1.0f;
+    w = w > 0.0f ? w : 0.0f;
+    return v - vs * w;
+}
+
+/* F.adjust_hue for tensors: _rgb2hsv, h shifted modulo 1, back to RGB.  The
  * value channel is in [0, 255] here rather than [0, 1]; hue and saturation
- * are ratios, so only the clamps of _hsv2rgb scale. */
-static void shift_hue(float *rgb, size_t n, float shift)
+ * are ratios, so nothing else scales.  Every candidate is computed and the
+ * right one selected (and there is no fmodf or floorf, library calls without
+ * SSE4.1), so that the loop vectorises. */
+static void shift_hue(float *restrict r, float *restrict g, float *restrict b, size_t n,
+                      float shift)
 {
     for (size_t i = 0; i < n; i++) {
-        float *px = rgb + 3 * i;
-        float r = px[0], g = px[1], b = px[2];
-        float maxc = fmaxf(r, fmaxf(g, b)), minc = fminf(r, fminf(g, b));
-        if (maxc == minc)
-            continue; /* gray: s = 0, every h gives the pixel back */
+        float red = r[i], green = g[i], blue = b[i];
+        float maxc = red > green ? red : green, minc = red < green ? red : green;
+        maxc = maxc > blue ? maxc : blue;
+        minc = minc < blue ? minc : blue;
         float cr = maxc - minc;
-        float s = cr / maxc;
-        float rc = (maxc - r) / cr, gc = (maxc - g) / cr, bc = (maxc - b) / cr;
-        float h;
-        if (maxc == r)
-            h = bc - gc;
-        else if (maxc == g)
-            h = 2.0f + rc - bc;
-        else
-            h = 4.0f + gc - rc;
-        h = fmodf(h / 6.0f + 1.0f, 1.0f);
-        h += shift;
-        h -= floorf(h); /* Python's %: the result takes the divisor's sign */
-        float h6 = h * 6.0f;
-        float sector = floorf(h6);
-        float f = h6 - sector;
-        int k = (int)sector % 6;
-        float v = maxc;
-        float p = clamp255(v * (1.0f - s));
-        float q = clamp255(v * (1.0f - s * f));
-        float t = clamp255(v * (1.0f - s * (1.0f - f)));
-        switch (k) {
-        case 0: px[0] = v, px[1] = t, px[2] = p; break;
-        case 1: px[0] = q, px[1] = v, px[2] = p; break;
-        case 2: px[0] = p, px[1] = v, px[2] = t; break;
-        case 3: px[0] = p, px[1] = q, px[2] = v; break;
-        case 4: px[0] = t, px[1] = p, px[2] = v; break;
-        default: px[0] = v, px[1] = p, px[2] = q; break;
-        }
+        /* A gray pixel (max == min) has s = 0: any h gives it back.  As in
+         * torchvision, its divisors become 1 so nothing divides by zero. */
+        int gray = cr == 0.0f;
+        float s = cr / (gray ? 1.0f : maxc);
+        /* One reciprocal for three divisions, and 1/6 folded in: the hue moves
+         * by a few float ulps, far below what 8 bits can show. */
+        float inv = (1.0f / 6.0f) / (gray ? 1.0f : cr);
+        float rc = (maxc - red) * inv, gc = (maxc - green) * inv, bc = (maxc - blue) * inv;
+        float hr = bc - gc, hg = (2.0f / 6.0f) + rc - bc, hb = (4.0f / 6.0f) + gc - rc;
+        float h = maxc == red ? hr : maxc == green ? hg : hb;
+        h += 1.0f; /* in [5/6, 11/6]: fmod(h, 1) is one subtraction */
+        h -= h >= 1.0f ? 1.0f : 0.0f;
+        h += shift; /* in [-0.5, 1.5): Python's % 1 */
+        h += h < 0.0f ? 1.0f : 0.0f;
+        h -= h >= 1.0f ? 1.0f : 0.0f;
+        float h6 = h * 6.0f, vs = maxc * s;
+        r[i] = hsv_channel(5.0f, h6, maxc, vs);
+        g[i] = hsv_channel(3.0f, h6, maxc, vs);
+        b[i] = hsv_channel(1.0f, h6, maxc, vs);
     }
 }
 
-static void jitter(const fl_color_draw *draw, float *rgb, size_t n)
+static void jitter(const fl_color_draw *draw, float *r, float *g, float *b, size_t n)
 {
     for (int i = 0; i < FL_COLOR_OPS; i++) {
         int op = draw->order[i];
@@ -229,26 +253,31 @@ static void jitter(const fl_color_draw *draw, float *rgb, size_t n)
         float factor = (float)draw->factor[op];
         switch (op) {
         case FL_BRIGHTNESS:
-            blend_constant(rgb, n, factor, 0.0f);
+            blend_constant(r, 3 * n, factor, 0.0f); /* the three planes are contiguous */
             break;
         case FL_CONTRAST:
-            blend_constant(rgb, n, factor, mean_gray(rgb, n));
+            blend_constant(r, 3 * n, factor, mean_gray(r, g, b, n));
             break;
         case FL_SATURATION:
-            blend_gray(rgb, n, factor);
+            blend_gray(r, g, b, n, factor);
             break;
         default:
-            shift_hue(rgb, n, factor);
+            shift_hue(r, g, b, n, factor);
             break;
         }
     }
 }
 
-void fl_color_apply(const fl_color_draw *draw, float *rgb, size_t n)
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
+
+void fl_color_apply(const fl_color_draw *draw, float *planes, size_t n)
 {
+    float *r = planes, *g = planes + n, *b = planes + 2 * n;
     if (draw->gray && draw->gray_first)
-        to_gray(rgb, n);
-    jitter(draw, rgb, n);
+        to_gray(r, g, b, n);
+    jitter(draw, r, g, b, n);
     if (draw->gray && !draw->gray_first)
-        to_gray(rgb, n);
+        to_gray(r, g, b, n);
 }

@@ -7,7 +7,7 @@
  *
  * Colour — ColorJitter's four adjustments and grayscale, with the formulas
  * of torchvision's tensor functions (F.adjust_* on a float image), on the
- * resampled image held as float RGB in [0, 255].
+ * resampled image held as float RGB planes in [0, 255].
  */
 #ifndef FL_AUGMENT_H
 #define FL_AUGMENT_H
@@ -79,9 +79,10 @@ int fl_color_active(const fl_color_plan *plan);
  * from torch's generator; the distributions are the same. */
 void fl_color_draw_for(const fl_color_plan *plan, fl_rng *rng, fl_color_draw *out);
 
-/* Applies a draw to `n` pixels of float RGB (3 floats each, in [0, 255]),
- * in place; values stay in [0, 255].  Contrast needs the mean gray level of
- * the whole image, so each contrast step reads the image twice. */
-void fl_color_apply(const fl_color_draw *draw, float *rgb, size_t n);
+/* Applies a draw to an image of `n` pixels held as three float planes (R,
+ * G, B, n values each, one after the other, in [0, 255]), in place; values
+ * stay in [0, 255].  Contrast needs the mean gray level of the whole image,
+ * so each contrast step reads the image twice. */
+void fl_color_apply(const fl_color_draw *draw, float *planes, size_t n);
 
 #endif /* FL_AUGMENT_H */

@@ -26,7 +26,7 @@ struct fl_image_worker {
     fl_png *png;   /* made on the first PNG */
     fl_webp *webp; /* made on the first WebP */
     fl_resample_scratch *scratch;
-    float *color;       /* the resampled image as float RGB, when colour ops run */
+    float *color;       /* the resampled image as float RGB planes, when colour ops run */
     size_t color_capacity; /* floats */
     unsigned char *buf; /* the last file read */
     size_t capacity;
@@ -325,7 +325,7 @@ static int resample_box(fl_image_worker *w, const fl_image_plan *plan,
         rc = fl_resample(rgb, width, height, stride, bx, by, bw, bh, &target, w->scratch);
     } else {
         /* Colour ops work on the resampled values before conversion: resample
-         * to float RGB in [0, 255], adjust, then convert into dst. */
+         * to float RGB planes in [0, 255], adjust, then convert into dst. */
         size_t pixels = (size_t)g->out_w * (size_t)g->out_h;
         rc = FL_OK;
         if (pixels > w->color_capacity / 3) {
@@ -340,7 +340,7 @@ static int resample_box(fl_image_worker *w, const fl_image_plan *plan,
             }
         }
         fl_resample_target floats = target;
-        floats.layout = FL_LAYOUT_HWC;
+        floats.layout = FL_LAYOUT_CHW;
         floats.dtype = FL_DTYPE_FLOAT32;
         floats.dst = w->color;
         for (int c = 0; c < 3; c++) {
@@ -352,7 +352,7 @@ static int resample_box(fl_image_worker *w, const fl_image_plan *plan,
         if (rc == FL_OK) {
             fl_color_apply(&g->color, w->color, pixels);
             target.flip = 0; /* done by the resampling */
-            rc = fl_resample_store(w->color, &target, w->scratch);
+            rc = fl_resample_store(w->color, &target);
         }
     }
     if (rc != FL_OK)
