@@ -215,6 +215,7 @@ int fl__parse_plan(PyObject *plan, fl_image_plan *out)
         PyErr_SetString(PyExc_ValueError, "malformed transform plan: gray_p");
         return -1;
     }
+    fl_color_plan_from_ranges(&p.color);
     *out = p;
     return 0;
 }

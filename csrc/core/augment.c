@@ -88,15 +88,16 @@ void fl_box_unscale(const fl_box *box, int width, int height, int resized_w, int
 /* The value at which each adjustment leaves the image as it is. */
 static const double IDENTITY[FL_COLOR_OPS] = {1.0, 1.0, 1.0, 0.0};
 
-static int op_on(const fl_color_plan *plan, int op)
+void fl_color_plan_from_ranges(fl_color_plan *plan)
 {
-    return !(plan->lo[op] == IDENTITY[op] && plan->hi[op] == IDENTITY[op]);
+    for (int op = 0; op < FL_COLOR_OPS; op++)
+        plan->on[op] = !(plan->lo[op] == IDENTITY[op] && plan->hi[op] == IDENTITY[op]);
 }
 
 int fl_color_active(const fl_color_plan *plan)
 {
     for (int op = 0; op < FL_COLOR_OPS; op++)
-        if (op_on(plan, op))
+        if (plan->on[op])
             return 1;
     return plan->gray_p > 0.0;
 }
@@ -116,7 +117,7 @@ void fl_color_draw_for(const fl_color_plan *plan, fl_rng *rng, fl_color_draw *ou
         for (int i = 0; i < FL_COLOR_OPS; i++)
             out->order[i] = plan->order[i];
     for (int op = 0; op < FL_COLOR_OPS; op++) {
-        out->on[op] = op_on(plan, op);
+        out->on[op] = plan->on[op];
         out->factor[op] = IDENTITY[op];
         if (out->on[op])
             out->factor[op] = plan->lo[op] + (plan->hi[op] - plan->lo[op]) * fl_rng_uniform(rng);

@@ -52,9 +52,9 @@ enum { FL_BRIGHTNESS = 0, FL_CONTRAST = 1, FL_SATURATION = 2, FL_HUE = 3, FL_COL
 
 /* The colour ops of a chain: ColorJitter's factor ranges and a grayscale. */
 typedef struct fl_color_plan {
-    double lo[FL_COLOR_OPS], hi[FL_COLOR_OPS]; /* factor ranges; an op whose range is its
-                                                  identity (1, 1) or, for hue, (0, 0) is off,
-                                                  as torchvision's None */
+    int on[FL_COLOR_OPS];                      /* 1: the adjustment runs; all 0 (a zeroed
+                                                  plan): no colour ops */
+    double lo[FL_COLOR_OPS], hi[FL_COLOR_OPS]; /* factor ranges of those on */
     int order[FL_COLOR_OPS];                   /* a fixed order (a permutation of 0..3), or
                                                   order[0] < 0: drawn per sample */
     double gray_p;                             /* probability of grayscale; 0: none */
@@ -69,6 +69,10 @@ typedef struct fl_color_draw {
     int gray;                    /* 1: the image becomes grayscale */
     int gray_first;
 } fl_color_draw;
+
+/* Sets plan->on from the ranges: an adjustment whose range is its identity,
+ * (1, 1) or, for hue, (0, 0), is off, as torchvision's None is. */
+void fl_color_plan_from_ranges(fl_color_plan *plan);
 
 /* Nonzero when the plan changes colours at all. */
 int fl_color_active(const fl_color_plan *plan);
