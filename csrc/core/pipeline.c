@@ -351,7 +351,6 @@ static int resample_box(fl_image_worker *w, const fl_image_plan *plan,
             rc = fl_resample(rgb, width, height, stride, bx, by, bw, bh, &floats, w->scratch);
         if (rc == FL_OK) {
             fl_color_apply(&g->color, w->color, pixels);
-            target.flip = 0; /* done by the resampling */
             rc = fl_resample_store(w->color, &target);
         }
     }
