@@ -12,10 +12,20 @@
 #include "core/resample.h"
 #include "core/status.h"
 
+#include <math.h>
 #include <stddef.h>
 
-typedef enum { F_INT, F_BOOL, F_DOUBLE, F_INT_PAIR, F_DOUBLE_PAIR, F_FLOAT3, F_DTYPE, F_LAYOUT }
-    field_kind;
+typedef enum {
+    F_INT,
+    F_BOOL,
+    F_DOUBLE,
+    F_INT_PAIR,
+    F_DOUBLE_PAIR,
+    F_FLOAT3,
+    F_DTYPE,
+    F_LAYOUT,
+    F_ORDER, /* None, or a permutation of 0..3 */
+} field_kind;
 
 typedef struct plan_field {
     const char *name;
@@ -43,6 +53,13 @@ static const plan_field PLAN_FIELDS[] = {
     FIELD("flip_p", F_DOUBLE, flip_p),
     FIELD("dtype", F_DTYPE, dtype),
     FIELD("layout", F_LAYOUT, layout),
+    PAIR("brightness", F_DOUBLE_PAIR, color.lo[FL_BRIGHTNESS], color.hi[FL_BRIGHTNESS]),
+    PAIR("contrast", F_DOUBLE_PAIR, color.lo[FL_CONTRAST], color.hi[FL_CONTRAST]),
+    PAIR("saturation", F_DOUBLE_PAIR, color.lo[FL_SATURATION], color.hi[FL_SATURATION]),
+    PAIR("hue", F_DOUBLE_PAIR, color.lo[FL_HUE], color.hi[FL_HUE]),
+    FIELD("jitter_order", F_ORDER, color.order),
+    FIELD("gray_p", F_DOUBLE, color.gray_p),
+    FIELD("gray_first", F_BOOL, color.gray_first),
     FIELD("mul", F_FLOAT3, mul),
     FIELD("add", F_FLOAT3, add),
 };
@@ -103,7 +120,7 @@ static int read_field(PyObject *value, const plan_field *f, fl_image_plan *p)
     static const char *const dtypes[] = {"uint8", "float32", "float16"}; /* FL_DTYPE_* order */
     static const char *const layouts[] = {"CHW", "HWC"};                 /* FL_LAYOUT_* order */
     char *base = (char *)p;
-    double v[3];
+    double v[3], v4[FL_COLOR_OPS];
     switch (f->kind) {
     case F_INT:
         return as_int(value, (int *)(base + f->offset));
@@ -137,6 +154,25 @@ static int read_field(PyObject *value, const plan_field *f, fl_image_plan *p)
         return read_choice(value, dtypes, 3, (int *)(base + f->offset));
     case F_LAYOUT:
         return read_choice(value, layouts, 2, (int *)(base + f->offset));
+    case F_ORDER: {
+        int *order = (int *)(base + f->offset);
+        if (value == Py_None) {
+            order[0] = -1;
+            return 0;
+        }
+        if (read_numbers(value, FL_COLOR_OPS, 1, v4) < 0)
+            return -1;
+        int seen = 0;
+        for (int i = 0; i < FL_COLOR_OPS; i++) {
+            if (v4[i] < 0 || v4[i] >= FL_COLOR_OPS || (seen & (1 << (int)v4[i]))) {
+                PyErr_SetString(PyExc_ValueError, "not a permutation of 0..3");
+                return -1;
+            }
+            seen |= 1 << (int)v4[i];
+            order[i] = (int)v4[i];
+        }
+        return 0;
+    }
     }
     return -1;
 }
@@ -164,6 +200,22 @@ int fl__parse_plan(PyObject *plan, fl_image_plan *out)
         PyErr_SetString(PyExc_ValueError, "malformed transform plan");
         return -1;
     }
+    /* The C side relies on these ranges (factors >= 0, hue in
+     * [-0.5, 0.5]); the Python classes check them with torchvision's
+     * messages. */
+    for (int op = 0; op < FL_COLOR_OPS; op++) {
+        double lo = p.color.lo[op], hi = p.color.hi[op];
+        double least = op == FL_HUE ? -0.5 : 0.0, most = op == FL_HUE ? 0.5 : HUGE_VAL;
+        if (!(least <= lo && lo <= hi && hi <= most) || !isfinite(hi)) {
+            PyErr_SetString(PyExc_ValueError, "malformed transform plan: colour factor range");
+            return -1;
+        }
+    }
+    if (!(p.color.gray_p >= 0.0 && p.color.gray_p <= 1.0)) {
+        PyErr_SetString(PyExc_ValueError, "malformed transform plan: gray_p");
+        return -1;
+    }
+    fl_color_plan_from_ranges(&p.color);
     *out = p;
     return 0;
 }
@@ -245,4 +297,38 @@ PyObject *fl__transform_image(PyObject *module, PyObject *const *args, Py_ssize_
         return NULL;
     }
     return out;
+}
+
+PyObject *fl__color_draws(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "color_draws(plan, seed, epoch, index) takes 4 arguments");
+        return NULL;
+    }
+    fl_image_plan plan;
+    if (fl__parse_plan(args[0], &plan) < 0)
+        return NULL;
+    fl_sample_key key = {PyLong_AsUnsignedLongLongMask(args[1]),
+                         PyLong_AsUnsignedLongLongMask(args[2]),
+                         PyLong_AsUnsignedLongLongMask(args[3])};
+    if (PyErr_Occurred())
+        return NULL;
+    fl_sample_geometry g;
+    fl_plan_geometry(&plan, &key, 1, 1, &g);
+    const fl_color_draw *d = &g.color;
+    PyObject *factors[FL_COLOR_OPS] = {NULL};
+    PyObject *result = NULL;
+    for (int op = 0; op < FL_COLOR_OPS; op++) {
+        factors[op] = d->on[op] ? PyFloat_FromDouble(d->factor[op]) : Py_NewRef(Py_None);
+        if (!factors[op])
+            goto out;
+    }
+    result = Py_BuildValue("(iiii)(OOOO)O", d->order[0], d->order[1], d->order[2], d->order[3],
+                           factors[0], factors[1], factors[2], factors[3],
+                           d->gray ? Py_True : Py_False);
+out:
+    for (int op = 0; op < FL_COLOR_OPS; op++)
+        Py_XDECREF(factors[op]);
+    return result;
 }

@@ -36,6 +36,10 @@ static PyMethodDef module_methods[] = {
      "transform_image(plan, image, seed, max_pixels, /)\n--\n\n"
      "Runs a compiled transform plan (fastload.transforms) on an HWC uint8 RGB\n"
      "array, its random draws keyed by `seed`; returns a fresh array."},
+    {"color_draws", (PyCFunction)(void (*)(void))fl__color_draws, METH_FASTCALL,
+     "color_draws(plan, seed, epoch, index, /)\n--\n\n"
+     "The colour ops a plan draws for one sample, for tests: (order, factors\n"
+     "(None where off), grayscale)."},
     {"cuda_driver", (PyCFunction)fl__cuda_driver, METH_NOARGS,
      "cuda_driver()\n--\n\n"
      "Loads the CUDA driver once (libcuda.so.1, or $FASTLOAD_LIBCUDA) and\n"

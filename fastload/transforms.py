@@ -10,10 +10,18 @@ The chain must read as torchvision's usual pipelines do::
 
     [RandomResizedCrop | Resize [CenterCrop] | CenterCrop]
     [RandomHorizontalFlip]
+    [ColorJitter] [RandomGrayscale | Grayscale]   (either order; a flip may follow)
     [ToTensor | PILToTensor [ConvertImageDtype]]
     [Normalize]
 
-Randomness (the crop box, the flip) comes from a counter-based generator
+The colour ops act on the resized image, with the formulas of torchvision's
+functions on float tensors (see ``ColorJitter``).  They are fused only
+after the geometry and before the tensor conversion, the usual recipe: in
+any other place they would not commute exactly with the crop and resize, so
+``Compose`` refuses them there (ValueError); a torchvision ``Compose`` with
+them elsewhere runs in Python, per image, as any other callable does.
+
+Randomness (the crop box, the flip, the colour draws) comes from a counter-based generator
 keyed by (seed, epoch, sample index): the loader's generator fixes the seed,
 and the output is the same for any ``num_workers``.  Called directly on an
 image (an HWC uint8 array, or a PIL image) a transform draws its seed from
@@ -34,11 +42,14 @@ from ._torch import torch
 
 __all__ = [
     "CenterCrop",
+    "ColorJitter",
     "Compose",
     "ConvertImageDtype",
     "InterpolationMode",
+    "Grayscale",
     "Normalize",
     "PILToTensor",
+    "RandomGrayscale",
     "RandomHorizontalFlip",
     "RandomResizedCrop",
     "Resize",
@@ -182,6 +193,79 @@ class RandomHorizontalFlip(_Transform):
         return f"RandomHorizontalFlip(p={self.p})"
 
 
+def _jitter_range(value, name, center=1, bound=(0, float("inf")), clip_first_on_zero=True):
+    """torchvision's ColorJitter._check_input: a number v is [center - v,
+    center + v] (clipped at 0 for the factors), a pair is (min, max); the
+    identity range (center, center) is None: the adjustment is off."""
+    if isinstance(value, numbers.Number):
+        if value < 0:
+            raise ValueError(f"If {name} is a single number, it must be non negative.")
+        value = [center - float(value), center + float(value)]
+        if clip_first_on_zero:
+            value[0] = max(value[0], 0.0)
+    elif isinstance(value, (tuple, list)) and len(value) == 2:
+        value = [float(value[0]), float(value[1])]
+    else:
+        raise TypeError(f"{name} should be a single number or a list/tuple with length 2.")
+    if not bound[0] <= value[0] <= value[1] <= bound[1]:
+        raise ValueError(f"{name} values should be between {bound}, but got {value}.")
+    if value[0] == value[1] == center:
+        return None
+    return tuple(value)
+
+
+class ColorJitter(_Transform):
+    """Random brightness, contrast, saturation and hue, as torchvision's:
+    per image, the four adjustments run in a random order, each with a
+    factor drawn uniformly from its range (a number v means
+    [max(0, 1 - v), 1 + v], hue's [-v, v] with v <= 0.5; a pair is (min, max)).
+
+    The formulas are those of torchvision's functions on float tensors
+    (``F.adjust_brightness/contrast/saturation/hue``: blends with black,
+    with the mean gray level, with the grayscale image; a shift of the HSV
+    hue), applied to the resized image before conversion.  On a PIL image
+    torchvision uses Pillow's ImageEnhance instead, rounding to 8 bits
+    after each step; the results differ slightly (docs/design.md)."""
+
+    def __init__(self, brightness=0, contrast=0, saturation=0, hue=0):
+        self.brightness = _jitter_range(brightness, "brightness")
+        self.contrast = _jitter_range(contrast, "contrast")
+        self.saturation = _jitter_range(saturation, "saturation")
+        self.hue = _jitter_range(hue, "hue", center=0, bound=(-0.5, 0.5),
+                                 clip_first_on_zero=False)
+
+    def __repr__(self):
+        return (f"ColorJitter(brightness={self.brightness}, contrast={self.contrast}, "
+                f"saturation={self.saturation}, hue={self.hue})")
+
+
+class RandomGrayscale(_Transform):
+    """Grayscale with probability ``p`` (torchvision's tensor weights
+    0.2989, 0.587, 0.114), kept as 3 equal channels."""
+
+    def __init__(self, p=0.1):
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"RandomGrayscale: p must be in [0, 1], got {p}")
+        self.p = float(p)
+
+    def __repr__(self):
+        return f"RandomGrayscale(p={self.p})"
+
+
+class Grayscale(_Transform):
+    """Grayscale always.  fastload's images keep 3 channels, so only
+    ``num_output_channels=3`` is supported."""
+
+    def __init__(self, num_output_channels=1):
+        if num_output_channels != 3:
+            raise ValueError(f"Grayscale: fastload images have 3 channels; use "
+                             f"num_output_channels=3 (got {num_output_channels!r})")
+        self.num_output_channels = 3
+
+    def __repr__(self):
+        return "Grayscale(num_output_channels=3)"
+
+
 class ToTensor(_Transform):
     """HWC uint8 -> CHW float32 in [0, 1]."""
 
@@ -270,7 +354,12 @@ class Plan:
     part may be absent); ``out_h``/``out_w`` (0: the decoded size, only
     without geometry); ``scale``/``ratio`` (random-resized);
     ``resize``/``resize_hw``/``max_size`` and ``crop_hw`` (the other kind);
-    ``filter``, ``antialias``; ``flip_p``; ``dtype`` ("uint8", "float32",
+    ``filter``, ``antialias``; ``flip_p``; colour ops on the resized image:
+    ``brightness``/``contrast``/``saturation``/``hue`` factor ranges
+    ((1, 1) and, for hue, (0, 0): off), ``jitter_order`` (None: a random
+    order per image; a permutation of 0..3 fixes it, for tests),
+    ``gray_p`` (grayscale probability), ``gray_first`` (grayscale before the
+    jitter); ``dtype`` ("uint8", "float32",
     "float16"); ``layout`` ("CHW", "HWC"); ``mul``/``add``: per channel,
     out = value_0_255 * mul + add; ``tensor_output``: the transform converts to
     a tensor (else the output is an HWC uint8 image, as PIL would hold it).
@@ -288,6 +377,13 @@ class Plan:
         self.filter = _FILTERS[InterpolationMode.BILINEAR]
         self.antialias = True
         self.flip_p = 0.0
+        self.brightness = (1.0, 1.0)
+        self.contrast = (1.0, 1.0)
+        self.saturation = (1.0, 1.0)
+        self.hue = (0.0, 0.0)
+        self.jitter_order = None
+        self.gray_p = 0.0
+        self.gray_first = False
         self.dtype = "uint8"
         self.layout = "HWC"
         self.mul = (1.0, 1.0, 1.0)
@@ -305,16 +401,18 @@ def compile_plan(transforms, channels_last=False):
     """Checks the chain's order and folds it into a Plan; ValueError says
     which transform is out of place."""
     plan = Plan()
-    stage = 0  # 0 geometry, 1 flip, 2 tensor conversion, 3 dtype, 4 normalize
+    stage = 0  # 0 geometry, 1 flip, 2 colour, 3 tensor conversion, 4 dtype, 5 normalize
 
     def out_of_place(t):
         raise ValueError(
             f"fastload.transforms.Compose cannot fuse {t!r} here: the order must be "
             "[RandomResizedCrop | Resize [CenterCrop] | CenterCrop], [RandomHorizontalFlip], "
+            "[ColorJitter] [RandomGrayscale | Grayscale] (either order), "
             "[ToTensor | PILToTensor [ConvertImageDtype]], [Normalize]")
 
     dtype = "uint8"
     normalize = None
+    jitter = gray = None
     for t in transforms:
         if isinstance(t, _GEOMETRY):
             if stage > 0:
@@ -343,32 +441,50 @@ def compile_plan(transforms, channels_last=False):
                 plan.crop_hw = t.size
                 plan.out_h, plan.out_w = t.size
         elif isinstance(t, RandomHorizontalFlip):
-            if stage > 1 or plan.flip_p:
+            # A flip commutes exactly with the colour ops: it may follow them.
+            if stage > 2 or plan.flip_p:
                 out_of_place(t)
             plan.flip_p = t.p
-            stage = 1
+            stage = max(stage, 1)
+        elif isinstance(t, ColorJitter):
+            if stage > 2 or jitter is not None:
+                out_of_place(t)
+            jitter = t
+            stage = 2
+        elif isinstance(t, (RandomGrayscale, Grayscale)):
+            if stage > 2 or gray is not None:
+                out_of_place(t)
+            gray = t
+            plan.gray_p = t.p if isinstance(t, RandomGrayscale) else 1.0
+            plan.gray_first = jitter is None
+            stage = 2
         elif isinstance(t, (ToTensor, PILToTensor)):
-            if stage >= 2:
+            if stage >= 3:
                 out_of_place(t)
             dtype = "float32" if isinstance(t, ToTensor) else "uint8"
             plan.tensor_output = True
-            stage = 2
+            stage = 3
         elif isinstance(t, ConvertImageDtype):
-            if stage != 2:
+            if stage != 3:
                 out_of_place(t)
             if t.dtype != "uint8":
                 dtype = t.dtype
-            stage = 3
+            stage = 4
         elif isinstance(t, Normalize):
-            if stage not in (2, 3) or dtype == "uint8":
+            if stage not in (3, 4) or dtype == "uint8":
                 raise ValueError("Normalize needs a float image: put ToTensor (or PILToTensor "
                                  "and ConvertImageDtype) before it")
             normalize = t
-            stage = 4
+            stage = 5
         else:
             raise TypeError(
                 f"{type(t).__name__} is not a fastload transform; give the dataset a plain "
                 "callable instead (it then runs in Python on the decoded image)")
+    if jitter is not None:
+        plan.brightness = jitter.brightness or plan.brightness
+        plan.contrast = jitter.contrast or plan.contrast
+        plan.saturation = jitter.saturation or plan.saturation
+        plan.hue = jitter.hue or plan.hue
     if plan.crop == 2 and plan.resize and not plan.crop_hw[0]:
         plan.out_h = plan.out_w = 0  # Resize(int) alone: the size depends on the image
     plan.dtype = dtype

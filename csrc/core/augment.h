@@ -1,14 +1,20 @@
-/* fastload core: where to crop — torchvision's geometric rules as boxes in
- * source-image pixels, so that decode can read only the box and resample it
- * straight to the output size.
+/* fastload core: augmentation.
  *
- * Boxes are doubles: Resize followed by CenterCrop is one box in the source
- * whose edges need not fall on pixel boundaries.
+ * Where to crop — torchvision's geometric rules as boxes in source-image
+ * pixels, so that decode can read only the box and resample it straight to
+ * the output size.  Boxes are doubles: Resize followed by CenterCrop is one
+ * box in the source whose edges need not fall on pixel boundaries.
+ *
+ * Colour — ColorJitter's four adjustments and grayscale, with the formulas
+ * of torchvision's tensor functions (F.adjust_* on a float image), on the
+ * resampled image held as float RGB planes in [0, 255].
  */
 #ifndef FL_AUGMENT_H
 #define FL_AUGMENT_H
 
 #include "rng.h"
+
+#include <stddef.h>
 
 typedef struct fl_box {
     double x, y, w, h; /* left, top, width, height in source pixels */
@@ -38,5 +44,49 @@ void fl_center_crop(int width, int height, int crop_w, int crop_h, fl_box *out);
  * pixels) covers, mapped back to the width x height source. */
 void fl_box_unscale(const fl_box *box, int width, int height, int resized_w, int resized_h,
                     fl_box *out);
+
+/* ------------------------------------------------------------------ colour */
+
+/* ColorJitter's adjustments, in torchvision's numbering (fn_idx). */
+enum { FL_BRIGHTNESS = 0, FL_CONTRAST = 1, FL_SATURATION = 2, FL_HUE = 3, FL_COLOR_OPS = 4 };
+
+/* The colour ops of a chain: ColorJitter's factor ranges and a grayscale. */
+typedef struct fl_color_plan {
+    int on[FL_COLOR_OPS];                      /* 1: the adjustment runs; all 0 (a zeroed
+                                                  plan): no colour ops */
+    double lo[FL_COLOR_OPS], hi[FL_COLOR_OPS]; /* factor ranges of those on */
+    int order[FL_COLOR_OPS];                   /* a fixed order (a permutation of 0..3), or
+                                                  order[0] < 0: drawn per sample */
+    double gray_p;                             /* probability of grayscale; 0: none */
+    int gray_first;                            /* 1: grayscale comes before the jitter */
+} fl_color_plan;
+
+/* What one sample gets. */
+typedef struct fl_color_draw {
+    int order[FL_COLOR_OPS];     /* the order the adjustments run in */
+    int on[FL_COLOR_OPS];        /* 1: the adjustment runs */
+    double factor[FL_COLOR_OPS]; /* its factor, uniform in [lo, hi] */
+    int gray;                    /* 1: the image becomes grayscale */
+    int gray_first;
+} fl_color_draw;
+
+/* Sets plan->on from the ranges: an adjustment whose range is its identity,
+ * (1, 1) or, for hue, (0, 0), is off, as torchvision's None is. */
+void fl_color_plan_from_ranges(fl_color_plan *plan);
+
+/* Nonzero when the plan changes colours at all. */
+int fl_color_active(const fl_color_plan *plan);
+
+/* ColorJitter.get_params and RandomGrayscale's coin, drawn from `rng`: a
+ * uniform permutation of the four adjustments, a uniform factor for each
+ * that is on, then grayscale with probability gray_p.  The numbers differ
+ * from torch's generator; the distributions are the same. */
+void fl_color_draw_for(const fl_color_plan *plan, fl_rng *rng, fl_color_draw *out);
+
+/* Applies a draw to an image of `n` pixels held as three float planes (R,
+ * G, B, n values each, one after the other, in [0, 255]), in place; values
+ * stay in [0, 255].  Contrast needs the mean gray level of the whole image,
+ * so each contrast step reads the image twice. */
+void fl_color_apply(const fl_color_draw *draw, float *planes, size_t n);
 
 #endif /* FL_AUGMENT_H */

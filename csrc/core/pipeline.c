@@ -26,6 +26,8 @@ struct fl_image_worker {
     fl_png *png;   /* made on the first PNG */
     fl_webp *webp; /* made on the first WebP */
     fl_resample_scratch *scratch;
+    float *color;       /* the resampled image as float RGB planes, when colour ops run */
+    size_t color_capacity; /* floats */
     unsigned char *buf; /* the last file read */
     size_t capacity;
 };
@@ -45,6 +47,7 @@ static void worker_free(void *p)
     fl_png_free(w->png);
     fl_webp_free(w->webp);
     fl_resample_scratch_free(w->scratch);
+    free(w->color);
     free(w->buf);
     free(w);
 }
@@ -252,6 +255,11 @@ void fl_plan_geometry(const fl_image_plan *plan, const fl_sample_key *key, int w
         out->hard_crop = plan->resize == 0 && plan->resize_w == 0;
     }
     out->flip = plan->flip_p > 0 && fl_rng_uniform(&rng) < plan->flip_p;
+    if (fl_color_active(&plan->color)) {
+        fl_rng color_rng;
+        fl_rng_init_stream(&color_rng, key->seed, key->epoch, key->index, FL_STREAM_COLOR);
+        fl_color_draw_for(&plan->color, &color_rng, &out->color);
+    }
     if (!plan->exact && plan->filter != FL_FILTER_NEAREST)
         out->scale_denom = fl_jpeg_pick_scale((int)out->box.w, (int)out->box.h, out->out_w,
                                               out->out_h);
@@ -312,7 +320,40 @@ static int resample_box(fl_image_worker *w, const fl_image_plan *plan,
         target.scale[c] = plan->mul[c];
         target.offset[c] = plan->add[c];
     }
-    int rc = fl_resample(rgb, width, height, stride, bx, by, bw, bh, &target, w->scratch);
+    int rc;
+    if (!fl_color_active(&plan->color)) {
+        rc = fl_resample(rgb, width, height, stride, bx, by, bw, bh, &target, w->scratch);
+    } else {
+        /* Colour ops work on the resampled values before conversion: resample
+         * to float RGB planes in [0, 255], adjust, then convert into dst. */
+        size_t pixels = (size_t)g->out_w * (size_t)g->out_h;
+        rc = FL_OK;
+        if (pixels > w->color_capacity / 3) {
+            float *grown = pixels > SIZE_MAX / (3 * sizeof(float))
+                               ? NULL
+                               : realloc(w->color, 3 * pixels * sizeof(float));
+            if (grown) {
+                w->color = grown;
+                w->color_capacity = 3 * pixels;
+            } else {
+                rc = FL_ERR_NOMEM;
+            }
+        }
+        fl_resample_target floats = target;
+        floats.layout = FL_LAYOUT_CHW;
+        floats.dtype = FL_DTYPE_FLOAT32;
+        floats.dst = w->color;
+        for (int c = 0; c < 3; c++) {
+            floats.scale[c] = 1.0f;
+            floats.offset[c] = 0.0f;
+        }
+        if (rc == FL_OK)
+            rc = fl_resample(rgb, width, height, stride, bx, by, bw, bh, &floats, w->scratch);
+        if (rc == FL_OK) {
+            fl_color_apply(&g->color, w->color, pixels);
+            rc = fl_resample_store(w->color, &target);
+        }
+    }
     if (rc != FL_OK)
         snprintf(msg, msg_size, "resampling failed: %s", fl_status_str(rc));
     return rc;

@@ -3,7 +3,8 @@
  * read the file → pick the crop box (the plan's rules, counter-based
  * draws) → decode only the box, DCT-scaled when the output is much smaller
  * (a JPEG; a PNG or WebP is decoded whole) → resample, flip, convert and
- * normalise into the sample's row.  Each
+ * normalise into the sample's row — through a float image, adjusted in colour,
+ * when the plan has colour ops.  Each
  * thread keeps its own decoder, resampling scratch and read buffer
  * (fl_image_worker), so samples run in parallel with no shared state.
  */
@@ -30,6 +31,7 @@ typedef struct fl_image_plan {
     int filter, antialias;      /* FL_FILTER_*, and Pillow's antialiasing */
     double flip_p;              /* probability of a horizontal flip */
     int dtype, layout;          /* FL_DTYPE_*, FL_LAYOUT_* */
+    fl_color_plan color;        /* colour ops on the resampled image, before mul/add */
     float mul[3], add[3];       /* per channel: out = value_0_255 * mul + add */
     int exact;                  /* 1: never DCT-scale (decode="exact") */
     uint64_t max_pixels;        /* larger images are refused */
@@ -48,6 +50,7 @@ typedef struct fl_sample_geometry {
     int out_w, out_h;
     int flip;
     int scale_denom;            /* DCT scaling used */
+    fl_color_draw color;        /* the colour ops drawn (when the plan has any) */
 } fl_sample_geometry;
 
 typedef struct fl_image_worker fl_image_worker;
@@ -86,7 +89,8 @@ typedef enum fl_image_format {
 /* The format of a file by its first bytes (magic numbers, not the name). */
 fl_image_format fl_image_format_of(const unsigned char *data, size_t size);
 
-/* Decides the geometry for an image of width x height. */
+/* Decides the geometry for an image of width x height, and draws the colour
+ * ops (from their own stream: the geometry's draws do not depend on them). */
 void fl_plan_geometry(const fl_image_plan *plan, const fl_sample_key *key, int width, int height,
                       fl_sample_geometry *out);
 

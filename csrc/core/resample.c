@@ -446,9 +446,11 @@ unsigned short fl_float_to_half(float value)
     return to_half(value);
 }
 
-/* Writes output row y from acc (width RGB0 pixels).  One loop per dtype and
- * layout so that each vectorises on its own. */
-static void store_row(const fl_resample_target *t, int y, const float *restrict a)
+/* Writes output row y from three channels of `width` values, element x of
+ * channel c at c_x[step * x].  One loop per dtype and layout so that each
+ * vectorises on its own; inlined for each constant step. */
+static inline void store_channels(const fl_resample_target *t, int y, const float *restrict a0,
+                                  const float *restrict a1, const float *restrict a2, int step)
 {
     int n = t->width;
     size_t plane = (size_t)t->width * t->height;
@@ -462,18 +464,18 @@ static void store_row(const fl_resample_target *t, int y, const float *restrict 
         float *restrict d1 = d0 + plane;
         float *restrict d2 = d1 + plane;
         for (int x = 0; x < n; x++) {
-            d0[x] = clip255(a[4 * x + 0]) * s0 + o0;
-            d1[x] = clip255(a[4 * x + 1]) * s1 + o1;
-            d2[x] = clip255(a[4 * x + 2]) * s2 + o2;
+            d0[x] = clip255(a0[step * x]) * s0 + o0;
+            d1[x] = clip255(a1[step * x]) * s1 + o1;
+            d2[x] = clip255(a2[step * x]) * s2 + o2;
         }
         break;
     }
     case FL_DTYPE_FLOAT32 * 2 + FL_LAYOUT_HWC: {
         float *restrict d = (float *)t->dst + 3 * row;
         for (int x = 0; x < n; x++) {
-            d[3 * x + 0] = clip255(a[4 * x + 0]) * s0 + o0;
-            d[3 * x + 1] = clip255(a[4 * x + 1]) * s1 + o1;
-            d[3 * x + 2] = clip255(a[4 * x + 2]) * s2 + o2;
+            d[3 * x + 0] = clip255(a0[step * x]) * s0 + o0;
+            d[3 * x + 1] = clip255(a1[step * x]) * s1 + o1;
+            d[3 * x + 2] = clip255(a2[step * x]) * s2 + o2;
         }
         break;
     }
@@ -482,18 +484,18 @@ static void store_row(const fl_resample_target *t, int y, const float *restrict 
         unsigned char *restrict d1 = d0 + plane;
         unsigned char *restrict d2 = d1 + plane;
         for (int x = 0; x < n; x++) {
-            d0[x] = to_byte(clip255(a[4 * x + 0]) * s0 + o0);
-            d1[x] = to_byte(clip255(a[4 * x + 1]) * s1 + o1);
-            d2[x] = to_byte(clip255(a[4 * x + 2]) * s2 + o2);
+            d0[x] = to_byte(clip255(a0[step * x]) * s0 + o0);
+            d1[x] = to_byte(clip255(a1[step * x]) * s1 + o1);
+            d2[x] = to_byte(clip255(a2[step * x]) * s2 + o2);
         }
         break;
     }
     case FL_DTYPE_UINT8 * 2 + FL_LAYOUT_HWC: {
         unsigned char *restrict d = (unsigned char *)t->dst + 3 * row;
         for (int x = 0; x < n; x++) {
-            d[3 * x + 0] = to_byte(clip255(a[4 * x + 0]) * s0 + o0);
-            d[3 * x + 1] = to_byte(clip255(a[4 * x + 1]) * s1 + o1);
-            d[3 * x + 2] = to_byte(clip255(a[4 * x + 2]) * s2 + o2);
+            d[3 * x + 0] = to_byte(clip255(a0[step * x]) * s0 + o0);
+            d[3 * x + 1] = to_byte(clip255(a1[step * x]) * s1 + o1);
+            d[3 * x + 2] = to_byte(clip255(a2[step * x]) * s2 + o2);
         }
         break;
     }
@@ -502,22 +504,28 @@ static void store_row(const fl_resample_target *t, int y, const float *restrict 
         uint16_t *restrict d1 = d0 + plane;
         uint16_t *restrict d2 = d1 + plane;
         for (int x = 0; x < n; x++) {
-            d0[x] = to_half(clip255(a[4 * x + 0]) * s0 + o0);
-            d1[x] = to_half(clip255(a[4 * x + 1]) * s1 + o1);
-            d2[x] = to_half(clip255(a[4 * x + 2]) * s2 + o2);
+            d0[x] = to_half(clip255(a0[step * x]) * s0 + o0);
+            d1[x] = to_half(clip255(a1[step * x]) * s1 + o1);
+            d2[x] = to_half(clip255(a2[step * x]) * s2 + o2);
         }
         break;
     }
     default: { /* FL_DTYPE_FLOAT16, FL_LAYOUT_HWC */
         uint16_t *restrict d = (uint16_t *)t->dst + 3 * row;
         for (int x = 0; x < n; x++) {
-            d[3 * x + 0] = to_half(clip255(a[4 * x + 0]) * s0 + o0);
-            d[3 * x + 1] = to_half(clip255(a[4 * x + 1]) * s1 + o1);
-            d[3 * x + 2] = to_half(clip255(a[4 * x + 2]) * s2 + o2);
+            d[3 * x + 0] = to_half(clip255(a0[step * x]) * s0 + o0);
+            d[3 * x + 1] = to_half(clip255(a1[step * x]) * s1 + o1);
+            d[3 * x + 2] = to_half(clip255(a2[step * x]) * s2 + o2);
         }
         break;
     }
     }
+}
+
+/* Output row y from acc (width RGB0 pixels). */
+static void store_row(const fl_resample_target *t, int y, const float *acc)
+{
+    store_channels(t, y, acc, acc + 1, acc + 2, 4);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -663,6 +671,19 @@ int fl_resample(const unsigned char *src, int src_w, int src_h, size_t src_strid
             rows[j] = ring + (size_t)((top + j) % taps_y) * ring_row;
         filter_column(rows, yw + (size_t)y * taps_y, taps_y, (int)ring_row, acc);
         store_row(t, y, acc);
+    }
+    return FL_OK;
+}
+
+int fl_resample_store(const float *planes, const fl_resample_target *target)
+{
+    if (!planes || !valid_target(target))
+        return FL_ERR_INVALID;
+    const fl_resample_target *t = target;
+    size_t plane = (size_t)t->width * t->height;
+    for (int y = 0; y < t->height; y++) {
+        const float *r = planes + (size_t)t->width * y;
+        store_channels(t, y, r, r + plane, r + 2 * plane, 1);
     }
     return FL_OK;
 }

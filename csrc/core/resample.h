@@ -63,6 +63,13 @@ int fl_resample(const unsigned char *src, int src_w, int src_h, size_t src_strid
                 double box_x, double box_y, double box_w, double box_h,
                 const fl_resample_target *target, fl_resample_scratch *scratch);
 
+/* Converts an image already resampled to target's size — three float
+ * planes (R, G, B) of width * height values in [0, 255] (others are
+ * clipped) — into target: scale, offset, dtype and layout as fl_resample
+ * applies them; filter, antialias and flip are ignored.  Returns FL_OK, or
+ * FL_ERR_INVALID (a bad argument: nothing is written). */
+int fl_resample_store(const float *planes, const fl_resample_target *target);
+
 /* float32 to IEEE binary16 bits, round to nearest even; NaN stays NaN and
  * overflow becomes infinity.  Exposed for tests. */
 unsigned short fl_float_to_half(float value);

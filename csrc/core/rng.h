@@ -32,6 +32,19 @@ static inline void fl_rng_init(fl_rng *rng, uint64_t seed, uint64_t epoch, uint6
     rng->counter = 0;
 }
 
+/* Stream ids: independent sequences for one key, so that adding draws to
+ * one kind of augmentation leaves the others' numbers unchanged. */
+enum { FL_STREAM_GEOMETRY = 0, FL_STREAM_COLOR = 1 };
+
+/* The generator of `stream` for the key; stream 0 is fl_rng_init's. */
+static inline void fl_rng_init_stream(fl_rng *rng, uint64_t seed, uint64_t epoch, uint64_t index,
+                                      uint64_t stream)
+{
+    fl_rng_init(rng, seed, epoch, index);
+    if (stream != FL_STREAM_GEOMETRY)
+        rng->key = fl__mix64(rng->key ^ fl__mix64(~stream));
+}
+
 static inline uint64_t fl_rng_next(fl_rng *rng)
 {
     return fl__mix64(rng->key ^ fl__mix64(rng->counter++));

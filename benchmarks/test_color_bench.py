@@ -1,0 +1,26 @@
+"""A smoke run of color_bench.py on a small folder: every loader delivers
+checked batches.  The numbers come from ``python benchmarks/color_bench.py``."""
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("PIL")
+
+import color_bench  # noqa: E402
+import imagenet_like  # noqa: E402
+import pil_pipeline  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench-colour")
+    return imagenet_like.make_image_folder(str(root), n_images=color_bench.BATCH + 5,
+                                           n_classes=2, processes=1)
+
+
+def test_every_loader_delivers_checked_batches(folder):
+    tv = pil_pipeline.torchvision_or_none()
+    if tv is None:
+        pytest.skip("torchvision is not importable")
+    for name, loader in color_bench.make_loaders(folder, 0, tv).items():
+        assert color_bench.epoch(loader) > 0, name
