@@ -40,6 +40,10 @@ _SATURATED = 0.80
 _GIL_BOUND = 0.30
 # Workers using a CPU less than this share of their busy time mostly wait.
 _MOSTLY_WAITING = 0.50
+# Thread workers running Python that use about one CPU together (this range),
+# each computing less than this share of its busy time, take turns with the GIL.
+_ONE_CPU = (0.6, 1.4)
+_TAKING_TURNS = 0.75
 # Threads waiting for a CPU more than this share of the time: the machine is
 # oversubscribed, and a waiting worker waits for a CPU, not for I/O.
 _CONTENDED = 0.50
@@ -185,6 +189,10 @@ class LoaderStats:
         if self.gil_fraction > _GIL_BOUND:
             return (f"thread workers wait for the GIL {self.gil_fraction:.0%} of their busy time: "
                     "worker_mode='process' would help")
+        together = self._python_threads_in_turn()
+        if together is not None:
+            return (f"the thread workers run Python one at a time (the GIL): busy, they used "
+                    f"{together:.1f} CPUs together: worker_mode='process' would help")
         if self.busy_fraction >= _SATURATED:
             if self.cpu_fraction < _MOSTLY_WAITING:
                 contention = self._contention
@@ -204,6 +212,22 @@ class LoaderStats:
                     "images or a cache would help")
         return (f"the workers are idle {1 - self.busy_fraction:.0%} of the time while the loop "
                 "waits: a larger prefetch_factor would help")
+
+    def _python_threads_in_turn(self):
+        """The CPUs thread workers running Python used together while the
+        busiest was busy, when that says they took turns with the GIL (about
+        one CPU between them, each busy but computing part of the time; a
+        wait inside Python code is not timed as a GIL wait); else None."""
+        if (self.worker_mode != "thread" or self.stages["dataset"]["calls"] == 0
+                or len(self.workers) < 2 or self.cpus < 2):
+            return None
+        busiest = max(w["busy_s"] for w in self.workers)
+        if busiest <= 0:
+            return None
+        together = sum(w["cpu_s"] for w in self.workers) / busiest
+        if _ONE_CPU[0] <= together <= _ONE_CPU[1] and self.cpu_fraction < _TAKING_TURNS:
+            return together
+        return None
 
     # -- output -----------------------------------------------------------------
 

@@ -227,6 +227,12 @@ def test_verdicts():
     assert "decode is 71% of worker time" in v and v.endswith("more workers would help")
     assert verdict(4, busy, cpus=2).endswith("a cache would help")
     assert "worker_mode='process'" in verdict(4, [(9, 1, 5, 4)] * 2)
+    # Python on two thread workers: each busy, each computing half the time.
+    taking_turns = verdict(4, [(9.5, 0.5, 0.2, 4.8)] * 2, {"dataset": 17})
+    assert "run Python one at a time (the GIL)" in taking_turns, taking_turns
+    assert "1.0 CPUs together" in taking_turns
+    # Sleeping or reading: busy, hardly computing; not the GIL.
+    assert "the GIL" not in verdict(4, [(9.5, 0.5, 0, 0.2)] * 2, {"dataset": 17})
     assert "even beyond the core count" in verdict(4, [(9.5, 0.5, 0, 1)] * 2, cpus=2)
     assert "oversubscribed" in verdict(4, [(9.5, 0.5, 0, 1)] * 2, contention=0.9)
     assert "larger prefetch_factor" in verdict(4, [(3, 7, 0, 3)] * 2)
