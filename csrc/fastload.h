@@ -293,8 +293,8 @@ struct fl_stats;
 extern PyType_Spec fl__Timers_spec;
 struct fl_stats *fl__stats_of(PyObject *loader_stats); /* borrowed */
 PyObject *fl__stage_begin(PyObject *module, PyObject *stage);
-PyObject *fl__stage_next(PyObject *module, PyObject *stage);
-PyObject *fl__stage_end(PyObject *module, PyObject *unused);
+PyObject *fl__stage_switch(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fl__stage_end(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fl__clock_ns(PyObject *module, PyObject *unused);
 PyObject *fl__trace_start(PyObject *module, PyObject *capacity);
 PyObject *fl__trace_take(PyObject *module, PyObject *max);

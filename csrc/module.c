@@ -65,12 +65,15 @@ static PyMethodDef module_methods[] = {
      "another process can go)."},
     {"stage_begin", (PyCFunction)fl__stage_begin, METH_O,
      "stage_begin(stage, /)\n--\n\n"
-     "Python code on this thread starts stage `stage` (an index into STAGES),\n"
-     "timed into the thread's Timers row if one is bound (else nothing)."},
-    {"stage_next", (PyCFunction)fl__stage_next, METH_O,
-     "stage_next(stage, /)\n--\n\nEnds the open stage and starts `stage`."},
-    {"stage_end", (PyCFunction)fl__stage_end, METH_NOARGS,
-     "stage_end()\n--\n\nEnds the open stage, if any."},
+     "Python code on this thread starts stage `stage` (an index into STAGES);\n"
+     "returns the token stage_end() takes (0: nothing timed, no row bound)."},
+    {"stage_switch", (PyCFunction)(void (*)(void))fl__stage_switch, METH_FASTCALL,
+     "stage_switch(ended, token, next, /)\n--\n\n"
+     "stage_end(ended, token), then stage_begin(next): its token."},
+    {"stage_end", (PyCFunction)(void (*)(void))fl__stage_end, METH_FASTCALL,
+     "stage_end(stage, token, /)\n--\n\n"
+     "Ends a stage begun with `token`, timed into the row bound to the thread\n"
+     "now, if any."},
     {"clock_ns", (PyCFunction)fl__clock_ns, METH_NOARGS,
      "clock_ns()\n--\n\nThe clock of every timer and trace event (monotonic ns)."},
     {"trace_start", (PyCFunction)fl__trace_start, METH_O,

@@ -276,12 +276,22 @@ static PyObject *Timers_add_stage(TimersObject *self, PyObject *const *args, Py_
     Py_RETURN_NONE;
 }
 
+/* Bindings made from Python nest (a loader iterated inside another's
+ * dataset): each bind saves the one it replaces, each unbind restores it. */
+#define MAX_NESTED_BINDS 16
+static _Thread_local fl_stats_row *replaced[MAX_NESTED_BINDS];
+static _Thread_local int nested;
+
 static PyObject *Timers_bind(TimersObject *self, PyObject *arg)
 {
     int r;
     if (row_index(self, arg, &r) < 0)
         return NULL;
-    fl_stats_bind(&self->stats->rows[r]);
+    if (nested == MAX_NESTED_BINDS) {
+        PyErr_SetString(PyExc_RuntimeError, "Timers.bind: loaders nested too deeply");
+        return NULL;
+    }
+    replaced[nested++] = fl_stats_bind(&self->stats->rows[r]);
     Py_RETURN_NONE;
 }
 
@@ -289,7 +299,7 @@ static PyObject *Timers_unbind(TimersObject *self, PyObject *unused)
 {
     (void)self;
     (void)unused;
-    fl_stats_bind(NULL);
+    fl_stats_bind(nested > 0 ? replaced[--nested] : NULL);
     Py_RETURN_NONE;
 }
 
@@ -330,9 +340,9 @@ static PyMethodDef Timers_methods[] = {
     {"bind", (PyCFunction)Timers_bind, METH_O,
      "bind(row, /)\n--\n\n"
      "The calling thread's work is timed into row `row` until unbind(); the\n"
-     "caller keeps this object alive until then."},
+     "caller keeps this object alive until then.  Binds nest."},
     {"unbind", (PyCFunction)Timers_unbind, METH_NOARGS,
-     "unbind()\n--\n\nThe calling thread records nothing any more."},
+     "unbind()\n--\n\nRestores the binding the last bind() replaced."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -360,42 +370,81 @@ PyType_Spec fl__Timers_spec = {
     .slots = Timers_slots,
 };
 
-/* ------------------------------------------- stages run by Python code */
+/* ------------------------------------------- stages run by Python code
+ *
+ * Python code may run anything between the start and the end of a stage
+ * (a dataset that iterates another loader, whose timers come and go), so
+ * nothing is kept across them but a token: the start time, and whether an
+ * NVTX range was pushed.  The end goes to the row bound to the thread then. */
 
-/* Each thread's clock for the stages Python code runs (a dataset's
- * __getitem__, a collate_fn); C stages have clocks of their own. */
-static _Thread_local fl_stage_clock python_clock = {.stage = -1};
+static int stage_of(PyObject *arg, fl_stage *out)
+{
+    return stage_arg(arg, out);
+}
+
+/* Token: start_ns * 2 + pushed; 0 when nothing is timed. */
+static PyObject *stage_start(fl_stage stage)
+{
+    if (!fl_stats_current())
+        return PyLong_FromLong(0);
+    int pushed = fl_nvtx_on();
+    if (pushed)
+        fl_stats_nvtx_push(stage);
+    return PyLong_FromUnsignedLongLong((fl_stats_now() << 1) | (uint64_t)pushed);
+}
+
+static int stage_finish(fl_stage stage, PyObject *token_obj)
+{
+    unsigned long long token = PyLong_AsUnsignedLongLong(token_obj);
+    if (token == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    if (token == 0)
+        return 0;
+    uint64_t start = token >> 1, now = fl_stats_now();
+    fl_stats_row *row = fl_stats_current();
+    if (row && now >= start) {
+        fl_stats_add_stage(row, stage, now - start);
+        fl_trace_record((int)stage, start, now);
+    }
+    if (token & 1)
+        fl_nvtx_pop();
+    return 0;
+}
 
 PyObject *fl__stage_begin(PyObject *module, PyObject *arg)
 {
     (void)module;
     fl_stage stage;
-    if (stage_arg(arg, &stage) < 0)
+    if (stage_of(arg, &stage) < 0)
         return NULL;
-    /* A stage left open (an exception between two calls) is dropped
-     * unrecorded: its row may belong to timers gone since. */
-    if (python_clock.stage >= 0 && python_clock.pushed)
-        fl_nvtx_pop();
-    fl_stage_begin(&python_clock, stage);
-    Py_RETURN_NONE;
+    return stage_start(stage);
 }
 
-PyObject *fl__stage_next(PyObject *module, PyObject *arg)
+PyObject *fl__stage_end(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
     fl_stage stage;
-    if (stage_arg(arg, &stage) < 0)
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "stage_end(stage, token) takes 2 arguments");
         return NULL;
-    fl_stage_next(&python_clock, stage);
+    }
+    if (stage_of(args[0], &stage) < 0 || stage_finish(stage, args[1]) < 0)
+        return NULL;
     Py_RETURN_NONE;
 }
 
-PyObject *fl__stage_end(PyObject *module, PyObject *unused)
+PyObject *fl__stage_switch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    (void)unused;
-    fl_stage_end(&python_clock);
-    Py_RETURN_NONE;
+    fl_stage ended, next;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "stage_switch(ended, token, next) takes 3 arguments");
+        return NULL;
+    }
+    if (stage_of(args[0], &ended) < 0 || stage_of(args[2], &next) < 0 ||
+        stage_finish(ended, args[1]) < 0)
+        return NULL;
+    return stage_start(next);
 }
 
 PyObject *fl__clock_ns(PyObject *module, PyObject *unused)

@@ -198,13 +198,13 @@ class _MapFetcher:
             batch = self.native_batch(index, epoch=self.epoch)
             self.position = None
             return batch
-        _C.stage_begin(_DATASET)
+        stage, token = _DATASET, _C.stage_begin(_DATASET)
         try:
             data = self._samples(index)
-            _C.stage_next(_COLLATE)
+            stage, token = _COLLATE, _C.stage_switch(_DATASET, token, _COLLATE)
             return self.collate_fn(data)
         finally:
-            _C.stage_end()
+            _C.stage_end(stage, token)
 
     def _samples(self, index):
         if not self.auto_collation:
@@ -239,13 +239,13 @@ class _IterableFetcher:
     def fetch(self, index):
         if self.ended:
             raise StopIteration
-        _C.stage_begin(_DATASET)
+        stage, token = _DATASET, _C.stage_begin(_DATASET)
         try:
             data = self._samples(index)
-            _C.stage_next(_COLLATE)
+            stage, token = _COLLATE, _C.stage_switch(_DATASET, token, _COLLATE)
             return self.collate_fn(data)
         finally:
-            _C.stage_end()
+            _C.stage_end(stage, token)
 
     def _samples(self, index):
         if self.auto_collation:

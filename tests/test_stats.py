@@ -1,6 +1,7 @@
 """loader.stats(): the timers agree with independent timing, the verdict is
 right for input- and compute-bound loops, and every route records."""
 
+import gc
 import os
 import time
 
@@ -282,3 +283,25 @@ def test_an_autotuned_loader_shows_what_it_chose():
     assert stats.as_dict()["autotune"] == report
     assert f"workers active, prefetch {report['prefetch']}" in str(stats)
     assert stats.batches == 64
+
+
+def test_a_loader_iterated_inside_another_loaders_dataset_keeps_both_timers():
+    inner_data = fastload.ArrayDataset(np.zeros((8, 2), np.float32))
+
+    class Outer:
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            # A loader (and its timers) made and dropped inside a sample.
+            inner = fastload.DataLoader(inner_data, batch_size=4, output="numpy")
+            return np.array([sum(1 for _ in inner)])
+
+    loader = fastload.DataLoader(Outer(), batch_size=2, output="numpy")
+    for _ in loader:
+        pass
+    gc.collect()
+    stats = loader.stats()
+    assert stats.batches == 2
+    # The outer stages are still the outer loader's after each inner epoch.
+    assert stats.stages["dataset"]["calls"] == 2 and stats.stages["collate"]["calls"] == 2

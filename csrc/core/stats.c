@@ -232,6 +232,11 @@ static const char *const nvtx_names[FL_EVENT_KINDS] = {
     [FL_EVENT_JOB] = "fastload batch",       [FL_EVENT_GIL] = "fastload GIL wait",
 };
 
+void fl_stats_nvtx_push(int kind)
+{
+    fl_nvtx_push(nvtx_names[kind]);
+}
+
 static void open_stage(fl_stage_clock *c, fl_stage stage, uint64_t now)
 {
     c->since = now;

@@ -145,6 +145,8 @@ typedef struct fl_stage_clock {
 } fl_stage_clock;
 
 void fl_stage_begin(fl_stage_clock *clock, fl_stage stage);
+/* Pushes the NVTX range of a stage or trace kind ("fastload <name>"). */
+void fl_stats_nvtx_push(int kind);
 void fl_stage_next(fl_stage_clock *clock, fl_stage stage);
 void fl_stage_end(fl_stage_clock *clock);
 
