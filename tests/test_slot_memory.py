@@ -173,9 +173,12 @@ def test_steady_state_epochs_allocate_no_slot(workers):
     if workers == 0:
         assert stats["allocations"] == first["allocations"], (first, stats)
     # 130 batches after the first epoch, and never more slots than can be
-    # in use at once: prefetched batches plus the two the loop holds.
+    # in use at once: prefetched batches plus the two the loop holds, plus
+    # one of the short last batch's smaller size class, made when it came
+    # while no full-size slot was free (a matter of timing; such a slot
+    # cannot take a full batch).
     in_flight = max(1, workers * 2)
-    assert stats["allocations"] <= in_flight + 2, stats
+    assert stats["allocations"] <= in_flight + 2 + 1, stats
     assert stats["live"] == stats["free"] == stats["allocations"]
 
 
