@@ -79,16 +79,6 @@ struct fl_jpeg {
 /* ------------------------------------------------------------------------ */
 /* Messages and libjpeg callbacks                                           */
 
-static void set_msg(char *msg, size_t size, const char *fmt, ...)
-{
-    if (!msg || size == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, size, fmt, ap);
-    va_end(ap);
-}
-
 /* libjpeg's text for its current message, first letter lowercased
  * ("Not a JPEG file" becomes "not a JPEG file", "JPEG..." stays). */
 static void take_libjpeg_msg(j_common_ptr cinfo)
@@ -97,7 +87,7 @@ static void take_libjpeg_msg(j_common_ptr cinfo)
     if (!err->msg || err->msg_size == 0)
         return;
     if (err->pub.msg_code == JWRN_JPEG_EOF) {
-        set_msg(err->msg, err->msg_size, "premature end of JPEG data");
+        fl_set_msg(err->msg, err->msg_size, "premature end of JPEG data");
         return;
     }
     char text[JMSG_LENGTH_MAX];
@@ -105,7 +95,7 @@ static void take_libjpeg_msg(j_common_ptr cinfo)
     (*cinfo->err->format_message)(cinfo, text);
     if (text[0] >= 'A' && text[0] <= 'Z' && text[1] >= 'a' && text[1] <= 'z')
         text[0] = (char)(text[0] - 'A' + 'a');
-    set_msg(err->msg, err->msg_size, "%s", text);
+    fl_set_msg(err->msg, err->msg_size, "%s", text);
 }
 
 static void on_error(j_common_ptr cinfo)
@@ -146,7 +136,7 @@ static void on_progress(j_common_ptr cinfo)
     j_decompress_ptr d = (j_decompress_ptr)cinfo;
     if (d->input_scan_number > MAX_SCANS) {
         fl_jpeg_err *err = (fl_jpeg_err *)cinfo->err;
-        set_msg(err->msg, err->msg_size, "JPEG has more than %d scans", MAX_SCANS);
+        fl_set_msg(err->msg, err->msg_size, "JPEG has more than %d scans", MAX_SCANS);
         err->status = FL_ERR_DECODE;
         longjmp(err->escape, 1);
     }
@@ -266,7 +256,7 @@ static int decode(fl_jpeg *dec, const unsigned char *data, size_t size,
     int width = (int)ci->image_width, height = (int)ci->image_height;
     uint64_t pixels = (uint64_t)ci->image_width * ci->image_height;
     if (pixels > max_pixels) {
-        set_msg(msg, msg_size, "image is %d x %d pixels, more than the limit of %llu", width,
+        fl_set_msg(msg, msg_size, "image is %d x %d pixels, more than the limit of %llu", width,
                 height, (unsigned long long)max_pixels);
         return FL_ERR_TOO_BIG;
     }
@@ -275,19 +265,19 @@ static int decode(fl_jpeg *dec, const unsigned char *data, size_t size,
     const fl_jpeg_region *r = region ? region : &whole;
     int d = r->scale_denom;
     if (d != 1 && d != 2 && d != 4 && d != 8) {
-        set_msg(msg, msg_size, "scale_denom is %d, not 1, 2, 4 or 8", d);
+        fl_set_msg(msg, msg_size, "scale_denom is %d, not 1, 2, 4 or 8", d);
         return FL_ERR_INVALID;
     }
     if (r->x < 0 || r->y < 0 || r->width < 1 || r->height < 1 || r->x > width - r->width ||
         r->y > height - r->height) {
-        set_msg(msg, msg_size, "crop box %d,%d %dx%d is not inside the %d x %d image", r->x,
+        fl_set_msg(msg, msg_size, "crop box %d,%d %dx%d is not inside the %d x %d image", r->x,
                 r->y, r->width, r->height, width, height);
         return FL_ERR_INVALID;
     }
 
     int ncomp = ci->num_components;
     if (ncomp != 1 && ncomp != 3 && ncomp != 4) {
-        set_msg(msg, msg_size, "unsupported JPEG with %d colour components", ncomp);
+        fl_set_msg(msg, msg_size, "unsupported JPEG with %d colour components", ncomp);
         return FL_ERR_DECODE;
     }
     int cmyk = ci->jpeg_color_space == JCS_CMYK || ci->jpeg_color_space == JCS_YCCK;
@@ -322,7 +312,7 @@ static int decode(fl_jpeg *dec, const unsigned char *data, size_t size,
     if (rc == FL_OK)
         rc = reserve(&dec->row, &dec->row_cap, (size_t)cw * (size_t)ci->output_components);
     if (rc != FL_OK) {
-        set_msg(msg, msg_size, "out of memory for a %u x %d pixel buffer", (unsigned)cw, rows);
+        fl_set_msg(msg, msg_size, "out of memory for a %u x %d pixel buffer", (unsigned)cw, rows);
         return rc;
     }
 
@@ -347,7 +337,7 @@ static int decode(fl_jpeg *dec, const unsigned char *data, size_t size,
         }
         if (got == 0) {
             /* A memory source never suspends; do not spin if it does. */
-            set_msg(msg, msg_size, "JPEG decoder made no progress");
+            fl_set_msg(msg, msg_size, "JPEG decoder made no progress");
             return FL_ERR_DECODE;
         }
     }
@@ -369,17 +359,17 @@ static int decode(fl_jpeg *dec, const unsigned char *data, size_t size,
 static int check_input(fl_jpeg *dec, const unsigned char *data, size_t size, int has_out,
                        char *msg, size_t msg_size)
 {
-    set_msg(msg, msg_size, "%s", "");
+    fl_set_msg(msg, msg_size, "%s", "");
     if (!dec || !has_out || (!data && size > 0)) {
-        set_msg(msg, msg_size, "invalid argument");
+        fl_set_msg(msg, msg_size, "invalid argument");
         return FL_ERR_INVALID;
     }
     if (size == 0) {
-        set_msg(msg, msg_size, "empty input: not a JPEG file");
+        fl_set_msg(msg, msg_size, "empty input: not a JPEG file");
         return FL_ERR_DECODE;
     }
     if (size > ULONG_MAX) {
-        set_msg(msg, msg_size, "input of %zu bytes is too large", size);
+        fl_set_msg(msg, msg_size, "input of %zu bytes is too large", size);
         return FL_ERR_TOO_BIG;
     }
     dec->err.msg = msg;

@@ -65,16 +65,6 @@ struct fl_png {
     size_t rows_cap;
 };
 
-static void set_msg(char *msg, size_t size, const char *fmt, ...)
-{
-    if (!msg || size == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, size, fmt, ap);
-    va_end(ap);
-}
-
 fl_png *fl_png_new(void)
 {
     return calloc(1, sizeof(fl_png));
@@ -117,14 +107,14 @@ static void on_error(png_structp png, png_const_charp text)
 {
     fl_png *dec = png_get_error_ptr(png);
     if (dec->truncated) {
-        set_msg(dec->msg, dec->msg_size, "truncated PNG data: the file ends after %zu bytes",
+        fl_set_msg(dec->msg, dec->msg_size, "truncated PNG data: the file ends after %zu bytes",
                 dec->size);
         dec->status = FL_ERR_DECODE;
     } else if (strstr(text, "memory")) { /* "Out of memory", "Insufficient memory" */
-        set_msg(dec->msg, dec->msg_size, "PNG decoder out of memory (%s)", text);
+        fl_set_msg(dec->msg, dec->msg_size, "PNG decoder out of memory (%s)", text);
         dec->status = FL_ERR_NOMEM;
     } else {
-        set_msg(dec->msg, dec->msg_size, "invalid PNG: %s", text);
+        fl_set_msg(dec->msg, dec->msg_size, "invalid PNG: %s", text);
         dec->status = FL_ERR_DECODE;
     }
     png_longjmp(png, 1);
@@ -154,13 +144,13 @@ static void read_bytes(png_structp png, png_bytep out, size_t n)
 static int begin(fl_png *dec, const unsigned char *data, size_t size, char *msg,
                  size_t msg_size)
 {
-    set_msg(msg, msg_size, "%s", "");
+    fl_set_msg(msg, msg_size, "%s", "");
     if (!dec || (!data && size > 0)) {
-        set_msg(msg, msg_size, "invalid argument");
+        fl_set_msg(msg, msg_size, "invalid argument");
         return FL_ERR_INVALID;
     }
     if (!fl_is_png(data, size)) {
-        set_msg(msg, msg_size, size == 0 ? "empty input: not a PNG file" : "not a PNG file");
+        fl_set_msg(msg, msg_size, size == 0 ? "empty input: not a PNG file" : "not a PNG file");
         return FL_ERR_DECODE;
     }
     dec->data = data;
@@ -175,7 +165,7 @@ static int begin(fl_png *dec, const unsigned char *data, size_t size, char *msg,
         dec->info = png_create_info_struct(dec->png);
     if (!dec->png || !dec->info) {
         png_destroy_read_struct(&dec->png, &dec->info, NULL);
-        set_msg(msg, msg_size, "out of memory for the PNG decoder");
+        fl_set_msg(msg, msg_size, "out of memory for the PNG decoder");
         return FL_ERR_NOMEM;
     }
     return FL_OK;
@@ -263,7 +253,7 @@ static int decode(fl_png *dec, uint64_t max_pixels, const unsigned char **rgb, i
     int depth, color_type, interlace;
     png_get_IHDR(png, info, &w, &h, &depth, &color_type, &interlace, NULL, NULL);
     if ((uint64_t)w * h > max_pixels) {
-        set_msg(dec->msg, dec->msg_size, "image of %u x %u pixels exceeds max_pixels=%llu",
+        fl_set_msg(dec->msg, dec->msg_size, "image of %u x %u pixels exceeds max_pixels=%llu",
                 (unsigned)w, (unsigned)h, (unsigned long long)max_pixels);
         return FL_ERR_TOO_BIG;
     }
@@ -287,7 +277,7 @@ static int decode(fl_png *dec, uint64_t max_pixels, const unsigned char **rgb, i
 
     size_t out_stride = (size_t)w * 3;
     if ((uint64_t)w * h > (uint64_t)(SIZE_MAX / 8)) {
-        set_msg(dec->msg, dec->msg_size, "image of %u x %u pixels is too large", (unsigned)w,
+        fl_set_msg(dec->msg, dec->msg_size, "image of %u x %u pixels is too large", (unsigned)w,
                 (unsigned)h);
         return FL_ERR_TOO_BIG;
     }
@@ -300,7 +290,7 @@ static int decode(fl_png *dec, uint64_t max_pixels, const unsigned char **rgb, i
     if (rc == FL_OK && passes > 1)
         rc = reserve((void **)&dec->rows, &dec->rows_cap, sizeof(png_bytep) * h);
     if (rc != FL_OK) {
-        set_msg(dec->msg, dec->msg_size, "out of memory for a %u x %u pixel image",
+        fl_set_msg(dec->msg, dec->msg_size, "out of memory for a %u x %u pixel image",
                 (unsigned)w, (unsigned)h);
         return rc;
     }
@@ -336,7 +326,7 @@ int fl_png_decode(fl_png *dec, const unsigned char *data, size_t size, uint64_t 
                   size_t msg_size)
 {
     if (!rgb || !width || !height || !stride) {
-        set_msg(msg, msg_size, "invalid argument");
+        fl_set_msg(msg, msg_size, "invalid argument");
         return FL_ERR_INVALID;
     }
     int rc = begin(dec, data, size, msg, msg_size);
@@ -356,7 +346,7 @@ int fl_png_read_header(fl_png *dec, const unsigned char *data, size_t size, int 
                        int *height, char *msg, size_t msg_size)
 {
     if (!width || !height) {
-        set_msg(msg, msg_size, "invalid argument");
+        fl_set_msg(msg, msg_size, "invalid argument");
         return FL_ERR_INVALID;
     }
     int rc = begin(dec, data, size, msg, msg_size);

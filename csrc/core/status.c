@@ -1,6 +1,9 @@
 /* fastload core: see status.h. */
 #include "status.h"
 
+#include <stdarg.h>
+#include <stdio.h>
+
 const char *fl_status_str(int status)
 {
     switch (status) {
@@ -18,4 +21,14 @@ const char *fl_status_str(int status)
     case FL_ERR_TOO_BIG: return "size limit exceeded";
     default: return "unknown error";
     }
+}
+
+void fl_set_msg(char *msg, size_t size, const char *fmt, ...)
+{
+    if (!msg || size == 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, size, fmt, ap);
+    va_end(ap);
 }

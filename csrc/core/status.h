@@ -8,6 +8,8 @@
 #ifndef FL_STATUS_H
 #define FL_STATUS_H
 
+#include <stddef.h>
+
 typedef enum fl_status {
     FL_OK = 0,
     FL_ERR_NOMEM = -1,       /* an allocation failed */
@@ -25,5 +27,9 @@ typedef enum fl_status {
 
 /* A short, static English description of a status. */
 const char *fl_status_str(int status);
+
+/* printf into a caller's message buffer (nothing when msg is NULL or size 0). */
+void fl_set_msg(char *msg, size_t size, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 #endif /* FL_STATUS_H */

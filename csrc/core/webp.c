@@ -25,16 +25,6 @@ struct fl_webp {
     size_t pixels_cap;
 };
 
-static void set_msg(char *msg, size_t size, const char *fmt, ...)
-{
-    if (!msg || size == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, size, fmt, ap);
-    va_end(ap);
-}
-
 fl_webp *fl_webp_new(void)
 {
     return calloc(1, sizeof(fl_webp));
@@ -73,7 +63,7 @@ static const char *status_text(VP8StatusCode status)
 
 static int status_error(VP8StatusCode status, char *msg, size_t msg_size)
 {
-    set_msg(msg, msg_size, "invalid WebP: %s", status_text(status));
+    fl_set_msg(msg, msg_size, "invalid WebP: %s", status_text(status));
     return status == VP8_STATUS_OUT_OF_MEMORY ? FL_ERR_NOMEM : FL_ERR_DECODE;
 }
 
@@ -81,20 +71,20 @@ static int status_error(VP8StatusCode status, char *msg, size_t msg_size)
 static int features(const unsigned char *data, size_t size, WebPBitstreamFeatures *out,
                     char *msg, size_t msg_size)
 {
-    set_msg(msg, msg_size, "%s", "");
+    fl_set_msg(msg, msg_size, "%s", "");
     if (!data && size > 0) {
-        set_msg(msg, msg_size, "invalid argument");
+        fl_set_msg(msg, msg_size, "invalid argument");
         return FL_ERR_INVALID;
     }
     if (!fl_is_webp(data, size)) {
-        set_msg(msg, msg_size, size == 0 ? "empty input: not a WebP file" : "not a WebP file");
+        fl_set_msg(msg, msg_size, size == 0 ? "empty input: not a WebP file" : "not a WebP file");
         return FL_ERR_DECODE;
     }
     VP8StatusCode status = WebPGetFeatures(data, size, out);
     if (status != VP8_STATUS_OK)
         return status_error(status, msg, msg_size);
     if (out->width < 1 || out->height < 1) {
-        set_msg(msg, msg_size, "invalid WebP: a %d x %d canvas", out->width, out->height);
+        fl_set_msg(msg, msg_size, "invalid WebP: a %d x %d canvas", out->width, out->height);
         return FL_ERR_DECODE;
     }
     return FL_OK;
@@ -118,7 +108,7 @@ static int first_frame(fl_webp *dec, const unsigned char *data, size_t size, int
 {
     WebPAnimDecoderOptions options;
     if (!WebPAnimDecoderOptionsInit(&options)) {
-        set_msg(msg, msg_size, "libwebp's animation decoder is not the version built against");
+        fl_set_msg(msg, msg_size, "libwebp's animation decoder is not the version built against");
         return FL_ERR_DECODE;
     }
     options.color_mode = MODE_RGBA;
@@ -126,7 +116,7 @@ static int first_frame(fl_webp *dec, const unsigned char *data, size_t size, int
     WebPData whole = {data, size};
     WebPAnimDecoder *anim = WebPAnimDecoderNew(&whole, &options);
     if (!anim) {
-        set_msg(msg, msg_size, "invalid WebP: corrupt or truncated animation");
+        fl_set_msg(msg, msg_size, "invalid WebP: corrupt or truncated animation");
         return FL_ERR_DECODE;
     }
     int rc = FL_OK;
@@ -135,10 +125,10 @@ static int first_frame(fl_webp *dec, const unsigned char *data, size_t size, int
     int timestamp;
     if (!WebPAnimDecoderGetInfo(anim, &info) || (int)info.canvas_width != width ||
         (int)info.canvas_height != height) {
-        set_msg(msg, msg_size, "invalid WebP: inconsistent canvas size");
+        fl_set_msg(msg, msg_size, "invalid WebP: inconsistent canvas size");
         rc = FL_ERR_DECODE;
     } else if (!WebPAnimDecoderGetNext(anim, &canvas, &timestamp) || !canvas) {
-        set_msg(msg, msg_size, "invalid WebP: corrupt first frame");
+        fl_set_msg(msg, msg_size, "invalid WebP: corrupt first frame");
         rc = FL_ERR_DECODE;
     } else {
         size_t n = (size_t)width * (size_t)height;
@@ -154,12 +144,12 @@ int fl_webp_decode(fl_webp *dec, const unsigned char *data, size_t size, uint64_
                    size_t msg_size)
 {
     if (!dec || !rgb || !width || !height || !stride) {
-        set_msg(msg, msg_size, "invalid argument");
+        fl_set_msg(msg, msg_size, "invalid argument");
         return FL_ERR_INVALID;
     }
     WebPDecoderConfig config;
     if (!WebPInitDecoderConfig(&config)) {
-        set_msg(msg, msg_size, "libwebp is not the version built against");
+        fl_set_msg(msg, msg_size, "libwebp is not the version built against");
         return FL_ERR_DECODE;
     }
     int rc = features(data, size, &config.input, msg, msg_size);
@@ -167,7 +157,7 @@ int fl_webp_decode(fl_webp *dec, const unsigned char *data, size_t size, uint64_
         return rc;
     int w = config.input.width, h = config.input.height;
     if ((uint64_t)w * (uint64_t)h > max_pixels) {
-        set_msg(msg, msg_size, "image of %d x %d pixels exceeds max_pixels=%llu", w, h,
+        fl_set_msg(msg, msg_size, "image of %d x %d pixels exceeds max_pixels=%llu", w, h,
                 (unsigned long long)max_pixels);
         return FL_ERR_TOO_BIG;
     }
@@ -175,7 +165,7 @@ int fl_webp_decode(fl_webp *dec, const unsigned char *data, size_t size, uint64_
     if (bytes > dec->pixels_cap) {
         unsigned char *p = malloc(bytes);
         if (!p) {
-            set_msg(msg, msg_size, "out of memory for a %d x %d pixel image", w, h);
+            fl_set_msg(msg, msg_size, "out of memory for a %d x %d pixel image", w, h);
             return FL_ERR_NOMEM;
         }
         free(dec->pixels);
