@@ -15,7 +15,6 @@ cost).  One untimed epoch, then one timed; prints Markdown on stdout.
 import argparse
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import fastload  # noqa: E402
@@ -25,6 +24,7 @@ import torch  # noqa: E402
 import imagenet_like  # noqa: E402
 import pil_pipeline  # noqa: E402
 from fastload import transforms as T  # noqa: E402
+from image_timing import images_per_second  # noqa: E402
 from workloads import cpu_model  # noqa: E402
 
 BATCH = 64
@@ -63,17 +63,6 @@ def make_loaders(root, workers, tv):
     }
 
 
-def epoch(loader):
-    """Images per second over one epoch; checks every batch."""
-    start = time.perf_counter()
-    n = 0
-    for images, labels in loader:
-        if tuple(images.shape[1:]) != (3, 224, 224) or not torch.isfinite(images.sum()):
-            raise AssertionError(f"bad batch {tuple(images.shape)}")
-        n += len(labels)
-    return n / (time.perf_counter() - start)
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=512)
@@ -91,8 +80,8 @@ def main():
         loaders = make_loaders(root, workers, tv)
         rates = {}
         for name, loader in loaders.items():
-            epoch(loader)  # untimed: workers up, files in the page cache
-            rates[name] = epoch(loader)
+            images_per_second(loader)  # untimed: workers up, files in the page cache
+            rates[name] = images_per_second(loader)
             sys.stderr.write(f"num_workers={workers} {name}: {rates[name]:,.0f} img/s\n")
         rows.append((workers, rates))
         del loaders

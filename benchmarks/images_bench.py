@@ -36,7 +36,6 @@ import gc
 import os
 import statistics
 import sys
-import time
 import warnings
 
 # This checkout's fastload, even where another one is installed.
@@ -49,6 +48,7 @@ import torch
 import imagenet_like
 import pil_pipeline
 from fastload import transforms as T
+from image_timing import images_per_second
 from workloads import cpu_model
 
 BATCH = 64
@@ -172,23 +172,6 @@ def make_loaders(root, kind, workers):
     return loaders
 
 
-def epoch(loader):
-    """Images per second over one epoch; checks and reads every batch."""
-    start = time.perf_counter()
-    n = 0
-    for batch in loader:
-        if isinstance(batch, int):  # the decode-only ceiling
-            n += batch
-            continue
-        images, labels = batch
-        if tuple(images.shape[1:]) != (3, 224, 224) or images.dtype != torch.float32:
-            raise AssertionError(f"batch {tuple(images.shape)} {images.dtype}")
-        if not torch.isfinite(images.sum()):
-            raise AssertionError("non-finite values in a batch")
-        n += len(labels)
-    return n / (time.perf_counter() - start)
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
@@ -209,8 +192,8 @@ def main():
                 for name, loader in loaders.items():
                     log(f"{kind} num_workers={workers}: {name} {rep + 1}/{sizes['reps']}")
                     if rep == 0:
-                        epoch(loader)  # untimed: workers up, files in the page cache
-                    rates[name].append(epoch(loader))
+                        images_per_second(loader)  # untimed: workers up, files in the page cache
+                    rates[name].append(images_per_second(loader))
             med = {name: statistics.median(r) for name, r in rates.items()}
             rows.append((kind, workers, med))
             del loaders

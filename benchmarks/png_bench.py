@@ -25,7 +25,6 @@ Prints Markdown on stdout.
 import argparse
 import os
 import sys
-import time
 
 # This checkout's fastload, even where another one is installed.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -38,6 +37,7 @@ from PIL import Image
 import imagenet_like
 import pil_pipeline
 from fastload import transforms as T
+from image_timing import images_per_second
 from workloads import cpu_model
 
 BATCH = 64
@@ -95,19 +95,6 @@ def make_loaders(root, workers):
     }
 
 
-def epoch(loader):
-    """Images per second over one epoch; checks and reads every batch."""
-    start = time.perf_counter()
-    n = 0
-    for images, labels in loader:
-        if tuple(images.shape[1:]) != (3, 224, 224) or images.dtype != torch.float32:
-            raise AssertionError(f"batch {tuple(images.shape)} {images.dtype}")
-        if not torch.isfinite(images.sum()):
-            raise AssertionError("non-finite values in a batch")
-        n += len(labels)
-    return n / (time.perf_counter() - start)
-
-
 def run(root, worker_counts):
     torch.set_num_threads(1)  # the main process only consumes; workers are single-threaded
     rows = []
@@ -115,8 +102,8 @@ def run(root, worker_counts):
         rates = {}
         for name, loader in make_loaders(root, workers).items():
             log(f"num_workers={workers}: {name}")
-            epoch(loader)  # untimed
-            rates[name] = epoch(loader)
+            images_per_second(loader)  # untimed
+            rates[name] = images_per_second(loader)
         rows.append((workers, rates))
     return rows
 
