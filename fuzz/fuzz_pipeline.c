@@ -3,6 +3,8 @@
  * The first PARAM_BYTES bytes of an input choose a transform plan (crop
  * kind, output size, scale and ratio ranges, filter, flip, dtype, layout,
  * exact or DCT-scaled decode) and a random key; the rest is the file.  The
+ * augmentations (colour ops) are chosen by a hash of the same bytes, so
+ * the corpus keeps its layout as ops are added.  The
  * pipeline (csrc/core/pipeline.c) then does what a worker does, by the
  * file's magic bytes: for a JPEG (or bytes of no known format), header, crop
  * box, completeness check, region decode; for a PNG or WebP (libpng,
@@ -32,6 +34,43 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 static double unit(uint8_t byte)
 {
     return byte / 255.0;
+}
+
+/* The next `bits` bits of *h, as a number. */
+static unsigned take(uint64_t *h, int bits)
+{
+    unsigned v = (unsigned)(*h & ((1u << bits) - 1));
+    *h >>= bits;
+    return v;
+}
+
+/* Half of the plans get colour ops: each adjustment on or off, ranges up to
+ * twice ColorJitter's usual, a fixed or drawn order, grayscale before or
+ * after. */
+static void augment_from(uint64_t h, fl_image_plan *plan)
+{
+    fl_color_plan *color = &plan->color;
+    if (!take(&h, 1))
+        return;
+    for (int op = 0; op < FL_COLOR_OPS; op++) {
+        double spread = take(&h, 1) ? take(&h, 3) / 7.0 : 0.0; /* 0: the identity, off */
+        if (op == FL_HUE) {
+            color->lo[op] = -0.5 * spread;
+            color->hi[op] = 0.5 * spread;
+        } else {
+            color->lo[op] = 1.0 - 0.9 * spread;
+            color->hi[op] = 1.0 + 0.9 * spread;
+        }
+    }
+    color->order[0] = -1;
+    if (take(&h, 1)) {
+        int shift = (int)take(&h, 2);
+        for (int op = 0; op < FL_COLOR_OPS; op++)
+            color->order[op] = (op + shift) % FL_COLOR_OPS;
+    }
+    color->gray_p = take(&h, 2) / 3.0;
+    color->gray_first = (int)take(&h, 1);
+    fl_color_plan_from_ranges(color);
 }
 
 static void plan_from(const uint8_t *p, fl_image_plan *plan, fl_sample_key *key)
@@ -72,6 +111,10 @@ static void plan_from(const uint8_t *p, fl_image_plan *plan, fl_sample_key *key)
     key->seed = p[15];
     key->epoch = p[15] >> 4;
     key->index = p[3] ^ p[10];
+    uint64_t h = 0;
+    for (int i = 0; i < PARAM_BYTES; i++)
+        h = fl__mix64(h ^ p[i]);
+    augment_from(h, plan);
 }
 
 static size_t element_size(int dtype)
