@@ -25,6 +25,8 @@ typedef enum {
     F_DTYPE,
     F_LAYOUT,
     F_ORDER, /* None, or a permutation of 0..3 */
+    F_PAD_MODE,
+    F_FILL, /* three ints in 0..255, as bytes */
 } field_kind;
 
 typedef struct plan_field {
@@ -62,6 +64,17 @@ static const plan_field PLAN_FIELDS[] = {
     FIELD("gray_first", F_BOOL, color.gray_first),
     FIELD("mul", F_FLOAT3, mul),
     FIELD("add", F_FLOAT3, add),
+    /* RandomCrop's padding, GaussianBlur, RandomApply */
+    PAIR("pad_left_right", F_INT_PAIR, pad.left, pad.right),
+    PAIR("pad_top_bottom", F_INT_PAIR, pad.top, pad.bottom),
+    FIELD("pad_if_needed", F_BOOL, pad.if_needed),
+    FIELD("pad_once", F_BOOL, pad.once),
+    FIELD("pad_mode", F_PAD_MODE, pad.mode),
+    FIELD("pad_fill", F_FILL, pad.fill),
+    FIELD("jitter_p", F_DOUBLE, color.jitter_p),
+    PAIR("blur_kernel", F_INT_PAIR, blur.kernel_w, blur.kernel_h),
+    PAIR("blur_sigma", F_DOUBLE_PAIR, blur.sigma_lo, blur.sigma_hi),
+    FIELD("blur_p", F_DOUBLE, blur.p),
 };
 
 static int as_int(PyObject *obj, int *out)
@@ -119,6 +132,7 @@ static int read_field(PyObject *value, const plan_field *f, fl_image_plan *p)
 {
     static const char *const dtypes[] = {"uint8", "float32", "float16"}; /* FL_DTYPE_* order */
     static const char *const layouts[] = {"CHW", "HWC"};                 /* FL_LAYOUT_* order */
+    static const char *const pad_modes[] = {"constant", "edge", "reflect", "symmetric"};
     char *base = (char *)p;
     double v[3], v4[FL_COLOR_OPS];
     switch (f->kind) {
@@ -154,6 +168,19 @@ static int read_field(PyObject *value, const plan_field *f, fl_image_plan *p)
         return read_choice(value, dtypes, 3, (int *)(base + f->offset));
     case F_LAYOUT:
         return read_choice(value, layouts, 2, (int *)(base + f->offset));
+    case F_PAD_MODE:
+        return read_choice(value, pad_modes, 4, (int *)(base + f->offset));
+    case F_FILL:
+        if (read_numbers(value, 3, 1, v) < 0)
+            return -1;
+        for (int c = 0; c < 3; c++) {
+            if (v[c] < 0 || v[c] > 255) {
+                PyErr_SetString(PyExc_ValueError, "fill values must be in 0..255");
+                return -1;
+            }
+            ((unsigned char *)(base + f->offset))[c] = (unsigned char)v[c];
+        }
+        return 0;
     case F_ORDER: {
         int *order = (int *)(base + f->offset);
         if (value == Py_None) {
@@ -177,6 +204,41 @@ static int read_field(PyObject *value, const plan_field *f, fl_image_plan *p)
     return -1;
 }
 
+/* Ranges the random crop, the padding and the blur rely on (the Python
+ * classes check them with torchvision's messages). */
+static int check_crop_and_blur(const fl_image_plan *p)
+{
+    enum { MOST = 1 << 16 }; /* padded sizes stay far from int overflow */
+    const fl_pad_plan *pad = &p->pad;
+    const char *bad = NULL;
+    if (pad->left < 0 || pad->top < 0 || pad->right < 0 || pad->bottom < 0 ||
+        pad->left > MOST || pad->top > MOST || pad->right > MOST || pad->bottom > MOST)
+        bad = "padding";
+    else if (p->crop == FL_CROP_RANDOM &&
+             (p->crop_w < 1 || p->crop_h < 1 || p->crop_w > MOST || p->crop_h > MOST))
+        bad = "random crop size";
+    else if (p->crop == FL_CROP_RANDOM && (p->resize > 0 || p->resize_w > 0) &&
+             (pad->left || pad->top || pad->right || pad->bottom || pad->if_needed))
+        bad = "padding after a resize";
+    else if (!(p->color.jitter_p >= 0.0 && p->color.jitter_p <= 1.0))
+        bad = "jitter_p";
+    else if (!(p->blur.p >= 0.0 && p->blur.p <= 1.0))
+        bad = "blur_p";
+    else if (p->blur.kernel_w != 0 || p->blur.kernel_h != 0) {
+        const fl_blur_plan *b = &p->blur;
+        if (b->kernel_w < 1 || b->kernel_h < 1 || b->kernel_w % 2 == 0 || b->kernel_h % 2 == 0 ||
+            b->kernel_w > FL_BLUR_MAX_KERNEL || b->kernel_h > FL_BLUR_MAX_KERNEL)
+            bad = "blur_kernel";
+        else if (!(b->sigma_lo > 0.0 && b->sigma_lo <= b->sigma_hi && isfinite(b->sigma_hi)))
+            bad = "blur_sigma";
+    }
+    if (bad) {
+        PyErr_Format(PyExc_ValueError, "malformed transform plan: %s", bad);
+        return -1;
+    }
+    return 0;
+}
+
 int fl__parse_plan(PyObject *plan, fl_image_plan *out)
 {
     fl_image_plan p = {0};
@@ -195,7 +257,7 @@ int fl__parse_plan(PyObject *plan, fl_image_plan *out)
             return -1;
         }
     }
-    if (p.crop < FL_CROP_NONE || p.crop > FL_CROP_RESIZE_CENTER || p.filter < FL_FILTER_NEAREST ||
+    if (p.crop < FL_CROP_NONE || p.crop > FL_CROP_RANDOM || p.filter < FL_FILTER_NEAREST ||
         p.filter > FL_FILTER_BICUBIC || p.out_w < 0 || p.out_h < 0) {
         PyErr_SetString(PyExc_ValueError, "malformed transform plan");
         return -1;
@@ -215,6 +277,8 @@ int fl__parse_plan(PyObject *plan, fl_image_plan *out)
         PyErr_SetString(PyExc_ValueError, "malformed transform plan: gray_p");
         return -1;
     }
+    if (check_crop_and_blur(&p) < 0)
+        return -1;
     fl_color_plan_from_ranges(&p.color);
     *out = p;
     return 0;

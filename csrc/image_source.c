@@ -451,7 +451,9 @@ static PyObject *ImageSource_sample(ImageSourceObject *self, PyObject *const *ar
 PyDoc_STRVAR(geometry_doc,
              "geometry(index, seed, epoch, /)\n--\n\n"
              "The crop decided for a sample: a dict with box (x, y, w, h in source\n"
-             "pixels), flip, scale_denom, hard_crop, size (w, h) and out (w, h).");
+             "pixels), flip, scale_denom, hard_crop, size (w, h), out (w, h),\n"
+             "crop_at (RandomCrop's top, left in the padded or resized image) and\n"
+             "blur_sigma (None: no blur).");
 
 static PyObject *ImageSource_geometry(ImageSourceObject *self, PyObject *const *args,
                                       Py_ssize_t nargs)
@@ -466,10 +468,11 @@ static PyObject *ImageSource_geometry(ImageSourceObject *self, PyObject *const *
     fl_sample_geometry g;
     if (prepare_sample(self, w, &key, &file, &g) < 0)
         return NULL;
-    return Py_BuildValue("{s(dddd)sNsisis(ii)s(ii)}", "box", g.box.x, g.box.y, g.box.w,
+    return Py_BuildValue("{s(dddd)sNsisis(ii)s(ii)s(ii)sN}", "box", g.box.x, g.box.y, g.box.w,
                          g.box.h, "flip", PyBool_FromLong(g.flip), "scale_denom", g.scale_denom,
                          "hard_crop", g.hard_crop, "size", g.src_w, g.src_h, "out", g.out_w,
-                         g.out_h);
+                         g.out_h, "crop_at", g.crop_y, g.crop_x, "blur_sigma",
+                         g.blur.on ? PyFloat_FromDouble(g.blur.sigma) : Py_NewRef(Py_None));
 }
 
 PyDoc_STRVAR(decode_only_doc,

@@ -97,6 +97,38 @@ def _to_dtype(t):
     return [T.ConvertImageDtype("float32")]
 
 
+def _is_v2(t):
+    return (type(t).__module__ or "").startswith("torchvision.transforms.v2")
+
+
+def _random_crop(t):
+    if _is_v2(t):
+        # v2 keeps padding as [left, right, top, bottom] (None for 0) and
+        # pads once by padding plus the pad_if_needed shortfall
+        left, right, top, bottom = t.padding if t.padding is not None else (0, 0, 0, 0)
+        padding = (left, top, right, bottom)
+    else:
+        padding = t.padding
+    if isinstance(t.fill, dict):  # v2's fill per tv_tensor type
+        return None
+    crop = T.RandomCrop(t.size, padding=padding, pad_if_needed=t.pad_if_needed, fill=t.fill,
+                        padding_mode=t.padding_mode)
+    crop.pad_once = _is_v2(t)
+    return [crop]
+
+
+def _gaussian_blur(t):
+    return [T.GaussianBlur(tuple(t.kernel_size), sigma=tuple(t.sigma))]
+
+
+def _random_apply(t):
+    steps = list(t.transforms)
+    ops = _fastload_ops(steps[0]) if len(steps) == 1 else None
+    if ops is None or len(ops) != 1:
+        return None
+    return [T.RandomApply(ops, p=t.p)]
+
+
 _TABLE = {
     "RandomResizedCrop": _random_resized_crop,
     "Resize": _resize,
@@ -110,12 +142,16 @@ _TABLE = {
     "Normalize": lambda t: [T.Normalize(t.mean, t.std, t.inplace)],
     "ToPureTensor": lambda t: [],  # v2: unwraps tv_tensors; batches are plain tensors
     "RGB": lambda t: [],  # decoded images are RGB already
+    "RandomCrop": _random_crop,
+    "GaussianBlur": _gaussian_blur,
+    "RandomApply": _random_apply,
 }
 
 # Steps that may run in C ahead of a Python part: they only move pixels (or
 # do nothing), so their uint8 result is the PIL image torchvision's own
 # steps would hand to the next one.
-_GEOMETRIC = {"RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip", "RGB"}
+_GEOMETRIC = {"RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip", "RGB",
+              "RandomCrop"}
 
 
 def _fastload_ops(t):

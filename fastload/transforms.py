@@ -8,11 +8,16 @@ writing straight into the sample's row of the batch buffer.
 
 The chain must read as torchvision's usual pipelines do::
 
-    [RandomResizedCrop | Resize [CenterCrop] | CenterCrop]
+    [RandomResizedCrop | Resize [CenterCrop | RandomCrop] | CenterCrop | RandomCrop]
     [RandomHorizontalFlip]
     [ColorJitter] [RandomGrayscale | Grayscale]   (either order; a flip may follow)
+    [GaussianBlur]                                (a flip may follow)
     [ToTensor | PILToTensor [ConvertImageDtype]]
     [Normalize]
+
+``RandomApply([op], p)`` of ColorJitter or GaussianBlur stands where the op
+does.  RandomCrop pads only as the first geometric step (after a Resize it
+takes no padding).
 
 The colour ops act on the resized image, with the formulas of torchvision's
 functions on float tensors (see ``ColorJitter``).  They are fused only
@@ -45,10 +50,13 @@ __all__ = [
     "ColorJitter",
     "Compose",
     "ConvertImageDtype",
+    "GaussianBlur",
     "InterpolationMode",
     "Grayscale",
     "Normalize",
     "PILToTensor",
+    "RandomApply",
+    "RandomCrop",
     "RandomGrayscale",
     "RandomHorizontalFlip",
     "RandomResizedCrop",
@@ -359,7 +367,11 @@ class Plan:
     ((1, 1) and, for hue, (0, 0): off), ``jitter_order`` (None: a random
     order per image; a permutation of 0..3 fixes it, for tests),
     ``gray_p`` (grayscale probability), ``gray_first`` (grayscale before the
-    jitter); ``dtype`` ("uint8", "float32",
+    jitter); crop 3 is RandomCrop (``crop_hw`` its size, after a Resize or
+    with ``pad_left_right``/``pad_top_bottom``, ``pad_if_needed``,
+    ``pad_once`` (v2's one pad), ``pad_mode`` and ``pad_fill``, RGB);
+    ``jitter_p`` (RandomApply of the jitter); ``blur_kernel`` (x, y; (0, 0):
+    no blur), ``blur_sigma`` (min, max), ``blur_p``; ``dtype`` ("uint8", "float32",
     "float16"); ``layout`` ("CHW", "HWC"); ``mul``/``add``: per channel,
     out = value_0_255 * mul + add; ``tensor_output``: the transform converts to
     a tensor (else the output is an HWC uint8 image, as PIL would hold it).
@@ -389,6 +401,16 @@ class Plan:
         self.mul = (1.0, 1.0, 1.0)
         self.add = (0.0, 0.0, 0.0)
         self.tensor_output = False
+        self.pad_left_right = (0, 0)
+        self.pad_top_bottom = (0, 0)
+        self.pad_if_needed = False
+        self.pad_once = False
+        self.pad_mode = "constant"
+        self.pad_fill = (0, 0, 0)
+        self.jitter_p = 1.0
+        self.blur_kernel = (0, 0)
+        self.blur_sigma = (0.0, 0.0)
+        self.blur_p = 0.0
 
     def output_shape(self):
         """(C, H, W) or (H, W, C); None when it depends on the image."""
@@ -401,20 +423,41 @@ def compile_plan(transforms, channels_last=False):
     """Checks the chain's order and folds it into a Plan; ValueError says
     which transform is out of place."""
     plan = Plan()
-    stage = 0  # 0 geometry, 1 flip, 2 colour, 3 tensor conversion, 4 dtype, 5 normalize
+    # 0 geometry, 1 flip, 2 colour, 3 blur, 4 tensor conversion, 5 dtype, 6 normalize
+    stage = 0
 
     def out_of_place(t):
         raise ValueError(
             f"fastload.transforms.Compose cannot fuse {t!r} here: the order must be "
-            "[RandomResizedCrop | Resize [CenterCrop] | CenterCrop], [RandomHorizontalFlip], "
-            "[ColorJitter] [RandomGrayscale | Grayscale] (either order), "
+            "[RandomResizedCrop | Resize [CenterCrop | RandomCrop] | CenterCrop | RandomCrop], "
+            "[RandomHorizontalFlip], "
+            "[ColorJitter] [RandomGrayscale | Grayscale] (either order), [GaussianBlur], "
             "[ToTensor | PILToTensor [ConvertImageDtype]], [Normalize]")
 
     dtype = "uint8"
     normalize = None
-    jitter = gray = None
+    jitter = gray = blur = None
     for t in transforms:
-        if isinstance(t, _GEOMETRY):
+        applied = 1.0
+        if isinstance(t, RandomApply):
+            applied, t = t.p, t.transforms[0]
+        if isinstance(t, RandomCrop):
+            if stage > 0 or plan.crop not in (0, 2) or plan.crop_hw != (0, 0):
+                out_of_place(t)
+            if plan.crop == 2 and t.pads:
+                raise ValueError(
+                    f"fastload.transforms.Compose cannot fuse {t!r} after a Resize: "
+                    "RandomCrop pads only as the first geometric step")
+            if plan.crop == 0:
+                plan.filter = _FILTERS[InterpolationMode.NEAREST]  # whole pixels, 1:1
+                left, top, right, bottom = t.padding_ltrb
+                plan.pad_left_right, plan.pad_top_bottom = (left, right), (top, bottom)
+                plan.pad_if_needed, plan.pad_once = t.pad_if_needed, t.pad_once
+                plan.pad_mode, plan.pad_fill = t.padding_mode, t.fill_rgb
+            plan.crop = 3
+            plan.crop_hw = t.size
+            plan.out_h, plan.out_w = t.size
+        elif isinstance(t, _GEOMETRY):
             if stage > 0:
                 out_of_place(t)
             if isinstance(t, RandomResizedCrop):
@@ -441,8 +484,9 @@ def compile_plan(transforms, channels_last=False):
                 plan.crop_hw = t.size
                 plan.out_h, plan.out_w = t.size
         elif isinstance(t, RandomHorizontalFlip):
-            # A flip commutes exactly with the colour ops: it may follow them.
-            if stage > 2 or plan.flip_p:
+            # A flip commutes exactly with the colour ops and the blur (a
+            # symmetric kernel, symmetric padding): it may follow them.
+            if stage > 3 or plan.flip_p:
                 out_of_place(t)
             plan.flip_p = t.p
             stage = max(stage, 1)
@@ -450,7 +494,14 @@ def compile_plan(transforms, channels_last=False):
             if stage > 2 or jitter is not None:
                 out_of_place(t)
             jitter = t
+            plan.jitter_p = applied
             stage = 2
+        elif isinstance(t, GaussianBlur):
+            if stage > 3 or blur is not None:
+                out_of_place(t)
+            blur = t
+            plan.blur_kernel, plan.blur_sigma, plan.blur_p = t.kernel_size, t.sigma, applied
+            stage = 3
         elif isinstance(t, (RandomGrayscale, Grayscale)):
             if stage > 2 or gray is not None:
                 out_of_place(t)
@@ -459,23 +510,23 @@ def compile_plan(transforms, channels_last=False):
             plan.gray_first = jitter is None
             stage = 2
         elif isinstance(t, (ToTensor, PILToTensor)):
-            if stage >= 3:
+            if stage >= 4:
                 out_of_place(t)
             dtype = "float32" if isinstance(t, ToTensor) else "uint8"
             plan.tensor_output = True
-            stage = 3
+            stage = 4
         elif isinstance(t, ConvertImageDtype):
-            if stage != 3:
+            if stage != 4:
                 out_of_place(t)
             if t.dtype != "uint8":
                 dtype = t.dtype
-            stage = 4
+            stage = 5
         elif isinstance(t, Normalize):
-            if stage not in (3, 4) or dtype == "uint8":
+            if stage not in (4, 5) or dtype == "uint8":
                 raise ValueError("Normalize needs a float image: put ToTensor (or PILToTensor "
                                  "and ConvertImageDtype) before it")
             normalize = t
-            stage = 5
+            stage = 6
         else:
             raise TypeError(
                 f"{type(t).__name__} is not a fastload transform; give the dataset a plain "
@@ -505,3 +556,132 @@ def crop_seed():
     as torchvision's transforms draw theirs."""
     return draw_seed(None)
 
+
+
+# ------------------------------------------- RandomCrop, GaussianBlur, RandomApply
+
+_PADDING_MODES = ("constant", "edge", "reflect", "symmetric")
+
+
+class RandomCrop(_Transform):
+    """A ``size`` crop at uniform random offsets, whole pixels, as
+    torchvision's: ``padding`` first pads the image (an int: every side; a
+    pair: left/right, top/bottom; four: left, top, right, bottom), then
+    ``pad_if_needed`` pads a side shorter than the crop by the shortfall on
+    both ends; ``padding_mode`` constant (``fill``: a number or an RGB
+    triple), edge, reflect or symmetric.  Only the part of the window inside
+    the image is decoded.  A crop larger than the padded image is an error
+    for that sample, as torchvision's ValueError."""
+
+    def __init__(self, size, padding=None, pad_if_needed=False, fill=0, padding_mode="constant"):
+        self.size = _size_pair(size, "RandomCrop")
+        self.padding = padding
+        self.padding_ltrb = _padding_ltrb(padding)
+        self.pad_if_needed = bool(pad_if_needed)
+        if padding_mode not in _PADDING_MODES:
+            raise ValueError("Padding mode should be either constant, edge, reflect or symmetric")
+        self.padding_mode = padding_mode
+        self.fill = fill
+        self.fill_rgb = _fill_rgb(fill)
+        # torchvision v2 pads once by padding + the pad_if_needed shortfall;
+        # v1 pads twice (it differs for reflect and symmetric)
+        self.pad_once = False
+
+    @property
+    def pads(self):
+        """True when the crop may reach past the image."""
+        return self.pad_if_needed or any(self.padding_ltrb)
+
+    def __repr__(self):
+        return (f"RandomCrop(size={self.size}, padding={self.padding}, "
+                f"pad_if_needed={self.pad_if_needed}, fill={self.fill}, "
+                f"padding_mode={self.padding_mode})")
+
+
+def _padding_ltrb(padding):
+    """torchvision's padding argument as (left, top, right, bottom)."""
+    if padding is None:
+        return (0, 0, 0, 0)
+    if isinstance(padding, numbers.Integral):
+        padding = [padding]
+    if not isinstance(padding, (tuple, list)) or len(padding) not in (1, 2, 4) or not all(
+            isinstance(p, numbers.Integral) for p in padding):
+        raise ValueError(f"Padding must be an int or a 1, 2, or 4 element tuple, not {padding!r}")
+    padding = [int(p) for p in padding]
+    if min(padding) < 0:
+        raise ValueError(f"RandomCrop: negative padding (a crop) is not supported: {padding}")
+    if len(padding) == 1:
+        return (padding[0],) * 4
+    if len(padding) == 2:
+        return (padding[0], padding[1], padding[0], padding[1])
+    return tuple(padding)
+
+
+def _fill_rgb(fill):
+    """A fill number or RGB triple as three ints in 0..255 (truncated, as
+    torchvision's fill for a PIL image)."""
+    values = fill if isinstance(fill, (tuple, list)) else [fill]
+    if len(values) == 1:
+        values = list(values) * 3
+    if len(values) != 3 or not all(isinstance(v, numbers.Real) for v in values):
+        raise ValueError(f"fill must be a number or a sequence of 1 or 3 numbers, got {fill!r}")
+    rgb = tuple(int(v) for v in values)
+    if min(rgb) < 0 or max(rgb) > 255:
+        raise ValueError(f"fill values must be in 0..255 for uint8 images, got {fill!r}")
+    return rgb
+
+
+class GaussianBlur(_Transform):
+    """torchvision's GaussianBlur: a ``kernel_size`` (x, y; odd) Gaussian
+    with sigma drawn uniformly from ``sigma`` (min, max) per image (a number:
+    fixed), reflect padding; after the colour ops, on the float image.  On a
+    PIL image torchvision rounds the result to 8 bits; here it is not
+    rounded before the tensor conversion (docs/design.md)."""
+
+    def __init__(self, kernel_size, sigma=(0.1, 2.0)):
+        if isinstance(kernel_size, numbers.Integral):
+            kernel_size = (kernel_size, kernel_size)
+        if not isinstance(kernel_size, (tuple, list)) or len(kernel_size) not in (1, 2):
+            raise ValueError("Kernel size should be a tuple/list of two integers")
+        kernel_size = (int(kernel_size[0]), int(kernel_size[-1]))
+        for k in kernel_size:
+            if k <= 0 or k % 2 == 0:
+                raise ValueError("Kernel size value should be an odd and positive number.")
+        if max(kernel_size) > _C_MAX_BLUR_KERNEL:
+            raise ValueError(f"GaussianBlur: kernel sizes up to {_C_MAX_BLUR_KERNEL} are supported")
+        self.kernel_size = kernel_size
+        if isinstance(sigma, numbers.Number):
+            if sigma <= 0:
+                raise ValueError("If sigma is a single number, it must be positive.")
+            sigma = (float(sigma), float(sigma))
+        elif isinstance(sigma, (tuple, list)) and len(sigma) == 2:
+            if not 0.0 < sigma[0] <= sigma[1]:
+                raise ValueError("sigma values should be positive and of the form (min, max).")
+            sigma = (float(sigma[0]), float(sigma[1]))
+        else:
+            raise ValueError("sigma should be a single number or a list/tuple with length 2.")
+        self.sigma = sigma
+
+    def __repr__(self):
+        return f"GaussianBlur(kernel_size={self.kernel_size}, sigma={self.sigma})"
+
+
+_C_MAX_BLUR_KERNEL = 1023  # FL_BLUR_MAX_KERNEL
+
+
+class RandomApply(_Transform):
+    """Runs ``transforms`` with probability ``p``: one ColorJitter or one
+    GaussianBlur, drawn from that op's own random stream."""
+
+    def __init__(self, transforms, p=0.5):
+        transforms = list(transforms)
+        if len(transforms) != 1 or not isinstance(transforms[0], (ColorJitter, GaussianBlur)):
+            raise ValueError("fastload's RandomApply takes one ColorJitter or one GaussianBlur, "
+                             f"got {transforms!r}")
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"RandomApply: p must be in [0, 1], got {p}")
+        self.transforms = transforms
+        self.p = float(p)
+
+    def __repr__(self):
+        return f"RandomApply({self.transforms!r}, p={self.p})"

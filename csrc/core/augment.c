@@ -125,6 +125,10 @@ void fl_color_draw_for(const fl_color_plan *plan, fl_rng *rng, fl_color_draw *ou
     /* torch.rand(1) < p: p = 1 always, p = 0 never. */
     out->gray = plan->gray_p > 0.0 && fl_rng_uniform(rng) < plan->gray_p;
     out->gray_first = plan->gray_first;
+    /* Drawn last, so chains without RandomApply keep their numbers. */
+    if (plan->jitter_p < 1.0 && !(fl_rng_uniform(rng) < plan->jitter_p))
+        for (int op = 0; op < FL_COLOR_OPS; op++)
+            out->on[op] = 0;
 }
 
 /* F.rgb_to_grayscale's weights for tensors (Pillow's "L" uses 0.299). */

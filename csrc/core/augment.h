@@ -59,6 +59,8 @@ typedef struct fl_color_plan {
                                                   order[0] < 0: drawn per sample */
     double gray_p;                             /* probability of grayscale; 0: none */
     int gray_first;                            /* 1: grayscale comes before the jitter */
+    double jitter_p;                           /* probability the jitter runs
+                                                  (RandomApply); drawn only when < 1 */
 } fl_color_plan;
 
 /* What one sample gets. */
@@ -79,7 +81,8 @@ int fl_color_active(const fl_color_plan *plan);
 
 /* ColorJitter.get_params and RandomGrayscale's coin, drawn from `rng`: a
  * uniform permutation of the four adjustments, a uniform factor for each
- * that is on, then grayscale with probability gray_p.  The numbers differ
+ * that is on, then grayscale with probability gray_p, then (when jitter_p
+ * < 1) RandomApply's coin, which turns every adjustment off when it fails.  The numbers differ
  * from torch's generator; the distributions are the same. */
 void fl_color_draw_for(const fl_color_plan *plan, fl_rng *rng, fl_color_draw *out);
 

@@ -30,6 +30,12 @@ struct fl_image_worker {
     size_t color_capacity; /* floats */
     unsigned char *buf; /* the last file read */
     size_t capacity;
+    unsigned char *window; /* RandomCrop's window with padding, RGB */
+    size_t window_capacity; /* bytes */
+    int *columns;          /* its source column per output column */
+    size_t columns_capacity; /* ints */
+    float *blur;           /* GaussianBlur's kernels and intermediate plane */
+    size_t blur_capacity;  /* floats */
 };
 
 /* ------------------------------------------------------ per-thread state */
@@ -49,6 +55,9 @@ static void worker_free(void *p)
     fl_resample_scratch_free(w->scratch);
     free(w->color);
     free(w->buf);
+    free(w->window);
+    free(w->columns);
+    free(w->blur);
     free(w);
 }
 
@@ -212,6 +221,64 @@ fl_image_format fl_image_format_of(const unsigned char *data, size_t size)
 
 /* --------------------------------------------------------------- geometry */
 
+/* Grows *buf to hold `count` items of `size` bytes (*capacity counts
+ * items).  Returns FL_OK or FL_ERR_NOMEM (the buffer is left as it was). */
+static int grow(void **buf, size_t *capacity, size_t count, size_t size)
+{
+    if (count <= *capacity)
+        return FL_OK;
+    void *grown = count > SIZE_MAX / size ? NULL : realloc(*buf, count * size);
+    if (!grown)
+        return FL_ERR_NOMEM;
+    *buf = grown;
+    *capacity = count;
+    return FL_OK;
+}
+
+/* RandomCrop: offsets drawn on the padded image (or on the resized one,
+ * mapped back as a box like Resize + CenterCrop's). */
+static void random_crop_geometry(const fl_image_plan *plan, fl_rng *rng, int width, int height,
+                                 fl_sample_geometry *out)
+{
+    int cw = plan->crop_w, ch = plan->crop_h, left, top;
+    out->out_w = cw;
+    out->out_h = ch;
+    if (plan->resize > 0 || plan->resize_w > 0) {
+        int rw = plan->resize_w, rh = plan->resize_h;
+        if (plan->resize > 0)
+            fl_resize_short_side(width, height, plan->resize, plan->max_size, &rw, &rh);
+        fl_pad_plan none = {0};
+        fl_pad_axes(&none, rw, rh, cw, ch, &out->pad_x, &out->pad_y);
+        out->from_w = rw;
+        out->from_h = rh;
+        out->crop_error = fl_random_crop_offsets(rng, &out->pad_x, &out->pad_y, cw, ch, &left,
+                                                 &top) != 0;
+        out->crop_x = left;
+        out->crop_y = top;
+        fl_box in_resized = {left, top, cw, ch};
+        if (!out->crop_error)
+            fl_box_unscale(&in_resized, width, height, rw, rh, &out->box);
+        return;
+    }
+    fl_pad_axes(&plan->pad, width, height, cw, ch, &out->pad_x, &out->pad_y);
+    out->from_w = fl_pad_extent(&out->pad_x);
+    out->from_h = fl_pad_extent(&out->pad_y);
+    out->crop_error =
+        fl_random_crop_offsets(rng, &out->pad_x, &out->pad_y, cw, ch, &left, &top) != 0;
+    out->crop_x = left;
+    out->crop_y = top;
+    out->hard_crop = 1;
+    fl_box box = {left - out->pad_x.before1 - out->pad_x.before2,
+                  top - out->pad_y.before1 - out->pad_y.before2, cw, ch};
+    out->box = box;
+    out->padded = box.x < 0 || box.y < 0 || box.x + cw > width || box.y + ch > height;
+    if (out->crop_error || out->padded) {
+        /* Nothing to resample in source coordinates. */
+        fl_box whole = {0, 0, width, height};
+        out->box = out->crop_error ? whole : box;
+    }
+}
+
 void fl_plan_geometry(const fl_image_plan *plan, const fl_sample_key *key, int width, int height,
                       fl_sample_geometry *out)
 {
@@ -253,6 +320,8 @@ void fl_plan_geometry(const fl_image_plan *plan, const fl_sample_key *key, int w
         out->out_h = plan->crop_h > 0 ? plan->crop_h : rh;
         /* Without resize, a center crop cuts pixels, as torchvision's does. */
         out->hard_crop = plan->resize == 0 && plan->resize_w == 0;
+    } else if (plan->crop == FL_CROP_RANDOM) {
+        random_crop_geometry(plan, &rng, width, height, out);
     }
     out->flip = plan->flip_p > 0 && fl_rng_uniform(&rng) < plan->flip_p;
     if (fl_color_active(&plan->color)) {
@@ -260,7 +329,12 @@ void fl_plan_geometry(const fl_image_plan *plan, const fl_sample_key *key, int w
         fl_rng_init_stream(&color_rng, key->seed, key->epoch, key->index, FL_STREAM_COLOR);
         fl_color_draw_for(&plan->color, &color_rng, &out->color);
     }
-    if (!plan->exact && plan->filter != FL_FILTER_NEAREST)
+    if (fl_blur_active(&plan->blur)) {
+        fl_rng blur_rng;
+        fl_rng_init_stream(&blur_rng, key->seed, key->epoch, key->index, FL_STREAM_BLUR);
+        fl_blur_draw_for(&plan->blur, &blur_rng, &out->blur);
+    }
+    if (!plan->exact && plan->filter != FL_FILTER_NEAREST && !out->crop_error)
         out->scale_denom = fl_jpeg_pick_scale((int)out->box.w, (int)out->box.h, out->out_w,
                                               out->out_h);
 }
@@ -321,7 +395,7 @@ static int resample_box(fl_image_worker *w, const fl_image_plan *plan,
         target.offset[c] = plan->add[c];
     }
     int rc;
-    if (!fl_color_active(&plan->color)) {
+    if (!fl_color_active(&plan->color) && !g->blur.on) {
         rc = fl_resample(rgb, width, height, stride, bx, by, bw, bh, &target, w->scratch);
     } else {
         /* Colour ops work on the resampled values before conversion: resample
@@ -349,14 +423,51 @@ static int resample_box(fl_image_worker *w, const fl_image_plan *plan,
         }
         if (rc == FL_OK)
             rc = fl_resample(rgb, width, height, stride, bx, by, bw, bh, &floats, w->scratch);
+        if (rc == FL_OK)
+            rc = grow((void **)&w->blur, &w->blur_capacity,
+                      fl_blur_scratch_floats(&g->blur, g->out_w, g->out_h), sizeof(float));
         if (rc == FL_OK) {
             fl_color_apply(&g->color, w->color, pixels);
+            fl_blur_apply(&g->blur, w->color, g->out_w, g->out_h, w->blur);
             rc = fl_resample_store(w->color, &target);
         }
     }
     if (rc != FL_OK)
         snprintf(msg, msg_size, "resampling failed: %s", fl_status_str(rc));
     return rc;
+}
+
+/* RandomCrop's window where it reaches into the padding: built from the
+ * source pixels [src_x, src_x + src_w) x [src_y, src_y + src_h) at `src`,
+ * then stored as an image of the output's size (a 1:1 copy). */
+static int padded_to_row(fl_image_worker *w, const fl_image_plan *plan,
+                         const fl_sample_geometry *g, const unsigned char *src, int src_x,
+                         int src_y, int src_w, int src_h, size_t stride, void *dst, char *msg,
+                         size_t msg_size)
+{
+    size_t row = 3 * (size_t)g->out_w;
+    if (grow((void **)&w->window, &w->window_capacity, row * (size_t)g->out_h, 1) != FL_OK ||
+        grow((void **)&w->columns, &w->columns_capacity, (size_t)g->out_w, sizeof(int)) !=
+            FL_OK) {
+        snprintf(msg, msg_size, "cannot allocate the %d x %d crop", g->out_w, g->out_h);
+        return FL_ERR_NOMEM;
+    }
+    if (fl_pad_window(&plan->pad, &g->pad_x, &g->pad_y, g->crop_x, g->crop_y, g->out_w,
+                      g->out_h, src, src_x, src_y, src_w, src_h, stride, w->columns,
+                      w->window) != 0) {
+        snprintf(msg, msg_size, "padded crop outside the decoded pixels");
+        return FL_ERR_INVALID;
+    }
+    return resample_box(w, plan, g, w->window, g->out_w, g->out_h, row, 0, 0, g->out_w,
+                        g->out_h, dst, msg, msg_size);
+}
+
+/* torchvision's error for a RandomCrop larger than the (padded) image. */
+static int crop_error(const fl_sample_geometry *g, char *msg, size_t msg_size)
+{
+    snprintf(msg, msg_size, "Required crop size (%d, %d) is larger than input image size (%d, %d)",
+             g->out_h, g->out_w, g->from_h, g->from_w);
+    return FL_ERR_INVALID;
 }
 
 /* fl_pipeline_jpeg, its stages timed on `clock` (decode open on entry). */
@@ -381,6 +492,8 @@ static int jpeg_to_row(fl_image_worker *w, const fl_image_plan *plan, const fl_s
         return FL_ERR_TOO_BIG;
     }
     fl_plan_geometry(plan, key, header.width, header.height, g);
+    if (g->crop_error)
+        return crop_error(g, msg, msg_size);
     if (!dst)
         return FL_OK;
     if (!fl_jpeg_complete(data, size)) {
@@ -401,12 +514,23 @@ static int jpeg_to_row(fl_image_worker *w, const fl_image_plan *plan, const fl_s
         x1 = header.width;
     if (y1 > header.height)
         y1 = header.height;
+    if (g->padded) {
+        /* Only the pixels the window shows, padding aside. */
+        fl_pad_source_range(&g->pad_x, plan->pad.mode, g->crop_x, g->out_w, &x0, &x1);
+        fl_pad_source_range(&g->pad_y, plan->pad.mode, g->crop_y, g->out_h, &y0, &y1);
+    }
     fl_jpeg_region region = {x0, y0, x1 - x0, y1 - y0, g->scale_denom};
     fl_pixels px;
     rc = fl_jpeg_decode(w->jpeg, data, size, &region, plan->max_pixels, &px, msg, msg_size);
     if (rc != FL_OK)
         return rc;
     fl_stage_next(clock, FL_STAGE_TRANSFORM);
+    if (g->padded) {
+        /* scale_denom is 1: a random crop's filter is nearest */
+        const unsigned char *origin = px.data + (size_t)px.box_y * px.stride + (size_t)px.box_x * 3;
+        return padded_to_row(w, plan, g, origin, x0, y0, x1 - x0, y1 - y0, px.stride, dst, msg,
+                             msg_size);
+    }
     double d = g->scale_denom;
     double bx = px.box_x + (g->box.x - x0) / d, by = px.box_y + (g->box.y - y0) / d;
     double bw = g->box.w / d, bh = g->box.h / d;
@@ -443,8 +567,12 @@ int fl_pipeline_pixels(fl_image_worker *w, const fl_image_plan *plan, const fl_s
     }
     fl_plan_geometry(plan, key, width, height, g);
     g->scale_denom = 1;
+    if (g->crop_error)
+        return crop_error(g, msg, msg_size);
     if (!dst)
         return FL_OK;
+    if (g->padded)
+        return padded_to_row(w, plan, g, rgb, 0, 0, width, height, stride, dst, msg, msg_size);
     return resample_box(w, plan, g, rgb, width, height, stride, g->box.x, g->box.y, g->box.w,
                         g->box.h, dst, msg, msg_size);
 }

@@ -12,11 +12,16 @@
 #define FL_PIPELINE_H
 
 #include "augment.h"
+#include "blur.h"
+#include "pad.h"
 
 #include <stddef.h>
 #include <stdint.h>
 
 enum { FL_CROP_NONE = 0, FL_CROP_RANDOM_RESIZED = 1, FL_CROP_RESIZE_CENTER = 2 };
+/* RandomCrop: whole pixels at random offsets, of the padded image (pad) or,
+ * after a Resize (then with no padding), of the resized one. */
+enum { FL_CROP_RANDOM = 3 };
 
 /* A compiled transform chain (fastload/transforms.py, Plan). */
 typedef struct fl_image_plan {
@@ -27,7 +32,7 @@ typedef struct fl_image_plan {
     int resize;                 /* resize-center: short side, or 0 */
     int resize_w, resize_h;     /* resize-center: exact size, or 0 */
     int max_size;               /* resize-center: cap on the long side, or 0 */
-    int crop_w, crop_h;         /* resize-center: center crop, or 0 */
+    int crop_w, crop_h;         /* resize-center: center crop, or 0; random: the crop */
     int filter, antialias;      /* FL_FILTER_*, and Pillow's antialiasing */
     double flip_p;              /* probability of a horizontal flip */
     int dtype, layout;          /* FL_DTYPE_*, FL_LAYOUT_* */
@@ -35,6 +40,8 @@ typedef struct fl_image_plan {
     float mul[3], add[3];       /* per channel: out = value_0_255 * mul + add */
     int exact;                  /* 1: never DCT-scale (decode="exact") */
     uint64_t max_pixels;        /* larger images are refused */
+    fl_pad_plan pad;            /* random: padding (none after a Resize) */
+    fl_blur_plan blur;          /* GaussianBlur after the colour ops */
 } fl_image_plan;
 
 /* Where a sample's random numbers come from. */
@@ -51,6 +58,14 @@ typedef struct fl_sample_geometry {
     int flip;
     int scale_denom;            /* DCT scaling used */
     fl_color_draw color;        /* the colour ops drawn (when the plan has any) */
+    int crop_error;             /* 1: RandomCrop's crop is larger than the image it cuts
+                                   (from_w x from_h): torchvision raises */
+    int from_w, from_h;         /* random: the padded (or resized) image cut */
+    int padded;                 /* 1: the crop reaches into the padding, so the window
+                                   is built by fl_pad_window (box.x, box.y may be < 0) */
+    fl_pad_axis pad_x, pad_y;   /* random: the padding per axis */
+    int crop_x, crop_y;         /* random: the crop's corner in the padded (or resized) image */
+    fl_blur_draw blur;          /* the blur drawn (when the plan has one) */
 } fl_sample_geometry;
 
 typedef struct fl_image_worker fl_image_worker;
