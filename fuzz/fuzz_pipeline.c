@@ -3,8 +3,8 @@
  * The first PARAM_BYTES bytes of an input choose a transform plan (crop
  * kind, output size, scale and ratio ranges, filter, flip, dtype, layout,
  * exact or DCT-scaled decode) and a random key; the rest is the file.  The
- * augmentations (colour ops) are chosen by a hash of the same bytes, so
- * the corpus keeps its layout as ops are added.  The
+ * augmentations (RandomCrop's padding, colour ops, blur) are chosen by a
+ * hash of the same bytes, so the corpus keeps its layout as ops are added.  The
  * pipeline (csrc/core/pipeline.c) then does what a worker does, by the
  * file's magic bytes: for a JPEG (or bytes of no known format), header, crop
  * box, completeness check, region decode; for a PNG or WebP (libpng,
@@ -44,12 +44,41 @@ static unsigned take(uint64_t *h, int bits)
     return v;
 }
 
+/* A plan without geometry becomes, half the time, a RandomCrop of the
+ * plan's output size with up to 7 pixels of padding a side, in any mode. */
+static void random_crop_from(uint64_t h, fl_image_plan *plan)
+{
+    if (plan->crop != FL_CROP_NONE || !take(&h, 1))
+        return;
+    plan->crop = FL_CROP_RANDOM;
+    plan->crop_w = plan->out_w = 1 + (int)take(&h, 6);
+    plan->crop_h = plan->out_h = 1 + (int)take(&h, 6);
+    fl_pad_plan *pad = &plan->pad;
+    pad->left = (int)take(&h, 3);
+    pad->top = (int)take(&h, 3);
+    pad->right = (int)take(&h, 3);
+    pad->bottom = (int)take(&h, 3);
+    pad->if_needed = (int)take(&h, 1);
+    pad->once = (int)take(&h, 1);
+    pad->mode = (int)take(&h, 2);
+    for (int c = 0; c < 3; c++)
+        pad->fill[c] = (unsigned char)take(&h, 8);
+}
+
 /* Half of the plans get colour ops: each adjustment on or off, ranges up to
  * twice ColorJitter's usual, a fixed or drawn order, grayscale before or
- * after. */
-static void augment_from(uint64_t h, fl_image_plan *plan)
+ * after, the jitter sometimes under a RandomApply; a quarter get a blur. */
+static void color_from(uint64_t h, fl_image_plan *plan)
 {
     fl_color_plan *color = &plan->color;
+    if (take(&h, 2) == 0) {
+        fl_blur_plan *blur = &plan->blur;
+        blur->kernel_w = 1 + 2 * (int)take(&h, 3);
+        blur->kernel_h = 1 + 2 * (int)take(&h, 3);
+        blur->sigma_lo = 0.1 + take(&h, 3);
+        blur->sigma_hi = blur->sigma_lo + take(&h, 3);
+        blur->p = take(&h, 2) / 3.0;
+    }
     if (!take(&h, 1))
         return;
     for (int op = 0; op < FL_COLOR_OPS; op++) {
@@ -70,6 +99,7 @@ static void augment_from(uint64_t h, fl_image_plan *plan)
     }
     color->gray_p = take(&h, 2) / 3.0;
     color->gray_first = (int)take(&h, 1);
+    color->jitter_p = take(&h, 1) ? take(&h, 2) / 3.0 : 1.0;
     fl_color_plan_from_ranges(color);
 }
 
@@ -114,7 +144,8 @@ static void plan_from(const uint8_t *p, fl_image_plan *plan, fl_sample_key *key)
     uint64_t h = 0;
     for (int i = 0; i < PARAM_BYTES; i++)
         h = fl__mix64(h ^ p[i]);
-    augment_from(h, plan);
+    random_crop_from(h, plan);
+    color_from(fl__mix64(h), plan);
 }
 
 static size_t element_size(int dtype)

@@ -4,6 +4,7 @@ bug stays fixed.  fuzz/Makefile runs the fuzzers themselves."""
 
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 
@@ -13,10 +14,21 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 FUZZ = ROOT / "fuzz"
 CC = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
 TARGETS = sorted(p.stem[len("fuzz_"):] for p in FUZZ.glob("fuzz_*.c"))
-# The fuzz targets exercise the parsing half of the core.
-CORE = [f"csrc/core/{name}.c"
-        for name in ("augment", "blur", "jpeg", "nvtx", "pad", "pipeline", "png", "resample",
-                     "stats", "status", "tar", "webp")]
+
+
+def _makefile_list(name):
+    """A ``NAME := $(addprefix ../csrc/core/, ...)`` list of fuzz/Makefile,
+    as paths from the root: the Makefile and this test build the same."""
+    text = (FUZZ / "Makefile").read_text()
+    match = re.search(rf"^{name}\s*:=\s*\$\(addprefix \.\./csrc/core/,(.*?)\)$", text,
+                      re.M | re.S)
+    files = match.group(1).replace("\\\n", " ").split()
+    return [f"csrc/core/{f}" for f in files]
+
+
+# The fuzz targets exercise the parsing half of the core; LIBS: what it links.
+CORE = _makefile_list("CORE")
+LIBS = re.search(r"^LIBS\s*:=(.*)$", (FUZZ / "Makefile").read_text(), re.M).group(1).split()
 
 pytestmark = pytest.mark.skipif(CC is None, reason="needs a C compiler")
 
@@ -27,7 +39,7 @@ def test_replay_corpus_and_crashes(tmp_path, target):
     build = subprocess.run(
         [CC, "-std=c11", "-g", "-O1", "-Icsrc", "-Wall", "-Wextra", "-Werror",
          "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",
-         f"fuzz/fuzz_{target}.c", "fuzz/replay.c", *CORE, "-ljpeg", "-lpng", "-lwebp", "-lwebpdemux", "-lpthread", "-lm", "-ldl",
+         f"fuzz/fuzz_{target}.c", "fuzz/replay.c", *CORE, *LIBS,
          "-o", str(exe)],
         cwd=ROOT, capture_output=True, text=True)
     assert build.returncode == 0, build.stderr
