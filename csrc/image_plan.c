@@ -62,6 +62,11 @@ static const plan_field PLAN_FIELDS[] = {
     FIELD("gray_first", F_BOOL, color.gray_first),
     FIELD("mul", F_FLOAT3, mul),
     FIELD("add", F_FLOAT3, add),
+    FIELD("erase_p", F_DOUBLE, erase.p),
+    PAIR("erase_scale", F_DOUBLE_PAIR, erase.scale_lo, erase.scale_hi),
+    PAIR("erase_ratio", F_DOUBLE_PAIR, erase.ratio_lo, erase.ratio_hi),
+    FIELD("erase_value", F_FLOAT3, erase.value),
+    FIELD("erase_random", F_BOOL, erase.random),
 };
 
 static int as_int(PyObject *obj, int *out)
@@ -213,6 +218,14 @@ int fl__parse_plan(PyObject *plan, fl_image_plan *out)
     }
     if (!(p.color.gray_p >= 0.0 && p.color.gray_p <= 1.0)) {
         PyErr_SetString(PyExc_ValueError, "malformed transform plan: gray_p");
+        return -1;
+    }
+    const fl_erase_plan *e = &p.erase;
+    if (!(e->p >= 0.0 && e->p <= 1.0) ||
+        (e->p > 0.0 && !(0.0 <= e->scale_lo && e->scale_lo <= e->scale_hi &&
+                         e->scale_hi <= 1.0 && 0.0 < e->ratio_lo &&
+                         e->ratio_lo <= e->ratio_hi && isfinite(e->ratio_hi)))) {
+        PyErr_SetString(PyExc_ValueError, "malformed transform plan: erase");
         return -1;
     }
     fl_color_plan_from_ranges(&p.color);

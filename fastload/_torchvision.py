@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 from . import transforms as T
 
-__all__ = ["TransformPlan", "resolve"]
+__all__ = ["TransformPlan", "batch_transform", "resolve"]
 
 # The Python part is slower per image than the same chain in C by about
 # this factor (benchmarks/images_bench.py, "torchvision classes" rows).
@@ -97,6 +97,15 @@ def _to_dtype(t):
     return [T.ConvertImageDtype("float32")]
 
 
+def _random_erasing(t):
+    value = t.value
+    if value is None:  # v2 keeps "random" as None
+        value = "random"
+    elif isinstance(value, (list, tuple)) and len(value) == 1:
+        value = value[0]
+    return [T.RandomErasing(t.p, tuple(t.scale), tuple(t.ratio), value, t.inplace)]
+
+
 _TABLE = {
     "RandomResizedCrop": _random_resized_crop,
     "Resize": _resize,
@@ -110,6 +119,7 @@ _TABLE = {
     "Normalize": lambda t: [T.Normalize(t.mean, t.std, t.inplace)],
     "ToPureTensor": lambda t: [],  # v2: unwraps tv_tensors; batches are plain tensors
     "RGB": lambda t: [],  # decoded images are RGB already
+    "RandomErasing": _random_erasing,
 }
 
 # Steps that may run in C ahead of a Python part: they only move pixels (or
@@ -225,3 +235,31 @@ def resolve(transform, loader=False):
     compose, k = _split(steps)
     return Resolved(compose, PythonSteps(steps[k:]),
                     TransformPlan(tuple(steps[:k]), tuple(steps[k:])), _warning(steps, k))
+
+
+# ------------------------------------------------------ batch transforms
+
+
+def _default_labels(t):
+    getter = getattr(t, "_labels_getter", None)
+    return getattr(getter, "__name__", "") == "_find_labels_default_heuristic"
+
+
+def batch_transform(t):
+    """torchvision v2's MixUp, CutMix, or RandomChoice of them, as fastload's
+    (run in C); None for anything else (a labels_getter of its own, another
+    transform), which then runs as the callable it is."""
+    if not _is_torchvision(t):
+        return None
+    name = _name(t)
+    try:
+        if name in ("MixUp", "CutMix") and _default_labels(t):
+            cls = T.MixUp if name == "MixUp" else T.CutMix
+            return cls(alpha=t.alpha, num_classes=t.num_classes)
+        if name == "RandomChoice":
+            parts = [batch_transform(step) for step in t.transforms]
+            if parts and all(isinstance(p, (T.MixUp, T.CutMix)) for p in parts):
+                return T.RandomChoice(parts, p=list(t.p))
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return None
