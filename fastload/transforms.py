@@ -534,6 +534,8 @@ def compile_plan(transforms, channels_last=False):
                 dtype = t.dtype
             stage = 4
         elif isinstance(t, Normalize):
+            if stage == 6:
+                out_of_place(t)
             if stage not in (3, 4) or dtype == "uint8":
                 raise ValueError("Normalize needs a float image: put ToTensor (or PILToTensor "
                                  "and ConvertImageDtype) before it")
