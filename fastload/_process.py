@@ -172,6 +172,31 @@ def _set_torch_worker_info(worker_id, plan, dataset):
         dataset=dataset)
 
 
+class _StepIntoSlots:
+    """A batch_transform in a worker process whose batches the parent
+    converts: arrays the step made afresh (soft labels, say) are copied into
+    this worker's shared slots too, so the parent converts them as it does
+    the collated ones (a fresh array would arrive as NumPy)."""
+
+    def __init__(self, step, pool):
+        self.step = step
+        self.pool = pool
+
+    def _into_slot(self, value):
+        if isinstance(value, np.ndarray) and value.base is None and value.ndim >= 1 \
+                and len(value) > 0:
+            stacked = _C.collate(list(value), self.pool, None)
+            if stacked is not NotImplemented:
+                return stacked
+        return value
+
+    def __call__(self, batch, seed, epoch, number):
+        batch = self.step(batch, seed, epoch, number)
+        if isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
+            return type(batch)(self._into_slot(v) for v in batch)
+        return batch
+
+
 def _fetch_plan(plan, pool):
     from .dataloader import _Convert, _SlotCollate  # the loader's collate wrappers
 
@@ -182,6 +207,9 @@ def _fetch_plan(plan, pool):
         collate_fn = _Convert(backend)
     else:
         collate_fn = _SlotCollate(pool, backend, convert=None)  # the parent converts
+    batch_step = plan.batch_transform
+    if batch_step is not None and plan.collate_fn is None:
+        batch_step = _StepIntoSlots(batch_step, pool)
     native_batch = None
     if plan.native:
         # The batch lands in this worker's shared slots, unconverted.
@@ -191,7 +219,7 @@ def _fetch_plan(plan, pool):
         dataset=plan.dataset, iterable=plan.iterable, auto_collation=plan.auto_collation,
         collate_fn=collate_fn, drop_last=plan.drop_last, worker_init_fn=plan.worker_init_fn,
         num_workers=plan.num_workers, base_seed=plan.base_seed, native_batch=native_batch,
-        loader_token=plan.loader_token, batch_transform=plan.batch_transform)
+        loader_token=plan.loader_token, batch_transform=batch_step)
 
 
 def worker_main(conn, plan, worker_id, parent_pid):
