@@ -1,7 +1,6 @@
 /* fastload core: see erase.h. */
 #include "erase.h"
 
-#include "mix.h"
 #include "resample.h"
 
 #include <math.h>

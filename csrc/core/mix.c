@@ -10,13 +10,6 @@
 
 /* ------------------------------------------------------------------ draws */
 
-double fl_rng_normal(fl_rng *rng)
-{
-    double u1 = 1.0 - fl_rng_uniform(rng); /* (0, 1]: the log is finite */
-    double u2 = fl_rng_uniform(rng);
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
-
 double fl_rng_gamma(fl_rng *rng, double shape)
 {
     if (shape < 1.0) {

@@ -55,9 +55,6 @@ typedef struct fl_mix_batch {
     float *soft;            /* out: n x num_classes soft labels */
 } fl_mix_batch;
 
-/* A standard normal draw (Box-Muller, two uniforms a draw). */
-double fl_rng_normal(fl_rng *rng);
-
 /* A Gamma(shape, 1) draw for shape > 0 (Marsaglia and Tsang; shape < 1 by
  * Gamma(shape + 1) * U^(1/shape)). */
 double fl_rng_gamma(fl_rng *rng, double shape);

@@ -11,6 +11,7 @@
 #ifndef FL_RNG_H
 #define FL_RNG_H
 
+#include <math.h>
 #include <stdint.h>
 
 typedef struct fl_rng {
@@ -66,6 +67,15 @@ static inline double fl_rng_uniform(fl_rng *rng)
 static inline int64_t fl_rng_below(fl_rng *rng, int64_t n)
 {
     return (int64_t)(((unsigned __int128)fl_rng_next(rng) * (uint64_t)n) >> 64);
+}
+
+/* A standard normal draw (Box-Muller, two uniforms a draw, the sine
+ * unused). */
+static inline double fl_rng_normal(fl_rng *rng)
+{
+    double u1 = 1.0 - fl_rng_uniform(rng); /* (0, 1]: the log is finite */
+    double u2 = fl_rng_uniform(rng);
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
 #endif /* FL_RNG_H */
