@@ -145,6 +145,7 @@ typedef struct EngineObject {
     PyObject *convert;        /* applied to each batch array, or None */
     PyObject *report;         /* called with the skipped-sample records, or None */
     uint64_t seed;
+    fl_mix_plan mix;          /* the batch transform run on native batches (n 0: none) */
     PyObject *weakreflist;
 } EngineObject;
 
@@ -322,15 +323,18 @@ static void warn_left_running(const char *left, int num_workers)
 static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"workers", "max_in_flight", "in_order", "name", "source", "pool",
-                             "convert", "seed", "report", "stats", NULL};
+                             "convert", "seed", "report", "stats", "mix", NULL};
     PyObject *workers, *source = Py_None, *pool = Py_None, *convert = Py_None;
-    PyObject *report = Py_None, *stats = Py_None;
+    PyObject *report = Py_None, *stats = Py_None, *mix = Py_None;
     int max_in_flight, in_order = 1;
     unsigned long long seed = 0;
     const char *name = "fastload-w";
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Oi|ps$OOOKOO:Engine", kwlist, &workers,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Oi|ps$OOOKOOO:Engine", kwlist, &workers,
                                      &max_in_flight, &in_order, &name, &source, &pool, &convert,
-                                     &seed, &report, &stats))
+                                     &seed, &report, &stats, &mix))
+        return NULL;
+    fl_mix_plan mix_plan;
+    if (fl__parse_mix_plan(mix, &mix_plan) < 0)
         return NULL;
     fastload_state *state = fl__state_of_type(type);
     if (stats != Py_None && !PyObject_TypeCheck(stats, state->Timers_type)) {
@@ -414,6 +418,7 @@ static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         self->convert = Py_NewRef(convert);
         self->report = Py_NewRef(report);
         self->seed = seed;
+        self->mix = mix_plan;
     }
     Py_DECREF(seq);
     return (PyObject *)self;
@@ -511,16 +516,17 @@ static PyObject *Engine_submit(EngineObject *self, PyObject *request)
     if (!j)
         return PyErr_NoMemory();
     if (self->source) {
-        /* (epoch, indices).  A bad index fails this batch, in its turn, as
-         * the dataset's own error would in a worker. */
-        unsigned long long epoch;
+        /* (epoch, indices[, batch number]).  A bad index fails this batch,
+         * in its turn, as the dataset's own error would in a worker. */
+        unsigned long long epoch, number = 0;
         PyObject *indices;
-        if (!PyArg_ParseTuple(request, "KO:submit", &epoch, &indices)) {
+        if (!PyArg_ParseTuple(request, "KO|K:submit", &epoch, &indices, &number)) {
             PyMem_RawFree(j);
             return NULL;
         }
-        j->native = fl__native_job_new(fl__state_of_type(Py_TYPE(self)), self->source, indices,
-                                       self->pool, self->seed, epoch);
+        j->native = fl__native_job_new_mixed(fl__state_of_type(Py_TYPE(self)), self->source,
+                                             indices, self->pool, self->seed, epoch, &self->mix,
+                                             number);
         if (!j->native)
             j->error = fl__take_exception();
     } else {
@@ -756,7 +762,8 @@ static PyMethodDef Engine_methods[] = {
     {"submit", (PyCFunction)Engine_submit, METH_O,
      "submit(request, /)\n--\n\n"
      "Queues worker.fetch(request) on the next live active worker, round-robin; with\n"
-     "a native source, request is (epoch, indices) and the batch runs in C.\n"
+     "a native source, request is (epoch, indices[, batch number]) and the batch\n"
+     "runs in C (the number keys the `mix` batch transform's draws).\n"
      "Returns 0, or 1 when every worker has retired (nothing queued)."},
     {"next", (PyCFunction)(void (*)(void))Engine_next, METH_FASTCALL,
      "next(timeout=None, /)\n--\n\n"
@@ -793,7 +800,8 @@ static PyMemberDef Engine_members[] = {
 
 static PyType_Slot Engine_slots[] = {
     {Py_tp_doc, "Engine(workers, max_in_flight, in_order=True, name='fastload-w', *,\n"
-                "       source=None, pool=None, convert=None, seed=0, report=None)\n--\n\n"
+                "       source=None, pool=None, convert=None, seed=0, report=None, stats=None,\n"
+                "       mix=None)\n--\n\n"
                 "Worker threads, one per object in `workers`; each runs that object's\n"
                 "start(), fetch(request) per job and stop() on its own thread.  With a\n"
                 "native `source`, jobs are its batches instead, made in C into slots\n"

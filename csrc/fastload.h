@@ -16,7 +16,9 @@
  * calls nothing in upload.c),
  * host_register.c (HostRegistration: mapped memory page-locked in place),
  * engine_type.c (the Engine type: worker threads that run a Python fetch
- * or a native job), stats_type.c (Timers: a loader's timers).
+ * or a native job), stats_type.c (Timers: a loader's timers),
+ * mixing.c (batch transforms: MixUp/CutMix plans and their calls; the
+ * RandomErasing and mixing draws for tests).
  */
 #ifndef FASTLOAD_H
 #define FASTLOAD_H
@@ -32,6 +34,7 @@
 #include <numpy/arrayobject.h>
 
 #include "core/cuda.h"
+#include "core/mix.h"
 #include "core/slots.h"
 
 /* Per-module state (multi-phase init); every field is a strong reference
@@ -154,6 +157,13 @@ struct fl__native_job {
     char msg[FL__MSG_SIZE];
     void *records;                            /* the source's own (PyMem_Raw) */
     size_t n_records;
+    /* batch transform (MixUp / CutMix): output 1 becomes soft labels */
+    int images_nhwc;                          /* set by plan(): output 0 is N*H*W*C memory */
+    int mixing;                               /* 1: `mix` runs after the source */
+    fl_mix_plan mix;
+    uint64_t batch_number;                    /* keys the mixing draws */
+    int64_t *hard_labels;                     /* the source's labels (PyMem_Raw) */
+    int mix_failed;                           /* the failure is the mixing's: msg says it */
 };
 
 /* Whether `obj` is a native source of this module. */
@@ -164,6 +174,12 @@ int fl__is_native_source(fastload_state *state, PyObject *obj);
  * exception set (a bad index raises IndexError). */
 fl__native_job *fl__native_job_new(fastload_state *state, PyObject *source, PyObject *indices,
                                    PyObject *pool, uint64_t seed, uint64_t epoch);
+/* The same with a batch transform (NULL: none) keyed by batch number
+ * `batch`: the source's outputs must be (images (N, ...4-D), labels int64
+ * (N,)); labels become float32 (N, num_classes). */
+fl__native_job *fl__native_job_new_mixed(fastload_state *state, PyObject *source,
+                                         PyObject *indices, PyObject *pool, uint64_t seed,
+                                         uint64_t epoch, const fl_mix_plan *mix, uint64_t batch);
 /* Runs the job; without the GIL, on any thread. */
 void fl__native_job_run(fl__native_job *job);
 /* With the GIL: the batch (a list of arrays, each passed through `convert`
@@ -209,6 +225,16 @@ PyArray_Descr *fl__plan_descr(const struct fl_image_plan *plan);
 void fl__image_dims(const struct fl_image_plan *plan, int width, int height, npy_intp *dims);
 PyObject *fl__transform_image(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fl__color_draws(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+
+/* mixing.c */
+/* Reads a fastload.transforms mix plan (kinds, alphas, probs, num_classes),
+ * or None (out->n = 0).  0, or -1 with ValueError. */
+int fl__parse_mix_plan(PyObject *plan, fl_mix_plan *out);
+PyObject *fl__mix_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fl__mix_apply(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fl__mix_draws(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fl__cutmix_box(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fl__erase_draws(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 /* cuda.c */
 PyObject *fl__cuda_driver(PyObject *module, PyObject *unused);

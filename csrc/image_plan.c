@@ -75,6 +75,11 @@ static const plan_field PLAN_FIELDS[] = {
     PAIR("blur_kernel", F_INT_PAIR, blur.kernel_w, blur.kernel_h),
     PAIR("blur_sigma", F_DOUBLE_PAIR, blur.sigma_lo, blur.sigma_hi),
     FIELD("blur_p", F_DOUBLE, blur.p),
+    FIELD("erase_p", F_DOUBLE, erase.p),
+    PAIR("erase_scale", F_DOUBLE_PAIR, erase.scale_lo, erase.scale_hi),
+    PAIR("erase_ratio", F_DOUBLE_PAIR, erase.ratio_lo, erase.ratio_hi),
+    FIELD("erase_value", F_FLOAT3, erase.value),
+    FIELD("erase_random", F_BOOL, erase.random),
 };
 
 static int as_int(PyObject *obj, int *out)
@@ -279,6 +284,14 @@ int fl__parse_plan(PyObject *plan, fl_image_plan *out)
     }
     if (check_crop_and_blur(&p) < 0)
         return -1;
+    const fl_erase_plan *e = &p.erase;
+    if (!(e->p >= 0.0 && e->p <= 1.0) ||
+        (e->p > 0.0 && !(0.0 <= e->scale_lo && e->scale_lo <= e->scale_hi &&
+                         e->scale_hi <= 1.0 && 0.0 < e->ratio_lo &&
+                         e->ratio_lo <= e->ratio_hi && isfinite(e->ratio_hi)))) {
+        PyErr_SetString(PyExc_ValueError, "malformed transform plan: erase");
+        return -1;
+    }
     fl_color_plan_from_ranges(&p.color);
     *out = p;
     return 0;

@@ -163,6 +163,7 @@ static int image_plan(PyObject *source, fl__native_job *job)
     job->dims[0][0] = job->dims[1][0] = (npy_intp)job->n;
     fl__image_dims(plan, plan->out_w, plan->out_h, &job->dims[0][1]);
     job->channels_first[0] = self->channels_first;
+    job->images_nhwc = plan->layout == FL_LAYOUT_HWC;
     if (self->core.skip) {
         /* Room for a few skips a row; n_skips counts any beyond. */
         job->records = PyMem_RawCalloc(job->n * 4 + 1, sizeof(fl_image_failure));
@@ -520,12 +521,14 @@ static PyObject *ImageSource_decode_only(ImageSourceObject *self, PyObject *indi
 }
 
 PyDoc_STRVAR(batch_doc,
-             "batch(indices, pool, convert, seed, epoch, /)\n--\n\n"
+             "batch(indices, pool, convert, seed, epoch, mix=None, batch=0, /)\n--\n\n"
              "Decodes and transforms the samples `indices` into one batch: returns\n"
              "([images, labels], skipped), images (B, C, H, W) or (B, H, W, C) in\n"
              "the plan's dtype, labels int64, both in a slot of `pool` (or fresh\n"
              "arrays when it is None) passed through `convert`; skipped is a list\n"
-             "of (index, path, message) for samples replaced (on_error='skip').");
+             "of (index, path, message) for samples replaced (on_error='skip').\n"
+             "With a mix plan (MixUp / CutMix) the batch is mixed in place, keyed by\n"
+             "(seed, epoch, batch), and labels are float32 (B, num_classes).");
 
 static PyMethodDef ImageSource_methods[] = {
     {"batch", (PyCFunction)(void (*)(void))fl__native_batch_method, METH_FASTCALL, batch_doc},

@@ -40,6 +40,23 @@ static PyMethodDef module_methods[] = {
      "color_draws(plan, seed, epoch, index, /)\n--\n\n"
      "The colour ops a plan draws for one sample, for tests: (order, factors\n"
      "(None where off), grayscale)."},
+    {"mix_batch", (PyCFunction)(void (*)(void))fl__mix_batch, METH_FASTCALL,
+     "mix_batch(images, labels, plan, seed, epoch, batch, nhwc, /)\n--\n\n"
+     "MixUp/CutMix (a mix plan) on a contiguous 4-D batch, in place, with the\n"
+     "draws keyed by (seed, epoch, batch); returns the float32 soft labels."},
+    {"mix_apply", (PyCFunction)(void (*)(void))fl__mix_apply, METH_FASTCALL,
+     "mix_apply(images, labels, kind, lam, box, num_classes, nhwc, /)\n--\n\n"
+     "MixUp (kind 0, lam) or CutMix (kind 1, box (x1, y1, x2, y2)) with the\n"
+     "given parameters, for tests; returns the soft labels."},
+    {"mix_draws", (PyCFunction)(void (*)(void))fl__mix_draws, METH_FASTCALL,
+     "mix_draws(plan, seed, epoch, batch, height, width, /)\n--\n\n"
+     "A batch's mixing draws, for tests: (kind, lam, box, label weight)."},
+    {"cutmix_box", (PyCFunction)(void (*)(void))fl__cutmix_box, METH_FASTCALL,
+     "cutmix_box(lam, cx, cy, height, width, /)\n--\n\n"
+     "CutMix's box and label weight for lam and a centre, for tests."},
+    {"erase_draws", (PyCFunction)(void (*)(void))fl__erase_draws, METH_FASTCALL,
+     "erase_draws(plan, seed, epoch, index, width, height, /)\n--\n\n"
+     "RandomErasing's box (i, j, h, w) for one sample, or None, for tests."},
     {"cuda_driver", (PyCFunction)fl__cuda_driver, METH_NOARGS,
      "cuda_driver()\n--\n\n"
      "Loads the CUDA driver once (libcuda.so.1, or $FASTLOAD_LIBCUDA) and\n"

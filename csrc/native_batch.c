@@ -12,6 +12,7 @@
  */
 #include "fastload.h"
 
+#include "core/resample.h"
 #include "core/status.h"
 
 #include <string.h>
@@ -171,6 +172,7 @@ void fl__native_job_free(fl__native_job *job)
         fl_slot_release(job->slot);
     PyMem_RawFree(job->indices);
     PyMem_RawFree(job->records);
+    PyMem_RawFree(job->hard_labels);
     PyMem_RawFree(job);
 }
 
@@ -182,8 +184,53 @@ static size_t output_bytes(const fl__native_job *job, int i)
     return bytes;
 }
 
+/* With a batch transform: checks the source's outputs are (images,
+ * labels) and turns the labels output into soft labels, the source's own
+ * labels going to a scratch vector. */
+static int plan_mixing(fl__native_job *job, const fl_mix_plan *mix, uint64_t batch)
+{
+    if (job->n_out != 2 || job->ndims[0] != 4 || job->ndims[1] != 1 ||
+        job->descrs[1]->type_num != NPY_INT64) {
+        PyErr_SetString(PyExc_TypeError, "batch_transform: MixUp and CutMix need batches of "
+                                         "(images (N, C, H, W), int64 class labels (N,))");
+        return -1;
+    }
+    int type = job->descrs[0]->type_num;
+    if (type != NPY_FLOAT32 && type != NPY_FLOAT16 && type != NPY_UINT8) {
+        PyErr_SetString(PyExc_TypeError, "batch_transform: MixUp and CutMix need float32, "
+                                         "float16 or uint8 images");
+        return -1;
+    }
+    for (int i = 0; i < mix->n; i++)
+        if (mix->kind[i] == FL_MIX_MIXUP && type == NPY_UINT8) {
+            PyErr_SetString(PyExc_TypeError, "batch_transform: MixUp needs float images (end "
+                                             "the transform with ToTensor or "
+                                             "ConvertImageDtype); these are uint8");
+            return -1;
+        }
+    job->hard_labels = PyMem_RawMalloc(sizeof(int64_t) * (job->n ? job->n : 1));
+    if (!job->hard_labels) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_SETREF(job->descrs[1], PyArray_DescrFromType(NPY_FLOAT32));
+    job->ndims[1] = 2;
+    job->dims[1][1] = mix->num_classes;
+    job->mix = *mix;
+    job->mixing = 1;
+    job->batch_number = batch;
+    return 0;
+}
+
 fl__native_job *fl__native_job_new(fastload_state *state, PyObject *source, PyObject *indices,
                                    PyObject *pool, uint64_t seed, uint64_t epoch)
+{
+    return fl__native_job_new_mixed(state, source, indices, pool, seed, epoch, NULL, 0);
+}
+
+fl__native_job *fl__native_job_new_mixed(fastload_state *state, PyObject *source,
+                                         PyObject *indices, PyObject *pool, uint64_t seed,
+                                         uint64_t epoch, const fl_mix_plan *mix, uint64_t batch)
 {
     if (!fl__is_native_source(state, source)) {
         PyErr_SetString(PyExc_TypeError, "not a native source");
@@ -206,6 +253,8 @@ fl__native_job *fl__native_job_new(fastload_state *state, PyObject *source, PyOb
         goto fail;
     job->n = (size_t)n;
     if (src->ops->plan(source, job) < 0)
+        goto fail;
+    if (mix && mix->n > 0 && plan_mixing(job, mix, batch) < 0)
         goto fail;
 
     if (pool == Py_None) {
@@ -242,7 +291,48 @@ void fl__native_job_run(fl__native_job *job)
         for (int i = 0; i < job->n_out; i++)
             job->data[i] = (char *)job->slot->data + job->offsets[i];
     }
+    if (!job->mixing) {
+        job->source->ops->run(job->source->core, job);
+        return;
+    }
+    /* The source writes its int64 labels to the scratch vector; the soft
+     * labels go where it would have written them. */
+    char *soft = job->data[1];
+    job->data[1] = (char *)job->hard_labels;
     job->source->ops->run(job->source->core, job);
+    job->data[1] = soft;
+    if (job->status != FL_OK)
+        return;
+    npy_intp *d = job->dims[0];
+    fl_mix_batch b = {
+        .images = job->data[0],
+        .dtype = job->descrs[0]->type_num == NPY_FLOAT32   ? FL_DTYPE_FLOAT32
+                 : job->descrs[0]->type_num == NPY_FLOAT16 ? FL_DTYPE_FLOAT16
+                                                           : FL_DTYPE_UINT8,
+        .nhwc = job->images_nhwc,
+        .n = job->n,
+        .channels = (int)(job->images_nhwc ? d[3] : d[1]),
+        .height = (int)(job->images_nhwc ? d[1] : d[2]),
+        .width = (int)(job->images_nhwc ? d[2] : d[3]),
+        .labels = job->hard_labels,
+        .soft = (float *)soft,
+    };
+    fl_mix_params params;
+    fl_mix_draw(&job->mix, job->seed, job->epoch, job->batch_number, b.height, b.width, &params);
+    size_t bad = 0;
+    int rc = fl_mix_apply(&params, job->mix.num_classes, &b, &bad);
+    if (rc == FL_OK)
+        return;
+    job->status = rc;
+    job->mix_failed = 1;
+    if (rc == FL_ERR_NOMEM)
+        snprintf(job->msg, sizeof job->msg, "batch %llu: no memory to mix the batch",
+                 (unsigned long long)job->batch_number);
+    else
+        snprintf(job->msg, sizeof job->msg, "batch %llu: sample index %lld has label %lld, "
+                 "outside [0, num_classes=%d)",
+                 (unsigned long long)job->batch_number, (long long)job->indices[bad],
+                 (long long)job->hard_labels[bad], job->mix.num_classes);
 }
 
 /* Output i over the job's slot (or its own array): shape dims[i], or for a
@@ -281,7 +371,10 @@ PyObject *fl__native_job_finish(fastload_state *state, fl__native_job *job, PyOb
 {
     *skipped = NULL;
     if (job->status != FL_OK) {
-        if (job->no_slot) {
+        if (job->mix_failed) {
+            PyErr_SetString(job->status == FL_ERR_NOMEM ? PyExc_MemoryError : PyExc_ValueError,
+                            job->msg);
+        } else if (job->no_slot) {
             PyErr_Format(PyExc_MemoryError, "fastload: cannot allocate a %zu-byte batch buffer",
                          job->bytes);
         } else {
@@ -319,17 +412,22 @@ PyObject *fl__native_job_finish(fastload_state *state, fl__native_job *job, PyOb
 
 PyObject *fl__native_batch_method(PyObject *source, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "batch(indices, pool, convert, seed, epoch) takes 5 "
-                                         "arguments");
+    if (nargs != 5 && nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "batch(indices, pool, convert, seed, epoch[, mix, "
+                                         "batch]) takes 5 or 7 arguments");
         return NULL;
     }
     unsigned long long seed = PyLong_AsUnsignedLongLongMask(args[3]);
     unsigned long long epoch = PyLong_AsUnsignedLongLongMask(args[4]);
+    unsigned long long number = nargs == 7 ? PyLong_AsUnsignedLongLongMask(args[6]) : 0;
     if (PyErr_Occurred())
         return NULL;
+    fl_mix_plan mix = {0};
+    if (nargs == 7 && fl__parse_mix_plan(args[5], &mix) < 0)
+        return NULL;
     fastload_state *state = fl__state_of_type(Py_TYPE(source));
-    fl__native_job *job = fl__native_job_new(state, source, args[0], args[1], seed, epoch);
+    fl__native_job *job = fl__native_job_new_mixed(state, source, args[0], args[1], seed, epoch,
+                                                   &mix, number);
     if (!job)
         return NULL;
     /* `source` and `pool` are held by the caller for the whole call. */

@@ -51,20 +51,26 @@ class SourceOwner:
 
 
 class NativeBatches:
-    """``(indices, epoch) -> batch`` over a native source, on the calling
-    thread; skipped-sample records go to ``report``."""
+    """``(indices, epoch, number) -> batch`` over a native source, on the
+    calling thread; skipped-sample records go to ``report``; ``mix``
+    (MixUp/CutMix) runs in the batch job, keyed by the batch number."""
 
-    __slots__ = ("source", "pool", "convert", "seed", "report")
+    __slots__ = ("source", "pool", "convert", "seed", "report", "mix")
 
-    def __init__(self, source, pool, convert, seed, report=None):
+    def __init__(self, source, pool, convert, seed, report=None, mix=None):
         self.source = source
         self.pool = pool
         self.convert = convert
         self.seed = seed
         self.report = report
+        self.mix = mix  # a MixUp/CutMix plan run on the batch in C, keyed by its number
 
-    def __call__(self, indices, epoch):
-        batch, skipped = self.source.batch(indices, self.pool, self.convert, self.seed, epoch)
+    def __call__(self, indices, epoch, number=0):
+        if self.mix is None:
+            batch, skipped = self.source.batch(indices, self.pool, self.convert, self.seed, epoch)
+        else:
+            batch, skipped = self.source.batch(indices, self.pool, self.convert, self.seed, epoch,
+                                               self.mix, number)
         if skipped and self.report is not None:
             self.report(skipped)
         return batch

@@ -15,7 +15,7 @@ request, and the worker reuses it.
 
 Messages, per worker, over one duplex pipe (a Unix socket pair):
 
-* parent -> worker: ``(task, (epoch, index), freed_slot_ids)``, or None to
+* parent -> worker: ``(task, (epoch, index, batch number), freed_slot_ids)``, or None to
   stop;
 * worker -> parent: ``(task, outcome, new_slot_ids, dropped_slot_ids,
   report, payload)``, then the descriptors of the new slots (SCM_RIGHTS).
@@ -90,7 +90,7 @@ class ProcessPlan:
 
     def __init__(self, dataset, iterable, auto_collation, collate_fn, convert_only, output,
                  drop_last, worker_init_fn, num_workers, base_seed, native, loader_token,
-                 max_free_slots):
+                 max_free_slots, mix=None, batch_transform=None):
         self.dataset = dataset
         self.iterable = iterable
         self.auto_collation = auto_collation
@@ -104,6 +104,8 @@ class ProcessPlan:
         self.native = native  # the dataset's native source reads whole batches (fastload._native)
         self.loader_token = loader_token
         self.max_free_slots = max_free_slots
+        self.mix = mix  # the native batch's MixUp/CutMix plan, or None
+        self.batch_transform = batch_transform  # applied to batches collated in Python
 
 
 # ------------------------------------------------------------ worker side
@@ -170,6 +172,31 @@ def _set_torch_worker_info(worker_id, plan, dataset):
         dataset=dataset)
 
 
+class _StepIntoSlots:
+    """A batch_transform in a worker process whose batches the parent
+    converts: arrays the step made afresh (soft labels, say) are copied into
+    this worker's shared slots too, so the parent converts them as it does
+    the collated ones (a fresh array would arrive as NumPy)."""
+
+    def __init__(self, step, pool):
+        self.step = step
+        self.pool = pool
+
+    def _into_slot(self, value):
+        if isinstance(value, np.ndarray) and value.base is None and value.ndim >= 1 \
+                and len(value) > 0:
+            stacked = _C.collate(list(value), self.pool, None)
+            if stacked is not NotImplemented:
+                return stacked
+        return value
+
+    def __call__(self, batch, seed, epoch, number):
+        batch = self.step(batch, seed, epoch, number)
+        if isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
+            return type(batch)(self._into_slot(v) for v in batch)
+        return batch
+
+
 def _fetch_plan(plan, pool):
     from .dataloader import _Convert, _SlotCollate  # the loader's collate wrappers
 
@@ -180,16 +207,19 @@ def _fetch_plan(plan, pool):
         collate_fn = _Convert(backend)
     else:
         collate_fn = _SlotCollate(pool, backend, convert=None)  # the parent converts
+    batch_step = plan.batch_transform
+    if batch_step is not None and plan.collate_fn is None:
+        batch_step = _StepIntoSlots(batch_step, pool)
     native_batch = None
     if plan.native:
         # The batch lands in this worker's shared slots, unconverted.
         native_batch = NativeBatches(source_of(plan.dataset), pool, None, plan.base_seed,
-                                     skip_reporter(plan.dataset))
+                                     skip_reporter(plan.dataset), plan.mix)
     return FetchPlan(
         dataset=plan.dataset, iterable=plan.iterable, auto_collation=plan.auto_collation,
         collate_fn=collate_fn, drop_last=plan.drop_last, worker_init_fn=plan.worker_init_fn,
         num_workers=plan.num_workers, base_seed=plan.base_seed, native_batch=native_batch,
-        loader_token=plan.loader_token)
+        loader_token=plan.loader_token, batch_transform=batch_step)
 
 
 def worker_main(conn, plan, worker_id, parent_pid):

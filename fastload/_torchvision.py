@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 from . import transforms as T
 
-__all__ = ["TransformPlan", "resolve"]
+__all__ = ["TransformPlan", "batch_transform", "resolve"]
 
 # The Python part is slower per image than the same chain in C by about
 # this factor (benchmarks/images_bench.py, "torchvision classes" rows).
@@ -127,6 +127,13 @@ def _random_apply(t):
     if ops is None or len(ops) != 1:
         return None
     return [T.RandomApply(ops, p=t.p)]
+def _random_erasing(t):
+    value = t.value
+    if value is None:  # v2 keeps "random" as None
+        value = "random"
+    elif isinstance(value, (list, tuple)) and len(value) == 1:
+        value = value[0]
+    return [T.RandomErasing(t.p, tuple(t.scale), tuple(t.ratio), value, t.inplace)]
 
 
 _TABLE = {
@@ -145,6 +152,7 @@ _TABLE = {
     "RandomCrop": _random_crop,
     "GaussianBlur": _gaussian_blur,
     "RandomApply": _random_apply,
+    "RandomErasing": _random_erasing,
 }
 
 # Steps that may run in C ahead of a Python part: they only move pixels (or
@@ -261,3 +269,31 @@ def resolve(transform, loader=False):
     compose, k = _split(steps)
     return Resolved(compose, PythonSteps(steps[k:]),
                     TransformPlan(tuple(steps[:k]), tuple(steps[k:])), _warning(steps, k))
+
+
+# ------------------------------------------------------ batch transforms
+
+
+def _default_labels(t):
+    getter = getattr(t, "_labels_getter", None)
+    return getattr(getter, "__name__", "") == "_find_labels_default_heuristic"
+
+
+def batch_transform(t):
+    """torchvision v2's MixUp, CutMix, or RandomChoice of them, as fastload's
+    (run in C); None for anything else (a labels_getter of its own, another
+    transform), which then runs as the callable it is."""
+    if not _is_torchvision(t):
+        return None
+    name = _name(t)
+    try:
+        if name in ("MixUp", "CutMix") and _default_labels(t):
+            cls = T.MixUp if name == "MixUp" else T.CutMix
+            return cls(alpha=t.alpha, num_classes=t.num_classes)
+        if name == "RandomChoice":
+            parts = [batch_transform(step) for step in t.transforms]
+            if parts and all(isinstance(p, (T.MixUp, T.CutMix)) for p in parts):
+                return T.RandomChoice(parts, p=list(t.p))
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return None

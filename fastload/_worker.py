@@ -182,7 +182,10 @@ class ExceptionWrapper:
 
 
 class _MapFetcher:
-    def __init__(self, dataset, auto_collation, collate_fn, stop_flag, native_batch, epoch):
+    def __init__(self, dataset, auto_collation, collate_fn, stop_flag, native_batch, epoch,
+                 batch_step=None, seed=0):
+        self.batch_step = batch_step  # DataLoader(batch_transform=...) on collated batches
+        self.seed = seed
         self.dataset = dataset
         self.auto_collation = auto_collation
         self.collate_fn = collate_fn
@@ -191,20 +194,23 @@ class _MapFetcher:
         self.epoch = epoch  # keys the random augmentation of native datasets
         self.position = None  # the sample index being read, for error messages
 
-    def fetch(self, index):
+    def fetch(self, index, number=0):
         if self.native_batch is not None and self.auto_collation:
             # A native dataset reads and collates the whole batch in C.
             self.position = index
-            batch = self.native_batch(index, epoch=self.epoch)
+            batch = self.native_batch(index, epoch=self.epoch, number=number)
             self.position = None
             return batch
         stage, token = _DATASET, _C.stage_begin(_DATASET)
         try:
             data = self._samples(index)
             stage, token = _COLLATE, _C.stage_switch(_DATASET, token, _COLLATE)
-            return self.collate_fn(data)
+            batch = self.collate_fn(data)
         finally:
             _C.stage_end(stage, token)
+        if self.batch_step is not None and self.auto_collation:
+            batch = self.batch_step(batch, self.seed, self.epoch, number)
+        return batch
 
     def _samples(self, index):
         if not self.auto_collation:
@@ -227,7 +233,11 @@ class _MapFetcher:
 
 
 class _IterableFetcher:
-    def __init__(self, dataset, auto_collation, collate_fn, drop_last):
+    def __init__(self, dataset, auto_collation, collate_fn, drop_last, batch_step=None, seed=0,
+                 epoch=0):
+        self.batch_step = batch_step
+        self.seed = seed
+        self.epoch = epoch
         self.dataset_iter = iter(dataset)
         self.auto_collation = auto_collation
         self.collate_fn = collate_fn
@@ -236,16 +246,19 @@ class _IterableFetcher:
         self.retired = False   # the worker has reported that (once)
         self.position = None
 
-    def fetch(self, index):
+    def fetch(self, index, number=0):
         if self.ended:
             raise StopIteration
         stage, token = _DATASET, _C.stage_begin(_DATASET)
         try:
             data = self._samples(index)
             stage, token = _COLLATE, _C.stage_switch(_DATASET, token, _COLLATE)
-            return self.collate_fn(data)
+            batch = self.collate_fn(data)
         finally:
             _C.stage_end(stage, token)
+        if self.batch_step is not None and self.auto_collation:
+            batch = self.batch_step(batch, self.seed, self.epoch, number)
+        return batch
 
     def _samples(self, index):
         if self.auto_collation:
@@ -264,9 +277,10 @@ class _IterableFetcher:
 
 def make_fetcher(plan, stop_flag, epoch=0):
     if plan.iterable:
-        return _IterableFetcher(plan.dataset, plan.auto_collation, plan.collate_fn, plan.drop_last)
+        return _IterableFetcher(plan.dataset, plan.auto_collation, plan.collate_fn, plan.drop_last,
+                                plan.batch_transform, plan.base_seed, epoch)
     return _MapFetcher(plan.dataset, plan.auto_collation, plan.collate_fn, stop_flag,
-                       plan.native_batch, epoch)
+                       plan.native_batch, epoch, plan.batch_transform, plan.base_seed)
 
 
 class _Stopped(Exception):
@@ -287,7 +301,9 @@ class FetchPlan:
     """What every worker needs to fetch batches (shared, read-only)."""
 
     def __init__(self, dataset, iterable, auto_collation, collate_fn, drop_last, worker_init_fn,
-                 num_workers, base_seed, native_batch=None, loader_token=None):
+                 num_workers, base_seed, native_batch=None, loader_token=None,
+                 batch_transform=None):
+        self.batch_transform = batch_transform  # a fastload._batch_transform step, or None
         self.dataset = dataset
         self.loader_token = loader_token  # marks the loader's own workers
         self.native_batch = native_batch  # (indices, epoch) -> batch (fastload._native), or None
@@ -334,7 +350,8 @@ class Worker:
         return self.init_error
 
     def fetch(self, request):
-        epoch, index = request
+        epoch, index = request[0], request[1]
+        number = request[2] if len(request) > 2 else 0  # the batch's place in its epoch
         if self.init_error is not None:
             error, self.init_error = self.init_error, None
             return _C.JOB_DONE, error
@@ -343,7 +360,7 @@ class Worker:
                 # A new epoch on persistent workers: a fresh pass over the data.
                 self.epoch = epoch
                 self.fetcher = make_fetcher(self.plan, self.stop_flag, epoch)
-            return _C.JOB_DONE, self.fetcher.fetch(index)
+            return _C.JOB_DONE, self.fetcher.fetch(index, number)
         except _Stopped:
             return _C.JOB_SKIPPED, None
         except StopIteration:

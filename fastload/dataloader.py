@@ -24,7 +24,7 @@ import uuid
 import warnings
 import weakref
 
-from . import _C, _autotune, _native, _process, _resume, cuda, profiler
+from . import _C, _autotune, _batch_transform, _native, _process, _resume, cuda, profiler
 from .stats import ConsumerClock, LoaderStats, LoaderTimers, clock_ns
 from ._random import draw_seed
 from ._upload import DeviceIter, Pump
@@ -106,6 +106,16 @@ class DataLoader:
     * ``max_prefetch_bytes``: with ``num_workers="auto"``, the most bytes of
       batches kept in flight (default: 1 GiB or an eighth of RAM, the
       lesser).
+    * ``batch_transform``: applied to each collated ``(images, labels)``
+      batch in the worker that made it.  fastload's or torchvision v2's
+      ``MixUp``, ``CutMix`` or ``RandomChoice`` of them runs in C (inside
+      the native batch job for fastload's datasets), its draws keyed by
+      (seed, epoch, batch number), so batches do not depend on
+      ``num_workers``; labels become float32 ``(N, num_classes)``.  Any
+      other callable ``(images, labels) -> (images, labels)`` is called
+      in the worker (fastload's datasets then build their batches in
+      Python).  This replaces torchvision's
+      ``collate_fn=lambda b: mix(*default_collate(b))``.
     """
 
     _initialized = False
@@ -115,7 +125,7 @@ class DataLoader:
                  worker_init_fn=None, multiprocessing_context=None, generator=None, *,
                  prefetch_factor=None, persistent_workers=False, pin_memory_device="",
                  in_order=True, device=None, output="auto", normalize_on_device=False,
-                 worker_mode="auto", max_prefetch_bytes=None):
+                 worker_mode="auto", max_prefetch_bytes=None, batch_transform=None):
         self.autotune = isinstance(num_workers, str)
         self._autotune = None  # the autotuner, shared by this loader's iterators
         if self.autotune:
@@ -185,6 +195,11 @@ class DataLoader:
             raise ValueError("normalize_on_device=True needs device='cuda'")
         if normalize_on_device and self.output != "torch":
             raise ValueError("normalize_on_device=True needs torch (output='torch')")
+        self.batch_transform = batch_transform
+        self._batch_step = _batch_transform.resolve(batch_transform)
+        if normalize_on_device and self._batch_step is not None:
+            raise ValueError("normalize_on_device=True cannot be combined with batch_transform "
+                             "(the batch is mixed before it is normalised)")
 
         if is_iterable_dataset(dataset):
             self._dataset_kind = "iterable"
@@ -638,6 +653,8 @@ class _BaseIter:
         self._finished = False  # this epoch has ended (StopIteration raised)
         self._num_yielded = 0
         self._epoch = 0  # a persistent iterator's epochs: keys native augmentation
+        self._batch_number = 0  # batches taken from the sampler this epoch: keys batch_transform
+        self._batch_step = loader._batch_step
         if resume is None or not resume["in_epoch"]:
             if resume is not None:
                 _resume.set_generators(loader, resume["generators"])
@@ -655,6 +672,7 @@ class _BaseIter:
                 for _ in range(resume["num_yielded"]):
                     next(self._sampler_iter)
                 self._num_yielded = resume["num_yielded"]
+                self._batch_number = resume["num_yielded"]
 
     def __iter__(self):
         return self
@@ -716,10 +734,13 @@ class _BaseIter:
             self._clock.last = 0  # the time between epochs is not the loop's
         self._finished = False
         self._num_yielded = 0
+        self._batch_number = 0
         self._IterableDataset_len_called = loader._IterableDataset_len_called
 
     def _next_index(self):
-        return next(self._sampler_iter)
+        index = next(self._sampler_iter)
+        self._batch_number += 1
+        return index
 
     def __next__(self):
         if profiler.torch_profiling():
@@ -792,7 +813,7 @@ class _SingleThreadIter(_BaseIter):
         timers = self._timers
         timers.bind(self._num_workers)
         try:
-            return self._fetcher.fetch(index)
+            return self._fetcher.fetch(index, self._batch_number - 1)
         finally:
             timers.unbind()
 
@@ -815,8 +836,11 @@ def _worker_mode(loader):
 def _native_source(it, loader):
     """The dataset's native source (fastload._native) when the loader takes
     the native path: a map-style dataset collated by the default rules,
-    which the source reproduces."""
+    which the source reproduces, and no batch_transform but MixUp/CutMix
+    (which the batch job runs in C)."""
     if it._iterable or not it._auto_collation or not isinstance(it._collate_fn, _SlotCollate):
+        return None
+    if isinstance(loader._batch_step, _batch_transform.CallStep):
         return None
     if loader._upload is not None and loader._upload.native_source is not None:
         return loader._upload.native_source  # uint8, normalized on the device
@@ -829,7 +853,20 @@ def _native_batches(it, pool):
     if it._native_source is None:
         return None
     return _native.NativeBatches(it._native_source, pool, it._collate_fn.to_output,
-                                 it._base_seed, _native.skip_reporter(it._dataset))
+                                 it._base_seed, _native.skip_reporter(it._dataset),
+                                 _mix_plan(it))
+
+
+def _mix_plan(it):
+    """The MixUp/CutMix plan the native batch job runs, or None."""
+    step = it._batch_step
+    return step.plan if isinstance(step, _batch_transform.MixStep) else None
+
+
+def _python_batch_step(it):
+    """The batch_transform a worker applies to batches it collates in
+    Python (the native path runs a MixStep in the batch job instead)."""
+    return it._batch_step if it._native_source is None else None
 
 
 def _fetch_plan(it, loader, num_workers):
@@ -844,6 +881,7 @@ def _fetch_plan(it, loader, num_workers):
         base_seed=it._base_seed,
         native_batch=_native_batches(it, loader._slot_pool),
         loader_token=loader._token,
+        batch_transform=_python_batch_step(it),
     )
 
 
@@ -919,7 +957,8 @@ class _ThreadedIter(_BaseIter):
         return _C.Engine(workers, self._max_in_flight, bool(loader.in_order),
                          source=self._native_source, pool=loader._slot_pool,
                          convert=self._collate_fn.to_output, seed=self._base_seed,
-                         report=_native.skip_reporter(self._dataset), stats=self._timers)
+                         report=_native.skip_reporter(self._dataset), stats=self._timers,
+                         mix=_mix_plan(self))
 
     def _prime(self):
         if self._tuner is not None:
@@ -971,7 +1010,7 @@ class _ThreadedIter(_BaseIter):
             except StopIteration:
                 return
             # 1 means every worker has retired: the index is dropped, as torch does.
-            self._engine.submit((self._epoch, index))
+            self._engine.submit((self._epoch, index, self._batch_number - 1))
 
     def _next_delivery(self, timeout):
         """``engine.next(timeout)``, recording in ``_waited`` how long the
@@ -1065,6 +1104,8 @@ class _ProcessIter(_ThreadedIter):
             native=self._native_source is not None,
             loader_token=loader._token,
             max_free_slots=self._max_in_flight + 2,
+            mix=_mix_plan(self),
+            batch_transform=_python_batch_step(self),
         )
         context = loader.multiprocessing_context or _process.default_context()
         to_output = torch.from_numpy if loader.output == "torch" else None

@@ -14,6 +14,7 @@ The chain must read as torchvision's usual pipelines do::
     [GaussianBlur]                                (a flip may follow)
     [ToTensor | PILToTensor [ConvertImageDtype]]
     [Normalize]
+    [RandomErasing]                 (on the tensor, after the conversion)
 
 ``RandomApply([op], p)`` of ColorJitter or GaussianBlur stands where the op
 does.  RandomCrop pads only as the first geometric step (after a Resize it
@@ -26,7 +27,12 @@ any other place they would not commute exactly with the crop and resize, so
 ``Compose`` refuses them there (ValueError); a torchvision ``Compose`` with
 them elsewhere runs in Python, per image, as any other callable does.
 
-Randomness (the crop box, the flip, the colour draws) comes from a counter-based generator
+``RandomErasing`` overwrites a random box of the stored sample (after
+Normalize: the value is in normalised units), as torchvision's does on a
+tensor.  ``MixUp``, ``CutMix`` and ``RandomChoice`` of them act on whole
+batches: give one to ``DataLoader(batch_transform=...)``.
+
+Randomness (the crop box, the flip, the colour draws, the erased box) comes from a counter-based generator
 keyed by (seed, epoch, sample index): the loader's generator fixes the seed,
 and the output is the same for any ``num_workers``.  Called directly on an
 image (an HWC uint8 array, or a PIL image) a transform draws its seed from
@@ -51,12 +57,16 @@ __all__ = [
     "Compose",
     "ConvertImageDtype",
     "GaussianBlur",
+    "CutMix",
     "InterpolationMode",
     "Grayscale",
+    "MixUp",
     "Normalize",
     "PILToTensor",
     "RandomApply",
     "RandomCrop",
+    "RandomChoice",
+    "RandomErasing",
     "RandomGrayscale",
     "RandomHorizontalFlip",
     "RandomResizedCrop",
@@ -319,6 +329,50 @@ class Normalize(_Transform):
         return f"Normalize(mean={list(self.mean)}, std={list(self.std)})"
 
 
+class RandomErasing(_Transform):
+    """Erases a random box of the tensor image with probability ``p``
+    (torchvision's rules: area fraction in ``scale``, log-uniform aspect
+    ratio in ``ratio``, ten tries, else nothing).  ``value``: a number, one
+    per channel, or "random" (a standard normal draw per element).  It acts
+    on the stored sample, after Normalize: the value is in those units.
+    ``inplace`` is accepted for torchvision's signature (the row is always
+    written in place)."""
+
+    def __init__(self, p=0.5, scale=(0.02, 0.33), ratio=(0.3, 3.3), value=0, inplace=False):
+        if not isinstance(value, (numbers.Number, str, tuple, list)):
+            raise TypeError("Argument value should be either a number or str or a sequence")
+        if isinstance(value, str) and value != "random":
+            raise ValueError("If value is str, it should be 'random'")
+        if not isinstance(scale, (tuple, list)):
+            raise TypeError("Scale should be a sequence")
+        if not isinstance(ratio, (tuple, list)):
+            raise TypeError("Ratio should be a sequence")
+        if (scale[0] > scale[1]) or (ratio[0] > ratio[1]):
+            raise ValueError("Scale and ratio should be of kind (min, max)")
+        if scale[0] < 0 or scale[1] > 1:
+            raise ValueError("Scale should be between 0 and 1")
+        if p < 0 or p > 1:
+            raise ValueError("Random erasing probability should be between 0 and 1")
+        if not ratio[0] > 0:
+            raise ValueError("RandomErasing: ratio must be positive")
+        if isinstance(value, numbers.Number):
+            value = (float(value),)
+        elif not isinstance(value, str):
+            value = tuple(float(v) for v in value)
+            if len(value) not in (1, 3):
+                raise ValueError("If value is a sequence, it should have either a single value "
+                                 "or 3 (number of input channels)")
+        self.p = float(p)
+        self.scale = (float(scale[0]), float(scale[1]))
+        self.ratio = (float(ratio[0]), float(ratio[1]))
+        self.value = value
+        self.inplace = bool(inplace)
+
+    def __repr__(self):
+        return (f"RandomErasing(p={self.p}, scale={self.scale}, ratio={self.ratio}, "
+                f"value={self.value!r}, inplace={self.inplace})")
+
+
 class Compose:
     """Transforms applied in order; compiles to one fused C operation.
 
@@ -374,7 +428,10 @@ class Plan:
     no blur), ``blur_sigma`` (min, max), ``blur_p``; ``dtype`` ("uint8", "float32",
     "float16"); ``layout`` ("CHW", "HWC"); ``mul``/``add``: per channel,
     out = value_0_255 * mul + add; ``tensor_output``: the transform converts to
-    a tensor (else the output is an HWC uint8 image, as PIL would hold it).
+    a tensor (else the output is an HWC uint8 image, as PIL would hold it);
+    RandomErasing on the stored row: ``erase_p`` (0: off), ``erase_scale``,
+    ``erase_ratio``, ``erase_value`` (per channel, in the row's units) and
+    ``erase_random`` (standard normal values instead).
     """
 
     def __init__(self):
@@ -411,6 +468,11 @@ class Plan:
         self.blur_kernel = (0, 0)
         self.blur_sigma = (0.0, 0.0)
         self.blur_p = 0.0
+        self.erase_p = 0.0
+        self.erase_scale = (0.0, 0.0)
+        self.erase_ratio = (1.0, 1.0)
+        self.erase_value = (0.0, 0.0, 0.0)
+        self.erase_random = False
 
     def output_shape(self):
         """(C, H, W) or (H, W, C); None when it depends on the image."""
@@ -423,7 +485,8 @@ def compile_plan(transforms, channels_last=False):
     """Checks the chain's order and folds it into a Plan; ValueError says
     which transform is out of place."""
     plan = Plan()
-    # 0 geometry, 1 flip, 2 colour, 3 blur, 4 tensor conversion, 5 dtype, 6 normalize
+    # 0 geometry, 1 flip, 2 colour, 3 blur, 4 tensor conversion, 5 dtype, 6 normalize,
+    # 7 erasing
     stage = 0
 
     def out_of_place(t):
@@ -432,7 +495,7 @@ def compile_plan(transforms, channels_last=False):
             "[RandomResizedCrop | Resize [CenterCrop | RandomCrop] | CenterCrop | RandomCrop], "
             "[RandomHorizontalFlip], "
             "[ColorJitter] [RandomGrayscale | Grayscale] (either order), [GaussianBlur], "
-            "[ToTensor | PILToTensor [ConvertImageDtype]], [Normalize]")
+            "[ToTensor | PILToTensor [ConvertImageDtype]], [Normalize], [RandomErasing]")
 
     dtype = "uint8"
     normalize = None
@@ -522,11 +585,26 @@ def compile_plan(transforms, channels_last=False):
                 dtype = t.dtype
             stage = 5
         elif isinstance(t, Normalize):
+            if stage == 7:
+                out_of_place(t)
             if stage not in (4, 5) or dtype == "uint8":
                 raise ValueError("Normalize needs a float image: put ToTensor (or PILToTensor "
                                  "and ConvertImageDtype) before it")
             normalize = t
             stage = 6
+        elif isinstance(t, RandomErasing):
+            if stage < 4:
+                raise ValueError("RandomErasing needs a tensor: put ToTensor (or PILToTensor) "
+                                 "and Normalize before it")
+            if stage == 7:
+                out_of_place(t)
+            plan.erase_p = t.p
+            plan.erase_scale, plan.erase_ratio = t.scale, t.ratio
+            if t.value == "random":
+                plan.erase_random = True
+            else:
+                plan.erase_value = t.value * (3 // len(t.value))
+            stage = 7
         else:
             raise TypeError(
                 f"{type(t).__name__} is not a fastload transform; give the dataset a plain "
@@ -555,7 +633,6 @@ def crop_seed():
     """A seed for a transform used outside a loader: from the global RNG,
     as torchvision's transforms draw theirs."""
     return draw_seed(None)
-
 
 
 # ------------------------------------------- RandomCrop, GaussianBlur, RandomApply
@@ -685,3 +762,162 @@ class RandomApply(_Transform):
 
     def __repr__(self):
         return f"RandomApply({self.transforms!r}, p={self.p})"
+# ------------------------------------------------------------ batch transforms
+
+_MIXUP, _CUTMIX = 0, 1  # csrc/core/mix.h FL_MIX_*
+
+
+class MixPlan:
+    """A compiled batch transform, read by csrc/mixing.c: one of ``kinds``
+    (0 MixUp, 1 CutMix) with Beta(``alphas[i]``, ``alphas[i]``), picked
+    with ``probs[i]``, labels one-hot over ``num_classes``."""
+
+    def __init__(self, kinds, alphas, probs, num_classes):
+        self.kinds = tuple(kinds)
+        self.alphas = tuple(alphas)
+        self.probs = tuple(probs)
+        self.num_classes = num_classes
+
+
+def _labels_array(labels):
+    """Class indices as a contiguous int64 vector (a view where it can be)."""
+    array = labels.numpy() if hasattr(labels, "numpy") and hasattr(labels, "dim") else labels
+    array = np.ascontiguousarray(array, dtype=np.int64)
+    if array.ndim != 1:
+        raise ValueError(
+            f"fastload's MixUp and CutMix take class indices of shape (batch_size,), got "
+            f"labels of shape {tuple(array.shape)} (probability labels are not supported)")
+    return array
+
+
+def apply_mix(plan, images, labels, seed, epoch=0, batch=0, inplace=False):
+    """Runs a MixPlan on (images, labels) in C, the draws keyed by (seed,
+    epoch, batch): returns (images, soft labels (N, num_classes) float32),
+    torch tensors for torch input.  Images are (N, C, H, W): a torch tensor
+    (contiguous or channels_last) or a NumPy array."""
+    if plan.num_classes is None:
+        raise ValueError("num_classes must be passed if the labels are index-based (1D)")
+    is_tensor = torch is not None and isinstance(images, torch.Tensor)
+    if is_tensor:
+        if images.device.type != "cpu":
+            raise ValueError("fastload's MixUp and CutMix run on CPU batches (in the loader's "
+                             "workers); this batch is on " + str(images.device))
+        if images.ndim != 4:
+            raise ValueError(f"Expected a batched input with 4 dims, but got {images.ndim} "
+                             "dimensions instead.")
+        nhwc = not images.is_contiguous() and images.is_contiguous(
+            memory_format=torch.channels_last)
+        if not (nhwc or images.is_contiguous()):
+            images, inplace = images.contiguous(), True
+        if not inplace:
+            images = images.clone()  # keeps the memory format
+        array = (images.permute(0, 2, 3, 1) if nhwc else images).numpy()
+    else:
+        array = np.asarray(images)
+        if array.ndim != 4:
+            raise ValueError(f"Expected a batched input with 4 dims, but got {array.ndim} "
+                             "dimensions instead.")
+        nhwc = False
+        if not inplace or not (array.flags.c_contiguous and array.flags.writeable):
+            array = np.array(array, order="C", copy=True)
+        images = array
+    label_array = _labels_array(labels)
+    if label_array.shape[0] != array.shape[0]:
+        raise ValueError(f"The batch size of the image or video does not match the batch size "
+                         f"of the labels: {array.shape[0]} != {label_array.shape[0]}.")
+    soft = _C.mix_batch(array, label_array, plan, seed, epoch, batch, nhwc)
+    if is_tensor or (torch is not None and isinstance(labels, torch.Tensor)):
+        soft = torch.from_numpy(soft)
+    return images, soft
+
+
+class _BatchMix:
+    """MixUp / CutMix: called on a batch, ``(images, labels) -> (images,
+    soft labels)``, with draws from the global RNG, as torchvision's; given
+    to ``DataLoader(batch_transform=...)``, run in C in the workers with
+    draws keyed by (seed, epoch, batch number)."""
+
+    _kind = None
+
+    def __init__(self, *, alpha=1.0, num_classes=None, labels_getter="default"):
+        alpha = float(alpha)
+        if not alpha > 0:
+            raise ValueError(f"{type(self).__name__}: alpha must be positive, got {alpha}")
+        if num_classes is not None and (not isinstance(num_classes, numbers.Integral)
+                                        or num_classes < 1):
+            raise ValueError(f"{type(self).__name__}: num_classes must be a positive int, "
+                             f"got {num_classes!r}")
+        if labels_getter != "default":
+            raise ValueError(f"{type(self).__name__}: fastload takes the labels as the second "
+                             "item of the batch (labels_getter='default')")
+        self.alpha = alpha
+        self.num_classes = None if num_classes is None else int(num_classes)
+        self.labels_getter = labels_getter
+
+    @property
+    def mix_plan(self):
+        return MixPlan((self._kind,), (self.alpha,), (1.0,), self.num_classes)
+
+    def __call__(self, images, labels):
+        return apply_mix(self.mix_plan, images, labels, draw_seed(None))
+
+    def __repr__(self):
+        return f"{type(self).__name__}(alpha={self.alpha}, num_classes={self.num_classes})"
+
+
+class MixUp(_BatchMix):
+    """torchvision.transforms.v2.MixUp: each image i becomes lam * image i +
+    (1 - lam) * image i - 1 (the batch rolled by one), lam ~ Beta(alpha,
+    alpha) per batch; the labels, one-hot, are mixed alike.  Float images
+    only (float32, float16), as torchvision's."""
+
+    _kind = _MIXUP
+
+
+class CutMix(_BatchMix):
+    """torchvision.transforms.v2.CutMix: a box of image i - 1 is pasted into
+    image i, its sides sqrt(1 - lam) of the image's around a uniform centre,
+    clipped; the labels are mixed by the area pasted.  float32, float16 or
+    uint8 images."""
+
+    _kind = _CUTMIX
+
+
+class RandomChoice:
+    """torchvision.transforms.v2.RandomChoice of MixUp and CutMix: one of
+    them per batch, with probabilities ``p`` (default equal; normalised)."""
+
+    def __init__(self, transforms, p=None):
+        if not isinstance(transforms, (list, tuple)):
+            raise TypeError("Argument transforms should be a sequence of callables")
+        if p is None:
+            p = [1] * len(transforms)
+        elif len(p) != len(transforms):
+            raise ValueError(f"Length of p doesn't match the number of transforms: {len(p)} != "
+                             f"{len(transforms)}")
+        if not transforms or not all(isinstance(t, _BatchMix) for t in transforms):
+            raise TypeError("fastload's RandomChoice picks among MixUp and CutMix; give any "
+                            "other batch function as a plain callable")
+        if len(transforms) > 8:
+            raise ValueError("RandomChoice: at most 8 transforms")
+        classes = {t.num_classes for t in transforms}
+        if len(classes) != 1:
+            raise ValueError(f"RandomChoice: the transforms disagree on num_classes ({classes})")
+        total = sum(p)
+        self.transforms = list(transforms)
+        self.p = [prob / total for prob in p]
+
+    @property
+    def num_classes(self):
+        return self.transforms[0].num_classes
+
+    @property
+    def mix_plan(self):
+        return MixPlan([t._kind for t in self.transforms], [t.alpha for t in self.transforms],
+                       self.p, self.num_classes)
+
+    def __call__(self, images, labels):
+        return apply_mix(self.mix_plan, images, labels, draw_seed(None))
+
+    def __repr__(self):
+        return f"RandomChoice({self.transforms!r}, p={self.p})"

@@ -334,6 +334,11 @@ void fl_plan_geometry(const fl_image_plan *plan, const fl_sample_key *key, int w
         fl_rng_init_stream(&blur_rng, key->seed, key->epoch, key->index, FL_STREAM_BLUR);
         fl_blur_draw_for(&plan->blur, &blur_rng, &out->blur);
     }
+    if (plan->erase.p > 0.0) {
+        fl_rng erase_rng;
+        fl_rng_init_stream(&erase_rng, key->seed, key->epoch, key->index, FL_STREAM_ERASE);
+        fl_erase_draw_for(&plan->erase, &erase_rng, out->out_w, out->out_h, &out->erase);
+    }
     if (!plan->exact && plan->filter != FL_FILTER_NEAREST && !out->crop_error)
         out->scale_denom = fl_jpeg_pick_scale((int)out->box.w, (int)out->box.h, out->out_w,
                                               out->out_h);
@@ -434,6 +439,9 @@ static int resample_box(fl_image_worker *w, const fl_image_plan *plan,
     }
     if (rc != FL_OK)
         snprintf(msg, msg_size, "resampling failed: %s", fl_status_str(rc));
+    else if (g->erase.on)
+        fl_erase_apply(&plan->erase, &g->erase, dst, plan->dtype, plan->layout, g->out_w,
+                       g->out_h);
     return rc;
 }
 

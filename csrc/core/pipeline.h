@@ -14,6 +14,7 @@
 #include "augment.h"
 #include "blur.h"
 #include "pad.h"
+#include "erase.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -42,6 +43,7 @@ typedef struct fl_image_plan {
     uint64_t max_pixels;        /* larger images are refused */
     fl_pad_plan pad;            /* random: padding (none after a Resize) */
     fl_blur_plan blur;          /* GaussianBlur after the colour ops */
+    fl_erase_plan erase;        /* RandomErasing on the stored row (p 0: off) */
 } fl_image_plan;
 
 /* Where a sample's random numbers come from. */
@@ -66,6 +68,7 @@ typedef struct fl_sample_geometry {
     fl_pad_axis pad_x, pad_y;   /* random: the padding per axis */
     int crop_x, crop_y;         /* random: the crop's corner in the padded (or resized) image */
     fl_blur_draw blur;          /* the blur drawn (when the plan has one) */
+    fl_erase_draw erase;        /* RandomErasing's box (on 0: none) */
 } fl_sample_geometry;
 
 typedef struct fl_image_worker fl_image_worker;

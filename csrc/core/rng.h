@@ -11,6 +11,7 @@
 #ifndef FL_RNG_H
 #define FL_RNG_H
 
+#include <math.h>
 #include <stdint.h>
 
 typedef struct fl_rng {
@@ -34,8 +35,13 @@ static inline void fl_rng_init(fl_rng *rng, uint64_t seed, uint64_t epoch, uint6
 
 /* Stream ids: independent sequences for one key, so that adding draws to
  * one kind of augmentation leaves the others' numbers unchanged. */
-enum { FL_STREAM_GEOMETRY = 0, FL_STREAM_COLOR = 1 };
-enum { FL_STREAM_BLUR = 5 }; /* GaussianBlur's sigma and its RandomApply coin */
+enum {
+    FL_STREAM_GEOMETRY = 0,
+    FL_STREAM_COLOR = 1,
+    FL_STREAM_ERASE = 3, /* RandomErasing, keyed by sample */
+    FL_STREAM_MIX = 4,   /* MixUp / CutMix, keyed by (seed, epoch, batch number) */
+    FL_STREAM_BLUR = 5,  /* GaussianBlur's sigma and its RandomApply coin */
+};
 
 /* The generator of `stream` for the key; stream 0 is fl_rng_init's. */
 static inline void fl_rng_init_stream(fl_rng *rng, uint64_t seed, uint64_t epoch, uint64_t index,
@@ -62,6 +68,15 @@ static inline double fl_rng_uniform(fl_rng *rng)
 static inline int64_t fl_rng_below(fl_rng *rng, int64_t n)
 {
     return (int64_t)(((unsigned __int128)fl_rng_next(rng) * (uint64_t)n) >> 64);
+}
+
+/* A standard normal draw (Box-Muller, two uniforms a draw, the sine
+ * unused). */
+static inline double fl_rng_normal(fl_rng *rng)
+{
+    double u1 = 1.0 - fl_rng_uniform(rng); /* (0, 1]: the log is finite */
+    double u2 = fl_rng_uniform(rng);
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
 #endif /* FL_RNG_H */
