@@ -389,6 +389,17 @@ class Plan:
         self.mul = (1.0, 1.0, 1.0)
         self.add = (0.0, 0.0, 0.0)
         self.tensor_output = False
+        # RandAugment / TrivialAugmentWide / AutoAugment on the resampled
+        # uint8 image (csrc/core/pil_ops.h): policy 0 none, 1 rand,
+        # 2 trivial, 3 auto; its table 0 imagenet, 1 cifar10, 2 svhn;
+        # interpolation 0 nearest, 1 bilinear; fill 0..255 per channel.
+        self.augment = 0
+        self.augment_num_ops = 0
+        self.augment_magnitude = 0
+        self.augment_bins = 0
+        self.augment_table = 0
+        self.augment_interpolation = 0
+        self.augment_fill = (0.0, 0.0, 0.0)
 
     def output_shape(self):
         """(C, H, W) or (H, W, C); None when it depends on the image."""

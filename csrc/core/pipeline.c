@@ -28,6 +28,8 @@ struct fl_image_worker {
     fl_resample_scratch *scratch;
     float *color;       /* the resampled image as float RGB planes, when colour ops run */
     size_t color_capacity; /* floats */
+    unsigned char *aug, *aug_spare; /* the uint8 image and a second buffer, when a policy runs */
+    size_t aug_capacity;            /* bytes, each */
     unsigned char *buf; /* the last file read */
     size_t capacity;
 };
@@ -48,6 +50,8 @@ static void worker_free(void *p)
     fl_webp_free(w->webp);
     fl_resample_scratch_free(w->scratch);
     free(w->color);
+    free(w->aug);
+    free(w->aug_spare);
     free(w->buf);
     free(w);
 }
@@ -260,6 +264,11 @@ void fl_plan_geometry(const fl_image_plan *plan, const fl_sample_key *key, int w
         fl_rng_init_stream(&color_rng, key->seed, key->epoch, key->index, FL_STREAM_COLOR);
         fl_color_draw_for(&plan->color, &color_rng, &out->color);
     }
+    if (plan->augment.policy != FL_AUGMENT_NONE) {
+        fl_rng augment_rng;
+        fl_rng_init_stream(&augment_rng, key->seed, key->epoch, key->index, FL_STREAM_AUGMENT);
+        fl_augment_draw_for(&plan->augment, &augment_rng, &out->augment);
+    }
     if (!plan->exact && plan->filter != FL_FILTER_NEAREST)
         out->scale_denom = fl_jpeg_pick_scale((int)out->box.w, (int)out->box.h, out->out_w,
                                               out->out_h);
@@ -277,6 +286,47 @@ static double support_margin(const fl_image_plan *plan, const fl_sample_geometry
 }
 
 /* ------------------------------------------------------------------- ops */
+
+/* The uint8 stage of a plan with an augmentation policy: the box resampled
+ * (and flipped) to the output size as an HWC uint8 image, the image Pillow
+ * holds after torchvision's geometry, then the drawn ops on it.  *out is
+ * the result, in one of the worker's two buffers. */
+static int augment_stage(fl_image_worker *w, const fl_image_plan *plan,
+                         const fl_sample_geometry *g, const unsigned char *rgb, int width,
+                         int height, size_t stride, double bx, double by, double bw, double bh,
+                         unsigned char **out)
+{
+    size_t bytes = (size_t)g->out_w * (size_t)g->out_h * 3;
+    if (bytes > w->aug_capacity) {
+        unsigned char *a = realloc(w->aug, bytes);
+        if (a)
+            w->aug = a;
+        unsigned char *b = a ? realloc(w->aug_spare, bytes) : NULL;
+        if (b)
+            w->aug_spare = b;
+        if (!a || !b)
+            return FL_ERR_NOMEM;
+        w->aug_capacity = bytes;
+    }
+    fl_resample_target image = {
+        .width = g->out_w,
+        .height = g->out_h,
+        .filter = plan->filter,
+        .antialias = plan->antialias,
+        .flip = g->flip,
+        .layout = FL_LAYOUT_HWC,
+        .dtype = FL_DTYPE_UINT8,
+        .scale = {1.0f, 1.0f, 1.0f},
+        .dst = w->aug,
+    };
+    int rc = fl_resample(rgb, width, height, stride, bx, by, bw, bh, &image, w->scratch);
+    if (rc != FL_OK)
+        return rc;
+    unsigned char *result = w->aug, *spare = w->aug_spare;
+    rc = fl_augment_apply(&plan->augment, &g->augment, &result, &spare, g->out_w, g->out_h);
+    *out = result;
+    return rc;
+}
 
 /* Resamples box (bx, by, bw, bh; in the coordinates of `rgb`) into dst,
  * honouring a hard crop by hiding the pixels outside it. */
@@ -306,12 +356,32 @@ static int resample_box(fl_image_worker *w, const fl_image_plan *plan,
         if (bh > height - by)
             bh = height - by;
     }
+    int filter = plan->filter, flip = g->flip;
+    if (plan->augment.policy != FL_AUGMENT_NONE) {
+        /* What follows then stores the augmented image: a 1:1 copy. */
+        unsigned char *augmented = NULL;
+        int rc = augment_stage(w, plan, g, rgb, width, height, stride, bx, by, bw, bh,
+                               &augmented);
+        if (rc != FL_OK) {
+            snprintf(msg, msg_size, "augmentation failed: %s", fl_status_str(rc));
+            return rc;
+        }
+        rgb = augmented;
+        width = g->out_w;
+        height = g->out_h;
+        stride = (size_t)width * 3;
+        bx = by = 0.0;
+        bw = width;
+        bh = height;
+        filter = FL_FILTER_NEAREST;
+        flip = 0;
+    }
     fl_resample_target target = {
         .width = g->out_w,
         .height = g->out_h,
-        .filter = plan->filter,
+        .filter = filter,
         .antialias = plan->antialias,
-        .flip = g->flip,
+        .flip = flip,
         .layout = plan->layout,
         .dtype = plan->dtype,
         .dst = dst,

@@ -12,6 +12,7 @@
 #define FL_PIPELINE_H
 
 #include "augment.h"
+#include "pil_ops.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -35,6 +36,7 @@ typedef struct fl_image_plan {
     float mul[3], add[3];       /* per channel: out = value_0_255 * mul + add */
     int exact;                  /* 1: never DCT-scale (decode="exact") */
     uint64_t max_pixels;        /* larger images are refused */
+    fl_augment_plan augment;    /* RandAugment & co. on the resampled uint8 image */
 } fl_image_plan;
 
 /* Where a sample's random numbers come from. */
@@ -51,6 +53,7 @@ typedef struct fl_sample_geometry {
     int flip;
     int scale_denom;            /* DCT scaling used */
     fl_color_draw color;        /* the colour ops drawn (when the plan has any) */
+    fl_augment_draw augment;    /* the augmentation ops drawn (when the plan has a policy) */
 } fl_sample_geometry;
 
 typedef struct fl_image_worker fl_image_worker;

@@ -34,7 +34,7 @@ static inline void fl_rng_init(fl_rng *rng, uint64_t seed, uint64_t epoch, uint6
 
 /* Stream ids: independent sequences for one key, so that adding draws to
  * one kind of augmentation leaves the others' numbers unchanged. */
-enum { FL_STREAM_GEOMETRY = 0, FL_STREAM_COLOR = 1 };
+enum { FL_STREAM_GEOMETRY = 0, FL_STREAM_COLOR = 1, FL_STREAM_AUGMENT = 2 };
 
 /* The generator of `stream` for the key; stream 0 is fl_rng_init's. */
 static inline void fl_rng_init_stream(fl_rng *rng, uint64_t seed, uint64_t epoch, uint64_t index,
