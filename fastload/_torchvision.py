@@ -97,6 +97,27 @@ def _to_dtype(t):
     return [T.ConvertImageDtype("float32")]
 
 
+def _augment_options(t):
+    """(interpolation, fill) of a torchvision augmentation policy.  v2's
+    policies have other magnitude tables (Solarize, for one): they stay in
+    Python."""
+    if type(t).__module__.startswith("torchvision.transforms.v2"):
+        raise ValueError("v2 augmentation policies are not compiled")
+    return {"interpolation": _interpolation(t.interpolation), "fill": t.fill}
+
+
+def _rand_augment(t):
+    return [T.RandAugment(t.num_ops, t.magnitude, t.num_magnitude_bins, **_augment_options(t))]
+
+
+def _trivial_augment(t):
+    return [T.TrivialAugmentWide(t.num_magnitude_bins, **_augment_options(t))]
+
+
+def _auto_augment(t):
+    return [T.AutoAugment(t.policy, **_augment_options(t))]
+
+
 _TABLE = {
     "RandomResizedCrop": _random_resized_crop,
     "Resize": _resize,
@@ -110,6 +131,9 @@ _TABLE = {
     "Normalize": lambda t: [T.Normalize(t.mean, t.std, t.inplace)],
     "ToPureTensor": lambda t: [],  # v2: unwraps tv_tensors; batches are plain tensors
     "RGB": lambda t: [],  # decoded images are RGB already
+    "RandAugment": _rand_augment,
+    "TrivialAugmentWide": _trivial_augment,
+    "AutoAugment": _auto_augment,
 }
 
 # Steps that may run in C ahead of a Python part: they only move pixels (or
