@@ -15,8 +15,8 @@ CC = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
 TARGETS = sorted(p.stem[len("fuzz_"):] for p in FUZZ.glob("fuzz_*.c"))
 # The fuzz targets exercise the parsing half of the core.
 CORE = [f"csrc/core/{name}.c"
-        for name in ("augment", "jpeg", "nvtx", "pipeline", "png", "resample", "stats", "status",
-                     "tar", "webp")]
+        for name in ("augment", "jpeg", "nvtx", "pil_ops", "pipeline", "png", "resample", "stats",
+                     "status", "tar", "webp")]
 
 pytestmark = pytest.mark.skipif(CC is None, reason="needs a C compiler")
 
