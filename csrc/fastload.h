@@ -225,6 +225,8 @@ PyArray_Descr *fl__plan_descr(const struct fl_image_plan *plan);
 void fl__image_dims(const struct fl_image_plan *plan, int width, int height, npy_intp *dims);
 PyObject *fl__transform_image(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fl__color_draws(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fl__pil_op(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fl__augment_draws(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 /* mixing.c */
 /* Reads a fastload.transforms mix plan (kinds, alphas, probs, num_classes),

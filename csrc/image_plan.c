@@ -80,6 +80,13 @@ static const plan_field PLAN_FIELDS[] = {
     PAIR("erase_ratio", F_DOUBLE_PAIR, erase.ratio_lo, erase.ratio_hi),
     FIELD("erase_value", F_FLOAT3, erase.value),
     FIELD("erase_random", F_BOOL, erase.random),
+    FIELD("augment", F_INT, augment.policy),
+    FIELD("augment_num_ops", F_INT, augment.num_ops),
+    FIELD("augment_magnitude", F_INT, augment.magnitude),
+    FIELD("augment_bins", F_INT, augment.num_bins),
+    FIELD("augment_table", F_INT, augment.table),
+    FIELD("augment_interpolation", F_INT, augment.interpolation),
+    FIELD("augment_fill", F_FLOAT3, augment.fill),
 };
 
 static int as_int(PyObject *obj, int *out)
@@ -244,6 +251,30 @@ static int check_crop_and_blur(const fl_image_plan *p)
     return 0;
 }
 
+/* What is wrong with an augmentation policy's fields, or NULL (the Python
+ * classes check them first, with torchvision's messages). */
+static const char *augment_plan_error(const fl_augment_plan *a)
+{
+    if (a->policy < FL_AUGMENT_NONE || a->policy > FL_AUGMENT_AUTO)
+        return "augment";
+    if (a->policy == FL_AUGMENT_NONE)
+        return NULL;
+    if (a->policy == FL_AUGMENT_RAND && (a->num_ops < 0 || a->num_ops > FL_AUGMENT_MAX_OPS))
+        return "augment_num_ops";
+    if ((a->policy == FL_AUGMENT_RAND || a->policy == FL_AUGMENT_TRIVIAL) && a->num_bins < 2)
+        return "augment_bins";
+    if (a->policy == FL_AUGMENT_RAND && (a->magnitude < 0 || a->magnitude >= a->num_bins))
+        return "augment_magnitude";
+    if (a->table < FL_AUTO_IMAGENET || a->table > FL_AUTO_SVHN)
+        return "augment_table";
+    if (a->interpolation != FL_WARP_NEAREST && a->interpolation != FL_WARP_BILINEAR)
+        return "augment_interpolation";
+    for (int c = 0; c < 3; c++)
+        if (!(a->fill[c] >= 0.0f && a->fill[c] < 256.0f))
+            return "augment_fill";
+    return NULL;
+}
+
 int fl__parse_plan(PyObject *plan, fl_image_plan *out)
 {
     fl_image_plan p = {0};
@@ -290,6 +321,11 @@ int fl__parse_plan(PyObject *plan, fl_image_plan *out)
                          e->scale_hi <= 1.0 && 0.0 < e->ratio_lo &&
                          e->ratio_lo <= e->ratio_hi && isfinite(e->ratio_hi)))) {
         PyErr_SetString(PyExc_ValueError, "malformed transform plan: erase");
+        return -1;
+    }
+    if (augment_plan_error(&p.augment)) {
+        PyErr_Format(PyExc_ValueError, "malformed transform plan: %s",
+                     augment_plan_error(&p.augment));
         return -1;
     }
     fl_color_plan_from_ranges(&p.color);
@@ -407,5 +443,107 @@ PyObject *fl__color_draws(PyObject *module, PyObject *const *args, Py_ssize_t na
 out:
     for (int op = 0; op < FL_COLOR_OPS; op++)
         Py_XDECREF(factors[op]);
+    return result;
+}
+
+/* ------------------------------------------------ augmentation test hooks */
+
+/* The op named `name` (torchvision's spelling), or -1. */
+static int op_by_name(PyObject *name)
+{
+    for (int op = 0; op < FL_PIL_OPS; op++)
+        if (PyUnicode_Check(name) && PyUnicode_CompareWithASCIIString(name, fl_pil_op_names[op]) == 0)
+            return op;
+    return -1;
+}
+
+PyObject *fl__pil_op(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError,
+                        "pil_op(name, image, magnitude, interpolation, fill) takes 5 arguments");
+        return NULL;
+    }
+    int op = op_by_name(args[0]);
+    if (op < 0) {
+        PyErr_Format(PyExc_ValueError, "pil_op: unknown op %R", args[0]);
+        return NULL;
+    }
+    PyArrayObject *image = (PyArrayObject *)args[1];
+    if (!PyArray_Check(args[1]) || PyArray_NDIM(image) != 3 || PyArray_DIM(image, 2) != 3 ||
+        PyArray_TYPE(image) != NPY_UINT8 || !PyArray_IS_C_CONTIGUOUS(image) ||
+        PyArray_DIM(image, 0) < 1 || PyArray_DIM(image, 1) < 1) {
+        PyErr_SetString(PyExc_TypeError, "pil_op: image must be a C-contiguous HWC uint8 RGB "
+                                         "array, not empty");
+        return NULL;
+    }
+    double magnitude = PyFloat_AsDouble(args[2]);
+    int interpolation = 0;
+    double fill[3];
+    if ((magnitude == -1.0 && PyErr_Occurred()) || as_int(args[3], &interpolation) < 0 ||
+        read_numbers(args[4], 3, 1, fill) < 0)
+        return NULL;
+    unsigned char fill8[3];
+    for (int c = 0; c < 3; c++) {
+        if (fill[c] < 0 || fill[c] > 255) {
+            PyErr_SetString(PyExc_ValueError, "pil_op: fill values must be in 0..255");
+            return NULL;
+        }
+        fill8[c] = (unsigned char)fill[c];
+    }
+    if (interpolation != FL_WARP_NEAREST && interpolation != FL_WARP_BILINEAR) {
+        PyErr_SetString(PyExc_ValueError, "pil_op: interpolation must be 0 (nearest) or 1 "
+                                          "(bilinear)");
+        return NULL;
+    }
+    int h = (int)PyArray_DIM(image, 0), w = (int)PyArray_DIM(image, 1);
+    npy_intp dims[3] = {h, w, 3};
+    PyObject *out = PyArray_SimpleNew(3, dims, NPY_UINT8);
+    if (!out)
+        return NULL;
+    int rc = fl_pil_apply(op, magnitude, interpolation, fill8, PyArray_DATA(image),
+                          PyArray_DATA((PyArrayObject *)out), w, h);
+    if (rc != FL_OK) {
+        Py_DECREF(out);
+        PyErr_Format(PyExc_ValueError, "pil_op: %s refuses magnitude %R", fl_pil_op_names[op],
+                     args[2]);
+        return NULL;
+    }
+    return out;
+}
+
+PyObject *fl__augment_draws(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError,
+                        "augment_draws(plan, seed, epoch, index, width, height) takes 6 arguments");
+        return NULL;
+    }
+    fl_image_plan plan;
+    if (fl__parse_plan(args[0], &plan) < 0)
+        return NULL;
+    fl_sample_key key = {PyLong_AsUnsignedLongLongMask(args[1]),
+                         PyLong_AsUnsignedLongLongMask(args[2]),
+                         PyLong_AsUnsignedLongLongMask(args[3])};
+    int width = 0, height = 0;
+    if (PyErr_Occurred() || as_int(args[4], &width) < 0 || as_int(args[5], &height) < 0)
+        return NULL;
+    fl_sample_geometry g;
+    fl_plan_geometry(&plan, &key, 1, 1, &g);
+    PyObject *result = PyList_New(g.augment.count);
+    if (!result)
+        return NULL;
+    for (int i = 0; i < g.augment.count; i++) {
+        double m = fl_augment_magnitude(&plan.augment, &g.augment, i, width, height);
+        PyObject *item = Py_BuildValue("(sid)", fl_pil_op_names[g.augment.op[i]],
+                                       g.augment.bin[i], m);
+        if (!item) {
+            Py_DECREF(result);
+            return NULL;
+        }
+        PyList_SET_ITEM(result, i, item);
+    }
     return result;
 }

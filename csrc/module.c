@@ -57,6 +57,15 @@ static PyMethodDef module_methods[] = {
     {"erase_draws", (PyCFunction)(void (*)(void))fl__erase_draws, METH_FASTCALL,
      "erase_draws(plan, seed, epoch, index, width, height, /)\n--\n\n"
      "RandomErasing's box (i, j, h, w) for one sample, or None, for tests."},
+    {"pil_op", (PyCFunction)(void (*)(void))fl__pil_op, METH_FASTCALL,
+     "pil_op(name, image, magnitude, interpolation, fill, /)\n--\n\n"
+     "torchvision's autoaugment op `name` with Pillow's semantics on a C-contiguous\n"
+     "HWC uint8 RGB array (interpolation 0 nearest, 1 bilinear; fill 3 ints);\n"
+     "returns a new array.  For tests."},
+    {"augment_draws", (PyCFunction)(void (*)(void))fl__augment_draws, METH_FASTCALL,
+     "augment_draws(plan, seed, epoch, index, width, height, /)\n--\n\n"
+     "The augmentation ops a plan draws for one sample of width x height, for\n"
+     "tests: a list of (op name, magnitude bin, signed magnitude)."},
     {"cuda_driver", (PyCFunction)fl__cuda_driver, METH_NOARGS,
      "cuda_driver()\n--\n\n"
      "Loads the CUDA driver once (libcuda.so.1, or $FASTLOAD_LIBCUDA) and\n"

@@ -134,6 +134,25 @@ def _random_erasing(t):
     elif isinstance(value, (list, tuple)) and len(value) == 1:
         value = value[0]
     return [T.RandomErasing(t.p, tuple(t.scale), tuple(t.ratio), value, t.inplace)]
+def _augment_options(t):
+    """(interpolation, fill) of a torchvision augmentation policy.  v2's
+    policies have other magnitude tables (Solarize, for one): they stay in
+    Python."""
+    if type(t).__module__.startswith("torchvision.transforms.v2"):
+        raise ValueError("v2 augmentation policies are not compiled")
+    return {"interpolation": _interpolation(t.interpolation), "fill": t.fill}
+
+
+def _rand_augment(t):
+    return [T.RandAugment(t.num_ops, t.magnitude, t.num_magnitude_bins, **_augment_options(t))]
+
+
+def _trivial_augment(t):
+    return [T.TrivialAugmentWide(t.num_magnitude_bins, **_augment_options(t))]
+
+
+def _auto_augment(t):
+    return [T.AutoAugment(t.policy, **_augment_options(t))]
 
 
 _TABLE = {
@@ -153,6 +172,9 @@ _TABLE = {
     "GaussianBlur": _gaussian_blur,
     "RandomApply": _random_apply,
     "RandomErasing": _random_erasing,
+    "RandAugment": _rand_augment,
+    "TrivialAugmentWide": _trivial_augment,
+    "AutoAugment": _auto_augment,
 }
 
 # Steps that may run in C ahead of a Python part: they only move pixels (or

@@ -10,8 +10,10 @@ The chain must read as torchvision's usual pipelines do::
 
     [RandomResizedCrop | Resize [CenterCrop | RandomCrop] | CenterCrop | RandomCrop]
     [RandomHorizontalFlip]
-    [ColorJitter] [RandomGrayscale | Grayscale]   (either order; a flip may follow)
-    [GaussianBlur]                                (a flip may follow)
+    [RandAugment | TrivialAugmentWide | AutoAugment]
+    [ColorJitter] [RandomGrayscale | Grayscale]   (either order; a flip may follow
+                                                   them, unless an augmentation policy ran)
+    [GaussianBlur]                                (a flip may follow, as above)
     [ToTensor | PILToTensor [ConvertImageDtype]]
     [Normalize]
     [RandomErasing]                 (on the tensor, after the conversion)
@@ -27,14 +29,19 @@ any other place they would not commute exactly with the crop and resize, so
 ``Compose`` refuses them there (ValueError); a torchvision ``Compose`` with
 them elsewhere runs in Python, per image, as any other callable does.
 
+The augmentation policies act on the resized image as uint8 RGB, with
+Pillow's arithmetic: torchvision's ops on a PIL image, bit for bit (see
+``RandAugment``).
+
 ``RandomErasing`` overwrites a random box of the stored sample (after
 Normalize: the value is in normalised units), as torchvision's does on a
 tensor.  ``MixUp``, ``CutMix`` and ``RandomChoice`` of them act on whole
 batches: give one to ``DataLoader(batch_transform=...)``.
 
-Randomness (the crop box, the flip, the colour draws, the erased box) comes from a counter-based generator
-keyed by (seed, epoch, sample index): the loader's generator fixes the seed,
-and the output is the same for any ``num_workers``.  Called directly on an
+Randomness (the crop box, the flip, the colour and augmentation draws, the
+erased box) comes from a counter-based generator keyed by (seed, epoch,
+sample index): the loader's generator fixes the seed, and the output is the
+same for any ``num_workers``.  Called directly on an
 image (an HWC uint8 array, or a PIL image) a transform draws its seed from
 torch's (or NumPy's) global generator, as torchvision's do.
 
@@ -52,26 +59,30 @@ from ._random import draw_seed
 from ._torch import torch
 
 __all__ = [
+    "AutoAugment",
+    "AutoAugmentPolicy",
     "CenterCrop",
     "ColorJitter",
     "Compose",
     "ConvertImageDtype",
-    "GaussianBlur",
     "CutMix",
-    "InterpolationMode",
+    "GaussianBlur",
     "Grayscale",
+    "InterpolationMode",
     "MixUp",
     "Normalize",
     "PILToTensor",
+    "RandAugment",
     "RandomApply",
-    "RandomCrop",
     "RandomChoice",
+    "RandomCrop",
     "RandomErasing",
     "RandomGrayscale",
     "RandomHorizontalFlip",
     "RandomResizedCrop",
     "Resize",
     "ToTensor",
+    "TrivialAugmentWide",
 ]
 
 
@@ -284,6 +295,120 @@ class Grayscale(_Transform):
         return "Grayscale(num_output_channels=3)"
 
 
+def _augment_fill(fill, name):
+    """torchvision's fill for a PIL image (_parse_fill): None is black, a
+    number every channel, a sequence of 1 or 3 values; each truncated to
+    an int, as Pillow receives it."""
+    if fill is None:
+        values = (0, 0, 0)
+    elif isinstance(fill, numbers.Number):
+        values = (fill,) * 3
+    elif isinstance(fill, (tuple, list)) and len(fill) in (1, 3):
+        values = tuple(fill) * (3 // len(fill))
+    else:
+        raise ValueError(f"{name}: fill must be None, a number or a sequence of 1 or 3 numbers "
+                         f"(RGB images), got {fill!r}")
+    values = tuple(int(v) for v in values)
+    if not all(0 <= v <= 255 for v in values):
+        raise ValueError(f"{name}: fill values must be in [0, 255], got {fill!r}")
+    return values
+
+
+def _augment_interpolation(value, name):
+    mode = _interpolation(value)
+    if mode not in (InterpolationMode.NEAREST, InterpolationMode.BILINEAR):
+        raise ValueError(f"{name}: interpolation must be NEAREST or BILINEAR, got {value!r}")
+    return mode
+
+
+MAX_AUGMENT_OPS = 16  # csrc/core/pil_ops.h FL_AUGMENT_MAX_OPS
+
+
+class RandAugment(_Transform):
+    """torchvision's RandAugment: ``num_ops`` ops drawn uniformly from its 14
+    (Identity, ShearX/Y, TranslateX/Y, Rotate, Brightness, Color, Contrast,
+    Sharpness, Posterize, Solarize, AutoContrast, Equalize), each at
+    magnitude bin ``magnitude`` of ``num_magnitude_bins``, signed by a fair
+    coin where the op is signed.
+
+    The ops run on the resized image as uint8 RGB with Pillow's semantics
+    (what torchvision does to the PIL image ImageFolder hands it): the same
+    output as ``torchvision.transforms.functional`` on that image, bit for
+    bit.  The draws come from fastload's generator, keyed by (seed, epoch,
+    index).  fastload allows ``num_ops`` up to 16."""
+
+    def __init__(self, num_ops=2, magnitude=9, num_magnitude_bins=31,
+                 interpolation=InterpolationMode.NEAREST, fill=None):
+        if not isinstance(num_ops, numbers.Integral) or not 0 <= num_ops <= MAX_AUGMENT_OPS:
+            raise ValueError(f"RandAugment: num_ops must be an int in [0, {MAX_AUGMENT_OPS}], "
+                             f"got {num_ops!r}")
+        if not isinstance(num_magnitude_bins, numbers.Integral) or num_magnitude_bins < 2:
+            raise ValueError(f"RandAugment: num_magnitude_bins must be an int >= 2, "
+                             f"got {num_magnitude_bins!r}")
+        if not isinstance(magnitude, numbers.Integral) or not 0 <= magnitude < num_magnitude_bins:
+            raise ValueError(f"RandAugment: magnitude must be an int in [0, num_magnitude_bins), "
+                             f"got {magnitude!r}")
+        self.num_ops = int(num_ops)
+        self.magnitude = int(magnitude)
+        self.num_magnitude_bins = int(num_magnitude_bins)
+        self.interpolation = _augment_interpolation(interpolation, "RandAugment")
+        self.fill = _augment_fill(fill, "RandAugment")
+
+    def __repr__(self):
+        return (f"RandAugment(num_ops={self.num_ops}, magnitude={self.magnitude}, "
+                f"num_magnitude_bins={self.num_magnitude_bins}, "
+                f"interpolation={self.interpolation}, fill={self.fill})")
+
+
+class TrivialAugmentWide(_Transform):
+    """torchvision's TrivialAugmentWide: one op of RandAugment's 14 at a
+    uniform magnitude bin of the wide ranges; as ``RandAugment`` otherwise."""
+
+    def __init__(self, num_magnitude_bins=31, interpolation=InterpolationMode.NEAREST, fill=None):
+        if not isinstance(num_magnitude_bins, numbers.Integral) or num_magnitude_bins < 2:
+            raise ValueError(f"TrivialAugmentWide: num_magnitude_bins must be an int >= 2, "
+                             f"got {num_magnitude_bins!r}")
+        self.num_magnitude_bins = int(num_magnitude_bins)
+        self.interpolation = _augment_interpolation(interpolation, "TrivialAugmentWide")
+        self.fill = _augment_fill(fill, "TrivialAugmentWide")
+
+    def __repr__(self):
+        return (f"TrivialAugmentWide(num_magnitude_bins={self.num_magnitude_bins}, "
+                f"interpolation={self.interpolation}, fill={self.fill})")
+
+
+class AutoAugmentPolicy:
+    """torchvision's policy names (plain strings here)."""
+
+    IMAGENET = "imagenet"
+    CIFAR10 = "cifar10"
+    SVHN = "svhn"
+
+
+_AUTO_TABLES = (AutoAugmentPolicy.IMAGENET, AutoAugmentPolicy.CIFAR10, AutoAugmentPolicy.SVHN)
+
+
+class AutoAugment(_Transform):
+    """torchvision's AutoAugment: one of the policy's 25 sub-policies,
+    uniformly, each of its two ops applied with its probability at its
+    magnitude bin of 10; as ``RandAugment`` otherwise."""
+
+    def __init__(self, policy=AutoAugmentPolicy.IMAGENET,
+                 interpolation=InterpolationMode.NEAREST, fill=None):
+        name = getattr(policy, "value", policy)  # torchvision's enum, or a string
+        if name not in _AUTO_TABLES:
+            raise ValueError(f"The provided policy {policy} is not recognized.")
+        self.policy = name
+        self.interpolation = _augment_interpolation(interpolation, "AutoAugment")
+        self.fill = _augment_fill(fill, "AutoAugment")
+
+    def __repr__(self):
+        return f"AutoAugment(policy={self.policy}, fill={self.fill})"
+
+
+_AUGMENT = (RandAugment, TrivialAugmentWide, AutoAugment)
+
+
 class ToTensor(_Transform):
     """HWC uint8 -> CHW float32 in [0, 1]."""
 
@@ -473,6 +598,17 @@ class Plan:
         self.erase_ratio = (1.0, 1.0)
         self.erase_value = (0.0, 0.0, 0.0)
         self.erase_random = False
+        # RandAugment / TrivialAugmentWide / AutoAugment on the resampled
+        # uint8 image (csrc/core/pil_ops.h): policy 0 none, 1 rand,
+        # 2 trivial, 3 auto; its table 0 imagenet, 1 cifar10, 2 svhn;
+        # interpolation 0 nearest, 1 bilinear; fill 0..255 per channel.
+        self.augment = 0
+        self.augment_num_ops = 0
+        self.augment_magnitude = 0
+        self.augment_bins = 0
+        self.augment_table = 0
+        self.augment_interpolation = 0
+        self.augment_fill = (0.0, 0.0, 0.0)
 
     def output_shape(self):
         """(C, H, W) or (H, W, C); None when it depends on the image."""
@@ -493,13 +629,13 @@ def compile_plan(transforms, channels_last=False):
         raise ValueError(
             f"fastload.transforms.Compose cannot fuse {t!r} here: the order must be "
             "[RandomResizedCrop | Resize [CenterCrop | RandomCrop] | CenterCrop | RandomCrop], "
-            "[RandomHorizontalFlip], "
+            "[RandomHorizontalFlip], [RandAugment | TrivialAugmentWide | AutoAugment], "
             "[ColorJitter] [RandomGrayscale | Grayscale] (either order), [GaussianBlur], "
             "[ToTensor | PILToTensor [ConvertImageDtype]], [Normalize], [RandomErasing]")
 
     dtype = "uint8"
     normalize = None
-    jitter = gray = blur = None
+    jitter = gray = blur = augment = None
     for t in transforms:
         applied = 1.0
         if isinstance(t, RandomApply):
@@ -548,11 +684,27 @@ def compile_plan(transforms, channels_last=False):
                 plan.out_h, plan.out_w = t.size
         elif isinstance(t, RandomHorizontalFlip):
             # A flip commutes exactly with the colour ops and the blur (a
-            # symmetric kernel, symmetric padding): it may follow them.
-            if stage > 3 or plan.flip_p:
+            # symmetric kernel, symmetric padding): it may follow them, but
+            # not an augmentation's warps, which run after it.
+            if stage > 3 or plan.flip_p or augment is not None:
                 out_of_place(t)
             plan.flip_p = t.p
             stage = max(stage, 1)
+        elif isinstance(t, _AUGMENT):
+            if stage > 1 or augment is not None:
+                out_of_place(t)
+            augment = t
+            plan.augment = 1 + _AUGMENT.index(type(t))
+            plan.augment_interpolation = _FILTERS[t.interpolation]
+            plan.augment_fill = tuple(float(v) for v in t.fill)
+            if isinstance(t, RandAugment):
+                plan.augment_num_ops = t.num_ops
+                plan.augment_magnitude = t.magnitude
+            if isinstance(t, (RandAugment, TrivialAugmentWide)):
+                plan.augment_bins = t.num_magnitude_bins
+            if isinstance(t, AutoAugment):
+                plan.augment_table = _AUTO_TABLES.index(t.policy)
+            stage = 1
         elif isinstance(t, ColorJitter):
             if stage > 2 or jitter is not None:
                 out_of_place(t)

@@ -26,16 +26,22 @@ struct fl_image_worker {
     fl_png *png;   /* made on the first PNG */
     fl_webp *webp; /* made on the first WebP */
     fl_resample_scratch *scratch;
-    float *color;       /* the resampled image as float RGB planes, when colour ops run */
-    size_t color_capacity; /* floats */
-    unsigned char *buf; /* the last file read */
+    unsigned char *buf;     /* the last file read */
     size_t capacity;
-    unsigned char *window; /* RandomCrop's window with padding, RGB */
-    size_t window_capacity; /* bytes */
-    int *columns;          /* its source column per output column */
-    size_t columns_capacity; /* ints */
-    float *blur;           /* GaussianBlur's kernels and intermediate plane */
-    size_t blur_capacity;  /* floats */
+    /* Buffers of the later stages, grown on first use (grow()); capacities
+     * in elements. */
+    float *color;           /* the resampled image as float RGB planes, when colour ops run */
+    size_t color_capacity;
+    unsigned char *aug;     /* the uint8 image an augmentation policy works on */
+    size_t aug_capacity;
+    unsigned char *aug_spare; /* and its second buffer, for the warps */
+    size_t aug_spare_capacity;
+    unsigned char *window;  /* RandomCrop's window with padding, RGB */
+    size_t window_capacity;
+    int *columns;           /* its source column per output column */
+    size_t columns_capacity;
+    float *blur;            /* GaussianBlur's kernels and intermediate plane */
+    size_t blur_capacity;
 };
 
 /* ------------------------------------------------------ per-thread state */
@@ -54,6 +60,8 @@ static void worker_free(void *p)
     fl_webp_free(w->webp);
     fl_resample_scratch_free(w->scratch);
     free(w->color);
+    free(w->aug);
+    free(w->aug_spare);
     free(w->buf);
     free(w->window);
     free(w->columns);
@@ -339,6 +347,11 @@ void fl_plan_geometry(const fl_image_plan *plan, const fl_sample_key *key, int w
         fl_rng_init_stream(&erase_rng, key->seed, key->epoch, key->index, FL_STREAM_ERASE);
         fl_erase_draw_for(&plan->erase, &erase_rng, out->out_w, out->out_h, &out->erase);
     }
+    if (plan->augment.policy != FL_AUGMENT_NONE) {
+        fl_rng augment_rng;
+        fl_rng_init_stream(&augment_rng, key->seed, key->epoch, key->index, FL_STREAM_AUGMENT);
+        fl_augment_draw_for(&plan->augment, &augment_rng, &out->augment);
+    }
     if (!plan->exact && plan->filter != FL_FILTER_NEAREST && !out->crop_error)
         out->scale_denom = fl_jpeg_pick_scale((int)out->box.w, (int)out->box.h, out->out_w,
                                               out->out_h);
@@ -356,6 +369,39 @@ static double support_margin(const fl_image_plan *plan, const fl_sample_geometry
 }
 
 /* ------------------------------------------------------------------- ops */
+
+/* The uint8 stage of a plan with an augmentation policy: the box resampled
+ * (and flipped) to the output size as an HWC uint8 image, the image Pillow
+ * holds after torchvision's geometry, then the drawn ops on it.  *out is
+ * the result, in one of the worker's two buffers. */
+static int augment_stage(fl_image_worker *w, const fl_image_plan *plan,
+                         const fl_sample_geometry *g, const unsigned char *rgb, int width,
+                         int height, size_t stride, double bx, double by, double bw, double bh,
+                         unsigned char **out)
+{
+    size_t bytes = (size_t)g->out_w * (size_t)g->out_h * 3;
+    if (grow((void **)&w->aug, &w->aug_capacity, bytes, 1) != FL_OK ||
+        grow((void **)&w->aug_spare, &w->aug_spare_capacity, bytes, 1) != FL_OK)
+        return FL_ERR_NOMEM;
+    fl_resample_target image = {
+        .width = g->out_w,
+        .height = g->out_h,
+        .filter = plan->filter,
+        .antialias = plan->antialias,
+        .flip = g->flip,
+        .layout = FL_LAYOUT_HWC,
+        .dtype = FL_DTYPE_UINT8,
+        .scale = {1.0f, 1.0f, 1.0f},
+        .dst = w->aug,
+    };
+    int rc = fl_resample(rgb, width, height, stride, bx, by, bw, bh, &image, w->scratch);
+    if (rc != FL_OK)
+        return rc;
+    unsigned char *result = w->aug, *spare = w->aug_spare;
+    rc = fl_augment_apply(&plan->augment, &g->augment, &result, &spare, g->out_w, g->out_h);
+    *out = result;
+    return rc;
+}
 
 /* Resamples box (bx, by, bw, bh; in the coordinates of `rgb`) into dst,
  * honouring a hard crop by hiding the pixels outside it. */
@@ -385,12 +431,32 @@ static int resample_box(fl_image_worker *w, const fl_image_plan *plan,
         if (bh > height - by)
             bh = height - by;
     }
+    int filter = plan->filter, flip = g->flip;
+    if (plan->augment.policy != FL_AUGMENT_NONE) {
+        /* What follows then stores the augmented image: a 1:1 copy. */
+        unsigned char *augmented = NULL;
+        int rc = augment_stage(w, plan, g, rgb, width, height, stride, bx, by, bw, bh,
+                               &augmented);
+        if (rc != FL_OK) {
+            snprintf(msg, msg_size, "augmentation failed: %s", fl_status_str(rc));
+            return rc;
+        }
+        rgb = augmented;
+        width = g->out_w;
+        height = g->out_h;
+        stride = (size_t)width * 3;
+        bx = by = 0.0;
+        bw = width;
+        bh = height;
+        filter = FL_FILTER_NEAREST;
+        flip = 0;
+    }
     fl_resample_target target = {
         .width = g->out_w,
         .height = g->out_h,
-        .filter = plan->filter,
+        .filter = filter,
         .antialias = plan->antialias,
-        .flip = g->flip,
+        .flip = flip,
         .layout = plan->layout,
         .dtype = plan->dtype,
         .dst = dst,
@@ -406,18 +472,7 @@ static int resample_box(fl_image_worker *w, const fl_image_plan *plan,
         /* Colour ops work on the resampled values before conversion: resample
          * to float RGB planes in [0, 255], adjust, then convert into dst. */
         size_t pixels = (size_t)g->out_w * (size_t)g->out_h;
-        rc = FL_OK;
-        if (pixels > w->color_capacity / 3) {
-            float *grown = pixels > SIZE_MAX / (3 * sizeof(float))
-                               ? NULL
-                               : realloc(w->color, 3 * pixels * sizeof(float));
-            if (grown) {
-                w->color = grown;
-                w->color_capacity = 3 * pixels;
-            } else {
-                rc = FL_ERR_NOMEM;
-            }
-        }
+        rc = grow((void **)&w->color, &w->color_capacity, 3 * pixels, sizeof(float));
         fl_resample_target floats = target;
         floats.layout = FL_LAYOUT_CHW;
         floats.dtype = FL_DTYPE_FLOAT32;

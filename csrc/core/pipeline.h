@@ -13,8 +13,9 @@
 
 #include "augment.h"
 #include "blur.h"
-#include "pad.h"
 #include "erase.h"
+#include "pad.h"
+#include "pil_ops.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -44,6 +45,7 @@ typedef struct fl_image_plan {
     fl_pad_plan pad;            /* random: padding (none after a Resize) */
     fl_blur_plan blur;          /* GaussianBlur after the colour ops */
     fl_erase_plan erase;        /* RandomErasing on the stored row (p 0: off) */
+    fl_augment_plan augment;    /* RandAugment & co. on the resampled uint8 image */
 } fl_image_plan;
 
 /* Where a sample's random numbers come from. */
@@ -69,6 +71,7 @@ typedef struct fl_sample_geometry {
     int crop_x, crop_y;         /* random: the crop's corner in the padded (or resized) image */
     fl_blur_draw blur;          /* the blur drawn (when the plan has one) */
     fl_erase_draw erase;        /* RandomErasing's box (on 0: none) */
+    fl_augment_draw augment;    /* the augmentation ops drawn (when the plan has a policy) */
 } fl_sample_geometry;
 
 typedef struct fl_image_worker fl_image_worker;

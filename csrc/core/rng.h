@@ -38,9 +38,10 @@ static inline void fl_rng_init(fl_rng *rng, uint64_t seed, uint64_t epoch, uint6
 enum {
     FL_STREAM_GEOMETRY = 0,
     FL_STREAM_COLOR = 1,
-    FL_STREAM_ERASE = 3, /* RandomErasing, keyed by sample */
-    FL_STREAM_MIX = 4,   /* MixUp / CutMix, keyed by (seed, epoch, batch number) */
-    FL_STREAM_BLUR = 5,  /* GaussianBlur's sigma and its RandomApply coin */
+    FL_STREAM_AUGMENT = 2, /* RandAugment & co., keyed by sample */
+    FL_STREAM_ERASE = 3,   /* RandomErasing, keyed by sample */
+    FL_STREAM_MIX = 4,     /* MixUp / CutMix, keyed by (seed, epoch, batch number) */
+    FL_STREAM_BLUR = 5,    /* GaussianBlur's sigma and its RandomApply coin */
 };
 
 /* The generator of `stream` for the key; stream 0 is fl_rng_init's. */

@@ -1,0 +1,674 @@
+/* fastload core: see pil_ops.h.
+ *
+ * Expressions are written in the order and types Pillow evaluates them
+ * (float where it uses float, truncating casts where it truncates), since
+ * the aim is bit-identical output. */
+#define _GNU_SOURCE
+#include "pil_ops.h"
+
+#include "status.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *const fl_pil_op_names[FL_PIL_OPS] = {
+    "Identity",   "ShearX", "ShearY",    "TranslateX", "TranslateY",
+    "Rotate",     "Brightness", "Color", "Contrast",   "Sharpness",
+    "Posterize",  "Solarize",   "AutoContrast", "Equalize", "Invert",
+};
+
+/* Python's math.radians and math.degrees. */
+static double radians(double degrees)
+{
+    return degrees * (M_PI / 180.0);
+}
+
+static double degrees(double radians)
+{
+    return radians * (180.0 / M_PI);
+}
+
+/* Python's float % (the result takes the divisor's sign). */
+static double py_mod(double x, double m)
+{
+    double r = fmod(x, m);
+    if (r != 0.0) {
+        if ((m < 0) != (r < 0))
+            r += m;
+    } else {
+        r = copysign(0.0, m);
+    }
+    return r;
+}
+
+/* Python's round(x, 15): the correctly rounded decimal, read back. */
+static double py_round15(double x)
+{
+    char buf[64];
+    snprintf(buf, sizeof buf, "%.15f", x);
+    return strtod(buf, NULL);
+}
+
+/* ------------------------------------------------------------- geometry */
+
+#define COORD(v) ((v) < 0.0 ? -1 : ((int)(v)))
+#define FLOOR(v) ((v) < 0.0 ? ((int)floor(v)) : ((int)(v)))
+
+static void fill_image(unsigned char *dst, size_t pixels, const unsigned char fill[3])
+{
+    for (size_t i = 0; i < pixels; i++) {
+        dst[3 * i] = fill[0];
+        dst[3 * i + 1] = fill[1];
+        dst[3 * i + 2] = fill[2];
+    }
+}
+
+static void copy_pixel(unsigned char *dst, const unsigned char *src)
+{
+    dst[0] = src[0];
+    dst[1] = src[1];
+    dst[2] = src[2];
+}
+
+/* Both corners of the output within 16.16 fixed point's reach. */
+static int fits_fixed(const double a[6], int x, int y)
+{
+    return fabs(x * a[0] + y * a[1] + a[2]) < 32768.0 && fabs(x * a[3] + y * a[4] + a[5]) < 32768.0;
+}
+
+static int fix16(double v)
+{
+    return FLOOR(v * 65536.0 + 0.5);
+}
+
+/* Pillow's bilinear filter for one output pixel at source (xin, yin);
+ * returns 0 (pixel keeps the fill) outside the image. */
+static int bilinear_at(const unsigned char *src, int w, int h, double xin, double yin,
+                       unsigned char *out)
+{
+    if (xin < 0.0 || xin >= w || yin < 0.0 || yin >= h)
+        return 0;
+    xin -= 0.5;
+    yin -= 0.5;
+    int x = FLOOR(xin), y = FLOOR(yin);
+    double dx = xin - x, dy = yin - y;
+    int yc = y < 0 ? 0 : y < h ? y : h - 1;
+    int x0 = (x < 0 ? 0 : x < w ? x : w - 1) * 3;
+    int x1 = (x + 1 < 0 ? 0 : x + 1 < w ? x + 1 : w - 1) * 3;
+    const unsigned char *row = src + (size_t)yc * w * 3;
+    const unsigned char *next = y + 1 >= 0 && y + 1 < h ? src + (size_t)(y + 1) * w * 3 : NULL;
+    for (int b = 0; b < 3; b++) {
+        double v1 = row[x0 + b] + (row[x1 + b] - row[x0 + b]) * dx;
+        double v2 = next ? next[x0 + b] + (next[x1 + b] - next[x0 + b]) * dx : v1;
+        v1 = v1 + (v2 - v1) * dy;
+        out[b] = (unsigned char)v1;
+    }
+    return 1;
+}
+
+void fl_pil_affine(const unsigned char *src, unsigned char *dst, int w, int h, const double a[6],
+                   int interpolation, const unsigned char fill[3])
+{
+    fill_image(dst, (size_t)w * h, fill);
+    if (interpolation == FL_WARP_BILINEAR) {
+        for (int y = 0; y < h; y++) {
+            for (int x = 0; x < w; x++) {
+                double xin = x + 0.5, yin = y + 0.5;
+                double xx = a[0] * xin + a[1] * yin + a[2];
+                double yy = a[3] * xin + a[4] * yin + a[5];
+                bilinear_at(src, w, h, xx, yy, dst + ((size_t)y * w + x) * 3);
+            }
+        }
+        return;
+    }
+    if (a[1] == 0 && a[3] == 0) {
+        /* Pillow's scale path: positions accumulate along the row. */
+        double yo = a[5] + a[4] * 0.5;
+        for (int y = 0; y < h; y++, yo += a[4]) {
+            int yi = COORD(yo);
+            if (yi < 0 || yi >= h)
+                continue;
+            double xo = a[2] + a[0] * 0.5;
+            for (int x = 0; x < w; x++, xo += a[0]) {
+                int xi = COORD(xo);
+                if (xi >= 0 && xi < w)
+                    copy_pixel(dst + ((size_t)y * w + x) * 3, src + ((size_t)yi * w + xi) * 3);
+            }
+        }
+        return;
+    }
+    if (fits_fixed(a, 0, 0) && fits_fixed(a, w, h) && fits_fixed(a, 0, h) && fits_fixed(a, w, 0)) {
+        int a0 = fix16(a[0]), a1 = fix16(a[1]), a3 = fix16(a[3]), a4 = fix16(a[4]);
+        int a2 = fix16(a[2] + a[0] * 0.5 + a[1] * 0.5);
+        int a5 = fix16(a[5] + a[3] * 0.5 + a[4] * 0.5);
+        for (int y = 0; y < h; y++, a2 += a1, a5 += a4) {
+            int xx = a2, yy = a5;
+            for (int x = 0; x < w; x++, xx += a0, yy += a3) {
+                int xi = xx >> 16, yi = yy >> 16; /* floor: arithmetic shift, as Pillow */
+                if (xi >= 0 && xi < w && yi >= 0 && yi < h)
+                    copy_pixel(dst + ((size_t)y * w + x) * 3, src + ((size_t)yi * w + xi) * 3);
+            }
+        }
+        return;
+    }
+    double xo = a[2] + a[1] * 0.5 + a[0] * 0.5;
+    double yo = a[5] + a[4] * 0.5 + a[3] * 0.5;
+    for (int y = 0; y < h; y++, xo += a[1], yo += a[4]) {
+        double xx = xo, yy = yo;
+        for (int x = 0; x < w; x++, xx += a[0], yy += a[3]) {
+            int xi = COORD(xx), yi = COORD(yy);
+            if (xi >= 0 && xi < w && yi >= 0 && yi < h)
+                copy_pixel(dst + ((size_t)y * w + x) * 3, src + ((size_t)yi * w + xi) * 3);
+        }
+    }
+}
+
+void fl_pil_inverse_affine(double cx, double cy, double angle, double tx, double ty, double scale,
+                           double shear_x, double shear_y, double m[6])
+{
+    double rot = radians(angle), sx = radians(shear_x), sy = radians(shear_y);
+    double a = cos(rot - sy) / cos(sy);
+    double b = -cos(rot - sy) * tan(sx) / cos(sy) - sin(rot);
+    double c = sin(rot - sy) / cos(sy);
+    double d = -sin(rot - sy) * tan(sx) / cos(sy) + cos(rot);
+    m[0] = d / scale;
+    m[1] = -b / scale;
+    m[2] = 0.0 / scale;
+    m[3] = -c / scale;
+    m[4] = a / scale;
+    m[5] = 0.0 / scale;
+    m[2] += m[0] * (-cx - tx) + m[1] * (-cy - ty);
+    m[5] += m[3] * (-cx - tx) + m[4] * (-cy - ty);
+    m[2] += cx;
+    m[5] += cy;
+}
+
+/* Image.transpose: 1 ROTATE_90 (counter-clockwise), 2 ROTATE_180,
+ * 3 ROTATE_270; 90 and 270 only for square images here. */
+static void transpose(const unsigned char *src, unsigned char *dst, int w, int h, int quarter)
+{
+    for (int y = 0; y < h; y++) {
+        for (int x = 0; x < w; x++) {
+            int sx, sy;
+            if (quarter == 1) {
+                sx = w - 1 - y;
+                sy = x;
+            } else if (quarter == 2) {
+                sx = w - 1 - x;
+                sy = h - 1 - y;
+            } else {
+                sx = y;
+                sy = h - 1 - x;
+            }
+            copy_pixel(dst + ((size_t)y * w + x) * 3, src + ((size_t)sy * w + sx) * 3);
+        }
+    }
+}
+
+void fl_pil_rotate(const unsigned char *src, unsigned char *dst, int w, int h, double angle,
+                   int interpolation, const unsigned char fill[3], int center, double cx,
+                   double cy)
+{
+    angle = py_mod(angle, 360.0);
+    if (!center) {
+        if (angle == 0) {
+            memcpy(dst, src, (size_t)w * h * 3);
+            return;
+        }
+        if (angle == 180) {
+            transpose(src, dst, w, h, 2);
+            return;
+        }
+        if ((angle == 90 || angle == 270) && w == h) {
+            transpose(src, dst, w, h, angle == 90 ? 1 : 3);
+            return;
+        }
+        cx = w / 2.0;
+        cy = h / 2.0;
+    }
+    double r = -radians(angle);
+    double m[6] = {py_round15(cos(r)), py_round15(sin(r)), 0.0,
+                   py_round15(-sin(r)), py_round15(cos(r)), 0.0};
+    double x = -cx - 0, y = -cy - 0;
+    double c = m[0] * x + m[1] * y + m[2];
+    double f = m[3] * x + m[4] * y + m[5];
+    m[2] = c + cx;
+    m[5] = f + cy;
+    fl_pil_affine(src, dst, w, h, m, interpolation, fill);
+}
+
+/* ---------------------------------------------------------------- colour */
+
+/* Image.blend(degenerate, image, alpha) for one value: Pillow's float
+ * expression, truncated, clipped only when extrapolating. */
+static inline unsigned char blend1(int degenerate, int value, float alpha)
+{
+    if (alpha >= 0 && alpha <= 1.0) /* interpolation: stays in range */
+        return (unsigned char)(degenerate + alpha * (value - degenerate));
+    float t = (float)(degenerate + alpha * (value - degenerate));
+    return t <= 0.0 ? 0 : t >= 255.0 ? 255 : (unsigned char)t;
+}
+
+/* Pillow's RGB -> L: ITU-R 601-2 luma in 16-bit fixed point. */
+static inline int luma(const unsigned char *p)
+{
+    return (p[0] * 19595 + p[1] * 38470 + p[2] * 7471 + 0x8000) >> 16;
+}
+
+enum { DEGENERATE_BLACK, DEGENERATE_GRAY, DEGENERATE_MEAN, DEGENERATE_SMOOTH };
+
+/* ImageFilter.SMOOTH (3x3, 1 1 1 / 1 5 1 / 1 1 1, divisor 13) at interior
+ * pixel (x, y), band b: Pillow's float sum, rows below first. */
+static unsigned char smooth_at(const unsigned char *src, int w, int x, int y, int b)
+{
+    const float k1 = 1.0f / 13.0f, k5 = 5.0f / 13.0f;
+    const unsigned char *below = src + ((size_t)(y + 1) * w + x) * 3 + b;
+    const unsigned char *here = src + ((size_t)y * w + x) * 3 + b;
+    const unsigned char *above = src + ((size_t)(y - 1) * w + x) * 3 + b;
+    float ss = 0.5f;
+    ss += (float)below[-3] * k1 + (float)below[0] * k1 + (float)below[3] * k1;
+    ss += (float)here[-3] * k1 + (float)here[0] * k5 + (float)here[3] * k1;
+    ss += (float)above[-3] * k1 + (float)above[0] * k1 + (float)above[3] * k1;
+    ss = ss < 0.0f ? 0.0f : ss;
+    ss = ss > 255.0f ? 255.0f : ss;
+    return (unsigned char)ss;
+}
+
+/* An ImageEnhance class: blend of its degenerate image with the image. */
+static void enhance(int kind, float alpha, const unsigned char *src, unsigned char *dst, int w,
+                    int h)
+{
+    size_t pixels = (size_t)w * h;
+    int mean = 0;
+    if (kind == DEGENERATE_MEAN) {
+        /* ImageStat's mean of the L image, int(mean + 0.5) */
+        unsigned long long sum = 0;
+        for (size_t i = 0; i < pixels; i++)
+            sum += (unsigned long long)luma(src + 3 * i);
+        mean = (int)((double)sum / (double)pixels + 0.5);
+    }
+    for (int y = 0; y < h; y++) {
+        for (int x = 0; x < w; x++) {
+            size_t i = ((size_t)y * w + x) * 3;
+            int gray = kind == DEGENERATE_GRAY ? luma(src + i) : mean;
+            /* the filter leaves the border (and images under 3 x 3) as they are */
+            int border = x == 0 || y == 0 || x == w - 1 || y == h - 1;
+            for (int b = 0; b < 3; b++) {
+                int degenerate = kind == DEGENERATE_BLACK ? 0
+                                 : kind == DEGENERATE_SMOOTH
+                                     ? (border ? src[i + b] : smooth_at(src, w, x, y, b))
+                                     : gray;
+                if (alpha == 0.0f)
+                    dst[i + b] = (unsigned char)degenerate;
+                else if (alpha == 1.0f)
+                    dst[i + b] = src[i + b];
+                else
+                    dst[i + b] = blend1(degenerate, src[i + b], alpha);
+            }
+        }
+    }
+}
+
+static void apply_lut(const unsigned char lut[3][256], const unsigned char *src,
+                      unsigned char *dst, size_t pixels)
+{
+    for (size_t i = 0; i < pixels; i++) {
+        dst[3 * i] = lut[0][src[3 * i]];
+        dst[3 * i + 1] = lut[1][src[3 * i + 1]];
+        dst[3 * i + 2] = lut[2][src[3 * i + 2]];
+    }
+}
+
+static void histogram(const unsigned char *src, size_t pixels, unsigned long long hist[3][256])
+{
+    memset(hist, 0, 3 * 256 * sizeof hist[0][0]);
+    for (size_t i = 0; i < pixels; i++) {
+        hist[0][src[3 * i]]++;
+        hist[1][src[3 * i + 1]]++;
+        hist[2][src[3 * i + 2]]++;
+    }
+}
+
+/* ImageOps.autocontrast(image): each band stretched from its lowest to its
+ * highest value. */
+static void autocontrast_lut(const unsigned long long hist[3][256], unsigned char lut[3][256])
+{
+    for (int b = 0; b < 3; b++) {
+        int lo = 0, hi = 255;
+        while (lo < 255 && !hist[b][lo])
+            lo++;
+        while (hi > 0 && !hist[b][hi])
+            hi--;
+        for (int i = 0; i < 256; i++) {
+            if (hi <= lo) {
+                lut[b][i] = (unsigned char)i;
+                continue;
+            }
+            double scale = 255.0 / (hi - lo), offset = -lo * scale;
+            double v = i * scale + offset;
+            long ix = (long)v; /* int() truncates toward zero */
+            lut[b][i] = (unsigned char)(ix < 0 ? 0 : ix > 255 ? 255 : ix);
+        }
+    }
+}
+
+/* ImageOps.equalize(image): each band through its cumulative histogram. */
+static void equalize_lut(const unsigned long long hist[3][256], unsigned char lut[3][256])
+{
+    for (int b = 0; b < 3; b++) {
+        unsigned long long total = 0, last = 0;
+        int nonzero = 0;
+        for (int i = 0; i < 256; i++) {
+            if (hist[b][i]) {
+                nonzero++;
+                total += hist[b][i];
+                last = hist[b][i];
+            }
+        }
+        unsigned long long step = nonzero <= 1 ? 0 : (total - last) / 255;
+        unsigned long long n = step / 2;
+        for (int i = 0; i < 256; i++) {
+            if (!step) {
+                lut[b][i] = (unsigned char)i;
+                continue;
+            }
+            unsigned long long v = n / step;
+            lut[b][i] = (unsigned char)(v > 255 ? 255 : v); /* Image.point clips */
+            n += hist[b][i];
+        }
+    }
+}
+
+int fl_pil_apply(int op, double magnitude, int interpolation, const unsigned char fill[3],
+                 const unsigned char *src, unsigned char *dst, int w, int h)
+{
+    size_t pixels = (size_t)w * h;
+    double m[6];
+    unsigned char lut[3][256];
+    unsigned long long hist[3][256];
+    switch (op) {
+    case FL_OP_IDENTITY:
+        memcpy(dst, src, pixels * 3);
+        return FL_OK;
+    case FL_OP_SHEAR_X:
+    case FL_OP_SHEAR_Y: {
+        double shear = degrees(atan(magnitude));
+        fl_pil_inverse_affine(0.0, 0.0, 0.0, 0.0, 0.0, 1.0, op == FL_OP_SHEAR_X ? shear : 0.0,
+                              op == FL_OP_SHEAR_Y ? shear : 0.0, m);
+        fl_pil_affine(src, dst, w, h, m, interpolation, fill);
+        return FL_OK;
+    }
+    case FL_OP_TRANSLATE_X:
+    case FL_OP_TRANSLATE_Y: {
+        double t = (double)(long long)magnitude; /* int(magnitude) */
+        fl_pil_inverse_affine(w * 0.5, h * 0.5, 0.0, op == FL_OP_TRANSLATE_X ? t : 0.0,
+                              op == FL_OP_TRANSLATE_Y ? t : 0.0, 1.0, 0.0, 0.0, m);
+        fl_pil_affine(src, dst, w, h, m, interpolation, fill);
+        return FL_OK;
+    }
+    case FL_OP_ROTATE:
+        fl_pil_rotate(src, dst, w, h, magnitude, interpolation, fill, 0, 0.0, 0.0);
+        return FL_OK;
+    case FL_OP_BRIGHTNESS:
+    case FL_OP_COLOR:
+    case FL_OP_CONTRAST:
+    case FL_OP_SHARPNESS: {
+        static const int kinds[] = {DEGENERATE_BLACK, DEGENERATE_GRAY, DEGENERATE_MEAN,
+                                    DEGENERATE_SMOOTH};
+        int kind = kinds[op - FL_OP_BRIGHTNESS];
+        enhance(kind, (float)(1.0 + magnitude), src, dst, w, h);
+        return FL_OK;
+    }
+    case FL_OP_POSTERIZE: {
+        int bits = (int)magnitude;
+        if (bits < 1 || bits > 8)
+            return FL_ERR_INVALID;
+        int mask = ~((1 << (8 - bits)) - 1);
+        for (int i = 0; i < 256; i++)
+            lut[0][i] = lut[1][i] = lut[2][i] = (unsigned char)(i & mask);
+        break;
+    }
+    case FL_OP_SOLARIZE:
+        for (int i = 0; i < 256; i++)
+            lut[0][i] = lut[1][i] = lut[2][i] = (unsigned char)(i < magnitude ? i : 255 - i);
+        break;
+    case FL_OP_INVERT:
+        for (int i = 0; i < 256; i++)
+            lut[0][i] = lut[1][i] = lut[2][i] = (unsigned char)(255 - i);
+        break;
+    case FL_OP_AUTOCONTRAST:
+        histogram(src, pixels, hist);
+        autocontrast_lut((const unsigned long long(*)[256])hist, lut);
+        break;
+    case FL_OP_EQUALIZE:
+        histogram(src, pixels, hist);
+        equalize_lut((const unsigned long long(*)[256])hist, lut);
+        break;
+    default:
+        return FL_ERR_INVALID;
+    }
+    apply_lut((const unsigned char(*)[256])lut, src, dst, pixels);
+    return FL_OK;
+}
+
+/* ------------------------------------------------------------- policies */
+
+/* RandAugment's and TrivialAugmentWide's spaces: 14 ops, Identity first. */
+#define SPACE_OPS 14
+
+/* AutoAugment's sub-policies: (op, probability, magnitude bin or -1). */
+typedef struct auto_step {
+    unsigned char op;
+    float p;
+    signed char bin;
+} auto_step;
+
+#define S(name, p, bin) {FL_OP_##name, p, bin}
+static const auto_step AUTO_POLICIES[3][25][2] = {
+    {
+        /* IMAGENET */
+        {S(POSTERIZE, 0.4f, 8), S(ROTATE, 0.6f, 9)},
+        {S(SOLARIZE, 0.6f, 5), S(AUTOCONTRAST, 0.6f, -1)},
+        {S(EQUALIZE, 0.8f, -1), S(EQUALIZE, 0.6f, -1)},
+        {S(POSTERIZE, 0.6f, 7), S(POSTERIZE, 0.6f, 6)},
+        {S(EQUALIZE, 0.4f, -1), S(SOLARIZE, 0.2f, 4)},
+        {S(EQUALIZE, 0.4f, -1), S(ROTATE, 0.8f, 8)},
+        {S(SOLARIZE, 0.6f, 3), S(EQUALIZE, 0.6f, -1)},
+        {S(POSTERIZE, 0.8f, 5), S(EQUALIZE, 1.0f, -1)},
+        {S(ROTATE, 0.2f, 3), S(SOLARIZE, 0.6f, 8)},
+        {S(EQUALIZE, 0.6f, -1), S(POSTERIZE, 0.4f, 6)},
+        {S(ROTATE, 0.8f, 8), S(COLOR, 0.4f, 0)},
+        {S(ROTATE, 0.4f, 9), S(EQUALIZE, 0.6f, -1)},
+        {S(EQUALIZE, 0.0f, -1), S(EQUALIZE, 0.8f, -1)},
+        {S(INVERT, 0.6f, -1), S(EQUALIZE, 1.0f, -1)},
+        {S(COLOR, 0.6f, 4), S(CONTRAST, 1.0f, 8)},
+        {S(ROTATE, 0.8f, 8), S(COLOR, 1.0f, 2)},
+        {S(COLOR, 0.8f, 8), S(SOLARIZE, 0.8f, 7)},
+        {S(SHARPNESS, 0.4f, 7), S(INVERT, 0.6f, -1)},
+        {S(SHEAR_X, 0.6f, 5), S(EQUALIZE, 1.0f, -1)},
+        {S(COLOR, 0.4f, 0), S(EQUALIZE, 0.6f, -1)},
+        {S(EQUALIZE, 0.4f, -1), S(SOLARIZE, 0.2f, 4)},
+        {S(SOLARIZE, 0.6f, 5), S(AUTOCONTRAST, 0.6f, -1)},
+        {S(INVERT, 0.6f, -1), S(EQUALIZE, 1.0f, -1)},
+        {S(COLOR, 0.6f, 4), S(CONTRAST, 1.0f, 8)},
+        {S(EQUALIZE, 0.8f, -1), S(EQUALIZE, 0.6f, -1)},
+    },
+    {
+        /* CIFAR10 */
+        {S(INVERT, 0.1f, -1), S(CONTRAST, 0.2f, 6)},
+        {S(ROTATE, 0.7f, 2), S(TRANSLATE_X, 0.3f, 9)},
+        {S(SHARPNESS, 0.8f, 1), S(SHARPNESS, 0.9f, 3)},
+        {S(SHEAR_Y, 0.5f, 8), S(TRANSLATE_Y, 0.7f, 9)},
+        {S(AUTOCONTRAST, 0.5f, -1), S(EQUALIZE, 0.9f, -1)},
+        {S(SHEAR_Y, 0.2f, 7), S(POSTERIZE, 0.3f, 7)},
+        {S(COLOR, 0.4f, 3), S(BRIGHTNESS, 0.6f, 7)},
+        {S(SHARPNESS, 0.3f, 9), S(BRIGHTNESS, 0.7f, 9)},
+        {S(EQUALIZE, 0.6f, -1), S(EQUALIZE, 0.5f, -1)},
+        {S(CONTRAST, 0.6f, 7), S(SHARPNESS, 0.6f, 5)},
+        {S(COLOR, 0.7f, 7), S(TRANSLATE_X, 0.5f, 8)},
+        {S(EQUALIZE, 0.3f, -1), S(AUTOCONTRAST, 0.4f, -1)},
+        {S(TRANSLATE_Y, 0.4f, 3), S(SHARPNESS, 0.2f, 6)},
+        {S(BRIGHTNESS, 0.9f, 6), S(COLOR, 0.2f, 8)},
+        {S(SOLARIZE, 0.5f, 2), S(INVERT, 0.0f, -1)},
+        {S(EQUALIZE, 0.2f, -1), S(AUTOCONTRAST, 0.6f, -1)},
+        {S(EQUALIZE, 0.2f, -1), S(EQUALIZE, 0.6f, -1)},
+        {S(COLOR, 0.9f, 9), S(EQUALIZE, 0.6f, -1)},
+        {S(AUTOCONTRAST, 0.8f, -1), S(SOLARIZE, 0.2f, 8)},
+        {S(BRIGHTNESS, 0.1f, 3), S(COLOR, 0.7f, 0)},
+        {S(SOLARIZE, 0.4f, 5), S(AUTOCONTRAST, 0.9f, -1)},
+        {S(TRANSLATE_Y, 0.9f, 9), S(TRANSLATE_Y, 0.7f, 9)},
+        {S(AUTOCONTRAST, 0.9f, -1), S(SOLARIZE, 0.8f, 3)},
+        {S(EQUALIZE, 0.8f, -1), S(INVERT, 0.1f, -1)},
+        {S(TRANSLATE_Y, 0.7f, 9), S(AUTOCONTRAST, 0.9f, -1)},
+    },
+    {
+        /* SVHN */
+        {S(SHEAR_X, 0.9f, 4), S(INVERT, 0.2f, -1)},
+        {S(SHEAR_Y, 0.9f, 8), S(INVERT, 0.7f, -1)},
+        {S(EQUALIZE, 0.6f, -1), S(SOLARIZE, 0.6f, 6)},
+        {S(INVERT, 0.9f, -1), S(EQUALIZE, 0.6f, -1)},
+        {S(EQUALIZE, 0.6f, -1), S(ROTATE, 0.9f, 3)},
+        {S(SHEAR_X, 0.9f, 4), S(AUTOCONTRAST, 0.8f, -1)},
+        {S(SHEAR_Y, 0.9f, 8), S(INVERT, 0.4f, -1)},
+        {S(SHEAR_Y, 0.9f, 5), S(SOLARIZE, 0.2f, 6)},
+        {S(INVERT, 0.9f, -1), S(AUTOCONTRAST, 0.8f, -1)},
+        {S(EQUALIZE, 0.6f, -1), S(ROTATE, 0.9f, 3)},
+        {S(SHEAR_X, 0.9f, 4), S(SOLARIZE, 0.3f, 3)},
+        {S(SHEAR_Y, 0.8f, 8), S(INVERT, 0.7f, -1)},
+        {S(EQUALIZE, 0.9f, -1), S(TRANSLATE_Y, 0.6f, 6)},
+        {S(INVERT, 0.9f, -1), S(EQUALIZE, 0.6f, -1)},
+        {S(CONTRAST, 0.3f, 3), S(ROTATE, 0.8f, 4)},
+        {S(INVERT, 0.8f, -1), S(TRANSLATE_Y, 0.0f, 2)},
+        {S(SHEAR_Y, 0.7f, 6), S(SOLARIZE, 0.4f, 8)},
+        {S(INVERT, 0.6f, -1), S(ROTATE, 0.8f, 4)},
+        {S(SHEAR_Y, 0.3f, 7), S(TRANSLATE_X, 0.9f, 3)},
+        {S(SHEAR_X, 0.1f, 6), S(INVERT, 0.6f, -1)},
+        {S(SOLARIZE, 0.7f, 2), S(TRANSLATE_Y, 0.6f, 7)},
+        {S(SHEAR_Y, 0.8f, 4), S(INVERT, 0.8f, -1)},
+        {S(SHEAR_X, 0.7f, 9), S(TRANSLATE_Y, 0.8f, 3)},
+        {S(SHEAR_Y, 0.8f, 5), S(AUTOCONTRAST, 0.7f, -1)},
+        {S(SHEAR_X, 0.7f, 2), S(INVERT, 0.1f, -1)},
+    },
+};
+#undef S
+
+static int is_signed(int op)
+{
+    return op >= FL_OP_SHEAR_X && op <= FL_OP_SHARPNESS;
+}
+
+/* The ops whose magnitude is a table (not the scalar 0). */
+static int has_bins(int op)
+{
+    return op != FL_OP_IDENTITY && op != FL_OP_AUTOCONTRAST && op != FL_OP_EQUALIZE &&
+           op != FL_OP_INVERT;
+}
+
+void fl_augment_draw_for(const fl_augment_plan *plan, fl_rng *rng, fl_augment_draw *out)
+{
+    memset(out, 0, sizeof *out);
+    if (plan->policy == FL_AUGMENT_RAND || plan->policy == FL_AUGMENT_TRIVIAL) {
+        int count = plan->policy == FL_AUGMENT_RAND ? plan->num_ops : 1;
+        if (count > FL_AUGMENT_MAX_OPS)
+            count = FL_AUGMENT_MAX_OPS;
+        for (int i = 0; i < count; i++) {
+            int op = (int)fl_rng_below(rng, SPACE_OPS);
+            out->op[i] = op;
+            if (has_bins(op))
+                out->bin[i] = plan->policy == FL_AUGMENT_RAND
+                                  ? plan->magnitude
+                                  : (int)fl_rng_below(rng, plan->num_bins);
+            out->negative[i] = is_signed(op) && fl_rng_below(rng, 2);
+        }
+        out->count = count;
+    } else if (plan->policy == FL_AUGMENT_AUTO) {
+        int table = plan->table >= 0 && plan->table <= 2 ? plan->table : 0;
+        const auto_step *steps = AUTO_POLICIES[table][fl_rng_below(rng, 25)];
+        double probs[2] = {fl_rng_uniform(rng), fl_rng_uniform(rng)};
+        int signs[2] = {(int)fl_rng_below(rng, 2), (int)fl_rng_below(rng, 2)};
+        for (int i = 0; i < 2; i++) {
+            /* torch.rand gives a float32; p is torchvision's Python float */
+            double p = (double)steps[i].p;
+            if (!((float)probs[i] <= (float)p))
+                continue;
+            int k = out->count++;
+            out->op[k] = steps[i].op;
+            out->bin[k] = steps[i].bin < 0 ? 0 : steps[i].bin;
+            out->negative[k] = is_signed(steps[i].op) && signs[i] == 0;
+        }
+    }
+}
+
+/* torch.linspace(start, end, n)[i] in float32: halves from either end, with
+ * the fused multiply-add torch's CPU kernel compiles to. */
+static float linspace(double start, double end, int n, int i)
+{
+    float s = (float)start, e = (float)end;
+    float step = (e - s) / (float)(n - 1);
+    return i < n / 2 ? fmaf(step, (float)i, s) : fmaf(-step, (float)(n - 1 - i), e);
+}
+
+double fl_augment_magnitude(const fl_augment_plan *plan, const fl_augment_draw *draw, int i, int w,
+                            int h)
+{
+    int op = draw->op[i], bin = draw->bin[i];
+    int wide = plan->policy == FL_AUGMENT_TRIVIAL;
+    int n = plan->policy == FL_AUGMENT_AUTO ? 10 : plan->num_bins;
+    double m = 0.0;
+    switch (op) {
+    case FL_OP_SHEAR_X:
+    case FL_OP_SHEAR_Y:
+        m = linspace(0.0, wide ? 0.99 : 0.3, n, bin);
+        break;
+    case FL_OP_TRANSLATE_X:
+        m = linspace(0.0, wide ? 32.0 : 150.0 / 331.0 * w, n, bin);
+        break;
+    case FL_OP_TRANSLATE_Y:
+        m = linspace(0.0, wide ? 32.0 : 150.0 / 331.0 * h, n, bin);
+        break;
+    case FL_OP_ROTATE:
+        m = linspace(0.0, wide ? 135.0 : 30.0, n, bin);
+        break;
+    case FL_OP_BRIGHTNESS:
+    case FL_OP_COLOR:
+    case FL_OP_CONTRAST:
+    case FL_OP_SHARPNESS:
+        m = linspace(0.0, wide ? 0.99 : 0.9, n, bin);
+        break;
+    case FL_OP_POSTERIZE: {
+        /* 8 - (arange(n) / ((n - 1) / k)).round().int(), in float32 */
+        float q = (float)bin / (float)((n - 1) / (wide ? 6.0 : 4.0));
+        m = 8 - (int)nearbyintf(q);
+        break;
+    }
+    case FL_OP_SOLARIZE:
+        m = linspace(255.0, 0.0, n, bin);
+        break;
+    default:
+        break;
+    }
+    return draw->negative[i] ? -m : m;
+}
+
+int fl_augment_apply(const fl_augment_plan *plan, const fl_augment_draw *draw,
+                     unsigned char **image, unsigned char **spare, int w, int h)
+{
+    unsigned char fill[3];
+    for (int c = 0; c < 3; c++)
+        fill[c] = (unsigned char)(int)plan->fill[c];
+    for (int i = 0; i < draw->count; i++) {
+        if (draw->op[i] == FL_OP_IDENTITY)
+            continue;
+        double magnitude = fl_augment_magnitude(plan, draw, i, w, h);
+        int rc = fl_pil_apply(draw->op[i], magnitude, plan->interpolation, fill, *image, *spare,
+                              w, h);
+        if (rc != FL_OK)
+            return rc;
+        unsigned char *t = *image;
+        *image = *spare;
+        *spare = t;
+    }
+    return FL_OK;
+}
