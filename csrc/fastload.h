@@ -220,6 +220,13 @@ extern PyType_Spec fl__WindowSource_spec;
 extern PyType_Spec fl__ImageSource_spec;
 struct fl_image_plan;
 int fl__parse_plan(PyObject *plan, struct fl_image_plan *out);
+/* The arguments `(plan, seed, epoch, index, ...)` of the test hooks that
+ * report a sample's draws: checks there are `expected` (else TypeError with
+ * `usage`), parses the plan and the key.  -1 with an exception set. */
+struct fl_sample_key;
+int fl__parse_draw_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t expected,
+                        const char *usage, struct fl_image_plan *plan,
+                        struct fl_sample_key *key);
 /* The NumPy dtype of the plan's output, and one image's shape in its layout. */
 PyArray_Descr *fl__plan_descr(const struct fl_image_plan *plan);
 void fl__image_dims(const struct fl_image_plan *plan, int width, int height, npy_intp *dims);

@@ -333,6 +333,21 @@ int fl__parse_plan(PyObject *plan, fl_image_plan *out)
     return 0;
 }
 
+int fl__parse_draw_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t expected,
+                        const char *usage, fl_image_plan *plan, fl_sample_key *key)
+{
+    if (nargs != expected) {
+        PyErr_Format(PyExc_TypeError, "%s takes %zd arguments", usage, expected);
+        return -1;
+    }
+    if (fl__parse_plan(args[0], plan) < 0)
+        return -1;
+    key->seed = PyLong_AsUnsignedLongLongMask(args[1]);
+    key->epoch = PyLong_AsUnsignedLongLongMask(args[2]);
+    key->index = PyLong_AsUnsignedLongLongMask(args[3]);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
 /* ------------------------------------------------- transforms on an image */
 
 PyArray_Descr *fl__plan_descr(const fl_image_plan *plan)
@@ -415,17 +430,10 @@ PyObject *fl__transform_image(PyObject *module, PyObject *const *args, Py_ssize_
 PyObject *fl__color_draws(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "color_draws(plan, seed, epoch, index) takes 4 arguments");
-        return NULL;
-    }
     fl_image_plan plan;
-    if (fl__parse_plan(args[0], &plan) < 0)
-        return NULL;
-    fl_sample_key key = {PyLong_AsUnsignedLongLongMask(args[1]),
-                         PyLong_AsUnsignedLongLongMask(args[2]),
-                         PyLong_AsUnsignedLongLongMask(args[3])};
-    if (PyErr_Occurred())
+    fl_sample_key key;
+    if (fl__parse_draw_args(args, nargs, 4, "color_draws(plan, seed, epoch, index)", &plan,
+                            &key) < 0)
         return NULL;
     fl_sample_geometry g;
     fl_plan_geometry(&plan, &key, 1, 1, &g);
@@ -516,19 +524,12 @@ PyObject *fl__pil_op(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 PyObject *fl__augment_draws(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError,
-                        "augment_draws(plan, seed, epoch, index, width, height) takes 6 arguments");
-        return NULL;
-    }
     fl_image_plan plan;
-    if (fl__parse_plan(args[0], &plan) < 0)
-        return NULL;
-    fl_sample_key key = {PyLong_AsUnsignedLongLongMask(args[1]),
-                         PyLong_AsUnsignedLongLongMask(args[2]),
-                         PyLong_AsUnsignedLongLongMask(args[3])};
+    fl_sample_key key;
     int width = 0, height = 0;
-    if (PyErr_Occurred() || as_int(args[4], &width) < 0 || as_int(args[5], &height) < 0)
+    if (fl__parse_draw_args(args, nargs, 6, "augment_draws(plan, seed, epoch, index, width, height)",
+                            &plan, &key) < 0 ||
+        as_int(args[4], &width) < 0 || as_int(args[5], &height) < 0)
         return NULL;
     fl_sample_geometry g;
     fl_plan_geometry(&plan, &key, 1, 1, &g);

@@ -284,18 +284,11 @@ PyObject *fl__mix_draws(PyObject *module, PyObject *const *args, Py_ssize_t narg
 PyObject *fl__erase_draws(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "erase_draws(plan, seed, epoch, index, width, height) "
-                                         "takes 6 arguments");
-        return NULL;
-    }
     fl_image_plan plan;
-    if (fl__parse_plan(args[0], &plan) < 0)
+    fl_sample_key key;
+    if (fl__parse_draw_args(args, nargs, 6, "erase_draws(plan, seed, epoch, index, width, height)",
+                            &plan, &key) < 0)
         return NULL;
-    fl_rng rng;
-    unsigned long long seed = PyLong_AsUnsignedLongLongMask(args[1]);
-    unsigned long long epoch = PyLong_AsUnsignedLongLongMask(args[2]);
-    unsigned long long index = PyLong_AsUnsignedLongLongMask(args[3]);
     long width = PyLong_AsLong(args[4]), height = PyLong_AsLong(args[5]);
     if (PyErr_Occurred())
         return NULL;
@@ -303,7 +296,8 @@ PyObject *fl__erase_draws(PyObject *module, PyObject *const *args, Py_ssize_t na
         PyErr_SetString(PyExc_ValueError, "erase_draws: empty image");
         return NULL;
     }
-    fl_rng_init_stream(&rng, seed, epoch, index, FL_STREAM_ERASE);
+    fl_rng rng;
+    fl_rng_init_stream(&rng, key.seed, key.epoch, key.index, FL_STREAM_ERASE);
     fl_erase_draw d;
     fl_erase_draw_for(&plan.erase, &rng, (int)width, (int)height, &d);
     if (!d.on)

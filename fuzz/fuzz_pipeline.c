@@ -3,8 +3,9 @@
  * The first PARAM_BYTES bytes of an input choose a transform plan (crop
  * kind, output size, scale and ratio ranges, filter, flip, dtype, layout,
  * exact or DCT-scaled decode) and a random key; the rest is the file.  The
- * augmentations (RandomCrop's padding, colour ops, blur) are chosen by a
- * hash of the same bytes, so the corpus keeps its layout as ops are added.  The
+ * augmentations (RandomCrop's padding, a policy such as RandAugment,
+ * colour ops, blur, RandomErasing) are chosen by a hash of the same bytes,
+ * so the corpus keeps its layout as ops are added.  The
  * pipeline (csrc/core/pipeline.c) then does what a worker does, by the
  * file's magic bytes: for a JPEG (or bytes of no known format), header, crop
  * box, completeness check, region decode; for a PNG or WebP (libpng,
@@ -103,6 +104,35 @@ static void color_from(uint64_t h, fl_image_plan *plan)
     fl_color_plan_from_ranges(color);
 }
 
+/* A third of the plans get an augmentation policy (any, with up to 7 ops,
+ * any bins, either warp, any fill); half get RandomErasing. */
+static void policy_and_erasing_from(uint64_t h, fl_image_plan *plan)
+{
+    unsigned policy = take(&h, 2);
+    if (policy != FL_AUGMENT_NONE && take(&h, 1)) {
+        fl_augment_plan *a = &plan->augment;
+        a->policy = (int)policy;
+        a->num_ops = (int)take(&h, 3);
+        a->num_bins = 2 + (int)take(&h, 5);
+        a->magnitude = (int)take(&h, 5) % a->num_bins;
+        a->table = (int)take(&h, 2) % 3;
+        a->interpolation = (int)take(&h, 1);
+        for (int c = 0; c < 3; c++)
+            a->fill[c] = (float)take(&h, 8);
+    }
+    if (take(&h, 1)) {
+        fl_erase_plan *e = &plan->erase;
+        e->p = take(&h, 2) / 3.0;
+        e->scale_lo = take(&h, 3) / 16.0;
+        e->scale_hi = e->scale_lo + take(&h, 3) / 16.0;
+        e->ratio_lo = 0.25 + take(&h, 2);
+        e->ratio_hi = e->ratio_lo + take(&h, 2);
+        e->random = (int)take(&h, 1);
+        for (int c = 0; c < 3; c++)
+            e->value[c] = (float)take(&h, 4) - 8.0f;
+    }
+}
+
 static void plan_from(const uint8_t *p, fl_image_plan *plan, fl_sample_key *key)
 {
     memset(plan, 0, sizeof *plan);
@@ -146,6 +176,7 @@ static void plan_from(const uint8_t *p, fl_image_plan *plan, fl_sample_key *key)
         h = fl__mix64(h ^ p[i]);
     random_crop_from(h, plan);
     color_from(fl__mix64(h), plan);
+    policy_and_erasing_from(fl__mix64(~h), plan);
 }
 
 static size_t element_size(int dtype)
