@@ -74,11 +74,12 @@ class ArrowDataset(RowsDataset):
         except Exception as e:  # noqa: BLE001 (pyarrow raises ArrowInvalid, OSError)
             raise ValueError(f"cannot read {path!r} as a Parquet file: {e}") from e
         schema = parquet.schema_arrow
-        names = _check_columns(columns, schema.names, path)
+        where = repr(path)
+        names = _check_columns(columns, schema.names, where)
         length = parquet.metadata.num_rows
         arrays = []
         for name in names:
-            tail, dtype = _fixed_shape(schema.field(name).type, name, path)
+            tail, dtype = _fixed_shape(schema.field(name).type, name, where)
             arrays.append(np.empty((length,) + tail, dtype))
         start = 0
         for group in range(parquet.num_row_groups):
@@ -87,10 +88,10 @@ class ArrowDataset(RowsDataset):
             except Exception as e:  # noqa: BLE001
                 raise ValueError(f"cannot read row group {group} of {path!r}: {e}") from e
             for name, out in zip(names, arrays):
-                _fill(out, start, table.column(name), name, path)
+                _fill(out, start, table.column(name), name, where)
             start += table.num_rows
         if start != length:
-            raise ValueError(f"{path!r}: its row groups hold {start} rows, its footer says "
+            raise ValueError(f"{where}: its row groups hold {start} rows, its footer says "
                              f"{length}")
         self = cls.__new__(cls)
         self.path = None
