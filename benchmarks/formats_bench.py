@@ -167,8 +167,8 @@ def main():
                 print(f"{kind} {lib}: {times[kind, lib][-1]:.3f} s", file=sys.stderr)
         del setups
     print(f"Random batches of {BATCH} rows (4 KiB float32 + int64 label) of {size['rows']}, "
-          f"{size['batches']} batches an epoch ({size['batches'] // BATCH_SHARE['hdf5-chunked-64']} "
-          f"for hdf5-chunked-64), median of {size['reps']}; {cpu_model()}, {os.cpu_count()} cores; "
+          f"{size['batches']} batches an epoch "
+          f"({size['batches'] // BATCH_SHARE['hdf5-chunked-64']} for hdf5-chunked-64), median of {size['reps']}; {cpu_model()}, {os.cpu_count()} cores; "
           f"torch {torch.__version__}, h5py {h5py.__version__}, pyarrow {pa.__version__}.\n")
     print("| file | torch DataLoader, 2 workers (samples/s) | fastload, 2 workers (samples/s) "
           "| ratio |")

@@ -93,12 +93,14 @@ def files(tmp_path_factory):
 def open_source(kind, files):
     root, table = files
     if kind == "ipc":
-        return fastload.ArrowDataset(root / "one.arrow", NUMERIC), feather.read_table(root / "one.arrow")
+        return (fastload.ArrowDataset(root / "one.arrow", NUMERIC),
+                feather.read_table(root / "one.arrow"))
     if kind == "ipc-batches":
         return (fastload.ArrowDataset(str(root / "batches.arrow"), NUMERIC),
                 feather.read_table(root / "batches.arrow"))
     if kind == "ipc-lz4":
-        return fastload.ArrowDataset(root / "lz4.arrow", NUMERIC), feather.read_table(root / "lz4.arrow")
+        return (fastload.ArrowDataset(root / "lz4.arrow", NUMERIC),
+                feather.read_table(root / "lz4.arrow"))
     if kind == "table-slice":
         part = table.slice(3, N - 5)
         return fastload.ArrowDataset(part, NUMERIC), part

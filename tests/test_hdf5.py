@@ -145,7 +145,8 @@ def test_process_workers_open_the_file_themselves(h5file):
         loader = fastload.DataLoader(ds, batch_size=8, num_workers=2, worker_mode="process",
                                      multiprocessing_context=context, output="numpy")
         batches = list(loader)
-        np.testing.assert_array_equal(np.concatenate([b[0] for b in batches]), ds[list(range(N))][0])
+        np.testing.assert_array_equal(np.concatenate([b[0] for b in batches]),
+                                      ds[list(range(N))][0])
 
 
 def test_chunk_cache_size_is_the_users(h5file):
@@ -158,9 +159,11 @@ def test_chunk_cache_size_is_the_users(h5file):
 
 
 @pytest.mark.parametrize("keys, error, message", [
-    (("images", "missing"), KeyError, r"data.h5' has no dataset 'missing' \(its datasets: .*'images'"),
+    (("images", "missing"), KeyError,
+     r"data.h5' has no dataset 'missing' \(its datasets: .*'images'"),
     (("group",), ValueError, r"data.h5': 'group' is a group, not a dataset"),
-    (("names",), TypeError, r"data.h5': dataset 'names' has dtype \|S3; HDF5Dataset serves numeric"),
+    (("names",), TypeError,
+     r"data.h5': dataset 'names' has dtype \|S3; HDF5Dataset serves numeric"),
     (("images", "short"), ValueError, r"datasets differ in length \('images': 37, 'short': 36\)"),
     (("scalar",), ValueError, "dataset 'scalar' is a scalar"),
     ((), ValueError, "at least one key"),
@@ -207,6 +210,20 @@ def test_file_truncated_under_the_mapping(tmp_path, num_workers):
         for _ in it:
             pass
     del it
+
+
+def test_byte_swapped_file_truncated_raises(tmp_path):
+    """Byte-swapped rows are read by NumPy, outside the gather's guard: a
+    file cut short is refused before the read instead of a SIGBUS."""
+    path = tmp_path / "be.h5"
+    with h5py.File(path, "w") as f:
+        f["x"] = np.arange(4096 * 256, dtype=">f4").reshape(4096, 256)
+    ds = fastload.HDF5Dataset(path, "x")
+    assert ds[[1]][0][0, 0] == 256
+    os.truncate(path, PAGE)
+    with pytest.raises(OSError, match=re.escape(f"{str(path)!r} is shorter than when it was "
+                                                "opened (dataset 'x')")):
+        ds[[4000]]
 
 
 def test_corrupt_chunk_names_the_key(tmp_path):

@@ -10,6 +10,7 @@ h5py, one read per batch, with HDF5's chunk cache sized by the user.
 """
 
 import collections
+import errno
 import os
 import threading
 
@@ -58,8 +59,8 @@ class HDF5Dataset(RowsDataset):
         h5py = require("h5py", "HDF5Dataset")
         self.path = os.fsdecode(os.fspath(path))
         self.keys = _check_keys(keys)
-        if (isinstance(chunk_cache_bytes, bool) or not isinstance(chunk_cache_bytes, (int, np.integer))
-                or chunk_cache_bytes < 0):
+        if (isinstance(chunk_cache_bytes, bool)
+                or not isinstance(chunk_cache_bytes, (int, np.integer)) or chunk_cache_bytes < 0):
             raise ValueError("chunk_cache_bytes must be a non-negative integer, "
                              f"got {chunk_cache_bytes!r}")
         self.chunk_cache_bytes = int(chunk_cache_bytes)
@@ -131,6 +132,12 @@ class HDF5Dataset(RowsDataset):
         layout = self._layouts[position]
         native = layout.dtype.newbyteorder("=")
         if layout.storage == "swapped":
+            # NumPy reads the mapping here, outside the C gather's SIGBUS
+            # guard: a file cut short since is refused before the read.
+            if 0 <= file_size(self.path) < layout.offset + layout.dtype.itemsize * int(
+                    np.prod(layout.shape, dtype=np.int64)):
+                raise OSError(errno.EIO, f"file changed under the loader: {self.path!r} is "
+                              f"shorter than when it was opened (dataset {layout.key!r})")
             return self._arrays[position][indices].astype(native)
         if len(indices) == 0:
             return np.empty((0,) + layout.shape[1:], native)
