@@ -8,6 +8,7 @@ torch's do, and hand batches over through shared buffers without a copy.
 
 from . import profiler, transforms
 from .arrays import ArrayDataset, TokenDataset
+from .formats import ArrowDataset, HDF5Dataset
 from .images import DecodeError, ImageFiles, ImageFolder
 from ._worker import WorkerInfo, get_worker_info
 from .collate import default_collate, default_convert
@@ -30,11 +31,13 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ArrayDataset",
+    "ArrowDataset",
     "BatchSampler",
     "DataLoader",
     "DecodeError",
     "Dataset",
     "DistributedSampler",
+    "HDF5Dataset",
     "ImageFiles",
     "ImageFolder",
     "IterableDataset",

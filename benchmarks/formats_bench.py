@@ -1,0 +1,184 @@
+"""HDF5Dataset and ArrowDataset against the usual torch wrapper, side by side.
+
+    python benchmarks/formats_bench.py            # 256 MiB of rows per file
+    python benchmarks/formats_bench.py --quick    # 8 MiB, a smoke run
+
+Rows of 4 KiB (1024 float32) plus an int64 label, the same content in five
+files: an HDF5 file with contiguous datasets, two with chunked,
+lzf-compressed datasets (chunks of 4 rows, sized for random access, and of
+64 rows, where every random row decodes 256 KiB), an Arrow IPC (Feather v2)
+file, and a Parquet file.  Random batches of 256 from a warm page cache,
+the same batches for every loader:
+
+* torch: torch's DataLoader, ``num_workers=2`` (persistent), over the
+  dataset a user writes: h5py opened in each worker, ``f[key][i]`` per
+  sample; or the table memory-mapped in each worker, ``column[i]`` per
+  sample;
+* fastload: ``HDF5Dataset`` / ``ArrowDataset`` (``ArrowDataset.from_parquet``
+  for Parquet, whose torch wrapper reads the same table with pyarrow) in
+  fastload's DataLoader, ``num_workers=2`` (threads where every column is
+  memory-mapped, processes for the chunked file).
+
+Interleaved in this one process, repeated; the machine may be shared, so
+only the ratio of medians means much.  Every batch is checked against the
+indices drawn.  Prints a Markdown table on stdout.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import fastload  # noqa: E402
+
+import h5py  # noqa: E402
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.feather as feather  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+import torch  # noqa: E402
+import torch.utils.data as tud  # noqa: E402
+
+from workloads import cpu_model  # noqa: E402
+
+ROW = 1024
+BATCH = 256
+FULL = dict(rows=65536, batches=60, reps=5)
+QUICK = dict(rows=2048, batches=4, reps=1)
+KINDS = ("hdf5", "hdf5-chunked-4", "hdf5-chunked-64", "arrow", "parquet")
+# Fewer batches where torch takes minutes an epoch.
+BATCH_SHARE = {"hdf5-chunked-64": 3}
+
+
+def row_values(rows):
+    return ((rows[:, None] * 131 + np.arange(ROW)[None, :]) % 4093).astype(np.float32)
+
+
+def make_files(root, n):
+    os.makedirs(root, exist_ok=True)
+    paths = {kind: os.path.join(root, f"rows-{n}.{kind}") for kind in KINDS}
+    if all(os.path.exists(p) for p in paths.values()):
+        return paths
+    x = row_values(np.arange(n))
+    y = np.arange(n, dtype=np.int64)
+    with h5py.File(paths["hdf5"], "w") as f:
+        f["x"], f["y"] = x, y
+    for rows_a_chunk in (4, 64):
+        with h5py.File(paths[f"hdf5-chunked-{rows_a_chunk}"], "w") as f:
+            f.create_dataset("x", data=x, chunks=(rows_a_chunk, ROW), compression="lzf")
+            f.create_dataset("y", data=y, chunks=(min(n, 4096),), compression="lzf")
+    table = pa.table({"x": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), ROW),
+                      "y": pa.array(y)})
+    feather.write_feather(table, paths["arrow"], compression="uncompressed")
+    pq.write_table(table, paths["parquet"], row_group_size=8192)
+    return paths
+
+
+class TorchH5(tud.Dataset):
+    def __init__(self, path):
+        self.path, self.file = path, None
+        with h5py.File(path, "r") as f:
+            self.n = len(f["y"])
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.file is None:
+            self.file = h5py.File(self.path, "r")
+        return self.file["x"][i], self.file["y"][i]
+
+
+class TorchArrow(tud.Dataset):
+    def __init__(self, path):
+        self.path, self.table = path, None
+        self.n = (pq.ParquetFile(path).metadata.num_rows if path.endswith("parquet")
+                  else feather.read_table(path, memory_map=True).num_rows)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.table is None:
+            self.table = (pq.read_table(self.path) if self.path.endswith("parquet")
+                          else feather.read_table(self.path, memory_map=True))
+            self.x, self.y = self.table.column("x"), self.table.column("y")
+        return np.array(self.x[i].values), self.y[i].as_py()
+
+
+def fastload_dataset(kind, path):
+    if kind.startswith("hdf5"):
+        return fastload.HDF5Dataset(path, ("x", "y"))
+    if kind == "parquet":
+        return fastload.ArrowDataset.from_parquet(path)
+    return fastload.ArrowDataset(path)
+
+
+class Setup:
+    """One loader over one file, iterated over a fixed plan of batches."""
+
+    def __init__(self, kind, path, library, n_rows, batches, seed=0):
+        self.plan = np.random.default_rng(seed).integers(0, n_rows, batches * BATCH)
+        sampler = self.plan.tolist()
+        if library == "torch":
+            dataset = TorchH5(path) if kind.startswith("hdf5") else TorchArrow(path)
+            self.loader = tud.DataLoader(dataset, batch_size=BATCH, sampler=sampler,
+                                         num_workers=2, persistent_workers=True)
+        else:
+            self.loader = fastload.DataLoader(fastload_dataset(kind, path), batch_size=BATCH,
+                                              sampler=sampler, num_workers=2,
+                                              persistent_workers=True)
+
+    def epoch(self):
+        """Seconds for one pass over the plan, every batch checked."""
+        start = time.perf_counter()
+        for k, (x, y) in enumerate(self.loader):
+            want = self.plan[k * BATCH:(k + 1) * BATCH]
+            if not np.array_equal(np.asarray(y), want):
+                raise AssertionError(f"batch {k}: wrong rows")
+            if not np.array_equal(np.asarray(x[:, :4]), row_values(want)[:, :4]):
+                raise AssertionError(f"batch {k}: wrong values")
+        return time.perf_counter() - start
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small files, one repetition")
+    parser.add_argument("--dir", default=os.path.join("build", "formats-bench"))
+    args = parser.parse_args()
+    size = QUICK if args.quick else FULL
+    paths = make_files(args.dir, size["rows"])
+    times = {}
+    for kind in KINDS:
+        for path in paths.values():
+            with open(path, "rb") as f:  # warm page cache
+                while f.read(1 << 24):
+                    pass
+        batches = max(1, size["batches"] // BATCH_SHARE.get(kind, 1))
+        setups = {lib: Setup(kind, paths[kind], lib, size["rows"], batches)
+                  for lib in ("torch", "fastload")}
+        for setup in setups.values():
+            setup.epoch()  # workers started, files opened
+        for _ in range(size["reps"]):
+            for lib, setup in setups.items():
+                times.setdefault((kind, lib), []).append(setup.epoch())
+                print(f"{kind} {lib}: {times[kind, lib][-1]:.3f} s", file=sys.stderr)
+        del setups
+    print(f"Random batches of {BATCH} rows (4 KiB float32 + int64 label) of {size['rows']}, "
+          f"{size['batches']} batches an epoch "
+          f"({size['batches'] // BATCH_SHARE['hdf5-chunked-64']} for hdf5-chunked-64), median of {size['reps']}; {cpu_model()}, {os.cpu_count()} cores; "
+          f"torch {torch.__version__}, h5py {h5py.__version__}, pyarrow {pa.__version__}.\n")
+    print("| file | torch DataLoader, 2 workers (samples/s) | fastload, 2 workers (samples/s) "
+          "| ratio |")
+    print("|---|---:|---:|---:|")
+    for kind in KINDS:
+        samples = max(1, size["batches"] // BATCH_SHARE.get(kind, 1)) * BATCH
+        t = statistics.median(times[kind, "torch"])
+        f = statistics.median(times[kind, "fastload"])
+        print(f"| {kind} | {samples / t:,.0f} | {samples / f:,.0f} | {t / f:.1f}x |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,14 @@
+"""Datasets over files other libraries write: HDF5 (``HDF5Dataset``) and
+Arrow IPC / Feather v2 / Parquet (``ArrowDataset``).
+
+The file format's own library (h5py, pyarrow) only parses the metadata and
+opens the file; rows that lie in the file as plain fixed-width arrays are
+memory-mapped and gathered in C, as ``ArrayDataset`` gathers them.  Neither
+library is imported until a dataset is made, so ``import fastload`` works
+without them; ``pip install fastload[formats]`` installs both.
+"""
+
+from .arrow import ArrowDataset
+from .hdf5 import HDF5Dataset
+
+__all__ = ["ArrowDataset", "HDF5Dataset"]

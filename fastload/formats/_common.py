@@ -1,0 +1,97 @@
+"""What the format datasets share: importing their library on first use,
+and the row-gather plumbing of fastload.arrays."""
+
+import importlib
+import os
+
+import numpy as np
+
+from .._native import SourceOwner
+from ..arrays import _check_index, _index_array, _is_index_batch, _split_rows
+
+__all__ = ["require", "file_size", "index_array", "RowsDataset"]
+
+
+def require(module, needed_by):
+    """Import ``module`` (e.g. "h5py"); ImportError saying what to install
+    when it is missing."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        package = module.split(".")[0]
+        raise ImportError(
+            f"{needed_by} needs the {package} package: pip install {package} "
+            f"(or pip install fastload[formats])"
+        ) from e
+
+
+def file_size(path):
+    """The file's size in bytes now; -1 when it cannot be told."""
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return -1
+
+
+def index_array(indices, length):
+    """A batch of indices as int64 with negatives resolved; IndexError
+    naming an index out of range, TypeError for a non-integer."""
+    indices = _index_array(indices)
+    if isinstance(indices, (list, tuple)):
+        indices = [_check_index(i, length) for i in indices]
+        return np.asarray(indices, dtype=np.int64).reshape(-1)
+    if indices.dtype.kind not in "iu":
+        raise TypeError(f"dataset indices must be integers, not {indices.dtype}")
+    indices = indices.astype(np.int64).reshape(-1)
+    bad = (indices < -length) | (indices >= length)
+    if bad.any():
+        raise IndexError(f"index {indices[bad][0]} is out of range for a dataset of "
+                         f"{length} samples")
+    return np.where(indices < 0, indices + length, indices)
+
+
+class RowsDataset(SourceOwner):
+    """A dataset whose sample i is ``(column[i] for each column)``.
+
+    Subclasses set ``_length`` and ``_names`` and make, in
+    ``_make_sources()``, ``_source``: a ``_C.RowSource`` over the columns
+    the C gather serves (all of them when ``_native`` is True), or None.
+    ``_read_rows(position, indices)`` reads the other columns for a batch.
+    """
+
+    _native = False
+    _gathered = ()  # positions of the columns _source serves, in its order
+
+    def _native_source(self, uint8=False):
+        """The loader's batch path (fastload._native): the rows gathered in
+        C into the batch slot, when every column is a plain mapping."""
+        return self._source if self._native and not uint8 else None
+
+    def __len__(self):
+        return self._length
+
+    def _batch(self, indices):
+        """Each column's rows ``indices`` as one array, in column order."""
+        if self._native:
+            return self._source.batch(_index_array(indices), None, None, 0, 0)[0]
+        indices = index_array(indices, self._length)
+        out = [None] * len(self._names)
+        if self._gathered:
+            for position, rows in zip(self._gathered,
+                                      self._source.batch(indices, None, None, 0, 0)[0]):
+                out[position] = rows
+        for position in range(len(out)):
+            if out[position] is None:
+                out[position] = self._read_rows(position, indices)
+        return out
+
+    def __getitem__(self, index):
+        if _is_index_batch(index):
+            return tuple(self._batch(index))
+        if isinstance(index, slice):
+            return tuple(self._batch(np.arange(*index.indices(self._length))))
+        i = _check_index(index, self._length)
+        return tuple(rows[0, ...] for rows in self._batch([i]))
+
+    def __getitems__(self, indices):
+        return _split_rows(self._batch(indices))

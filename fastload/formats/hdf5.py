@@ -1,0 +1,232 @@
+"""HDF5Dataset: datasets of one HDF5 file as the columns of a map-style
+dataset, with h5py as the metadata parser.
+
+A dataset stored contiguously, uncompressed and unfiltered is a plain
+array at an offset in the file: it is memory-mapped there and its rows
+gathered in C with the GIL released, as ``ArrayDataset`` gathers a
+``.npy`` file's (no HDF5 call per batch; a file truncated under the mapping
+raises OSError naming it).  A chunked or compressed one is read through
+h5py, one read per batch, with HDF5's chunk cache sized by the user.
+"""
+
+import collections
+import errno
+import os
+import threading
+
+import numpy as np
+
+from .. import _C
+from ._common import RowsDataset, file_size, require
+
+__all__ = ["HDF5Dataset"]
+
+# How a dataset's rows are read:
+#   "mapped":  memory-mapped, gathered in C (native byte order);
+#   "swapped": memory-mapped, gathered by NumPy and byte-swapped to native;
+#   "read":    through h5py, one read per batch (chunked, compressed,
+#              filtered, external or not yet written storage).
+_Layout = collections.namedtuple("_Layout", "key shape dtype offset storage chunks")
+
+_DEFAULT_CACHE_BYTES = 32 << 20
+
+
+class HDF5Dataset(RowsDataset):
+    """Rows of datasets of one HDF5 file: ``ds[i] == (f[k][i] for k in keys)``.
+
+    ``keys`` names the HDF5 datasets (paths such as ``"train/images"``
+    work) that form one sample; they share their first dimension.  Each
+    must hold a numeric or bool dtype.  ``ds[i]`` gives a tuple of NumPy
+    arrays; ``ds[[i, j, ...]]`` a tuple of batch arrays; in a DataLoader
+    with the default collate function a batch is a list of one ``(B, *row)``
+    array per key, as for ``ArrayDataset``.
+
+    Contiguous, uncompressed datasets are memory-mapped and gathered in C;
+    when every key is, the loader reads batches with C worker threads and
+    no Python per batch.  Chunked or compressed datasets are read with one
+    h5py call per batch (the batch's sorted unique rows, then put back in
+    sampler order).  HDF5 caches decompressed chunks per open dataset:
+    ``chunk_cache_bytes`` sets that cache for each key in each process
+    (least recently used chunks go first).  h5py serialises every call
+    under one lock, so for compressed data use worker processes
+    (``worker_mode="process"``, the default for a dataset that is not all
+    memory-mapped): each opens the file itself on its first read.
+    """
+
+    _sources = ("_source", "_arrays", "_open")
+
+    def __init__(self, path, keys=("images", "labels"), chunk_cache_bytes=_DEFAULT_CACHE_BYTES):
+        h5py = require("h5py", "HDF5Dataset")
+        self.path = os.fsdecode(os.fspath(path))
+        self.keys = _check_keys(keys)
+        if (isinstance(chunk_cache_bytes, bool)
+                or not isinstance(chunk_cache_bytes, (int, np.integer)) or chunk_cache_bytes < 0):
+            raise ValueError("chunk_cache_bytes must be a non-negative integer, "
+                             f"got {chunk_cache_bytes!r}")
+        self.chunk_cache_bytes = int(chunk_cache_bytes)
+        self._layouts = _read_layouts(h5py, self.path, self.keys)
+        lengths = [layout.shape[0] for layout in self._layouts]
+        if len(set(lengths)) > 1:
+            detail = ", ".join(f"{k!r}: {n}" for k, n in zip(self.keys, lengths))
+            raise ValueError(f"{self.path!r}: the datasets differ in length ({detail}); "
+                             "the keys of one sample must share their first dimension")
+        self._length = lengths[0]
+        self._names = self.keys
+        self._make_sources()
+
+    def _make_sources(self):
+        arrays = []
+        for layout in self._layouts:
+            arrays.append(None if layout.storage == "read" else self._map(layout))
+        self._arrays = tuple(arrays)
+        self._gathered = tuple(p for p, layout in enumerate(self._layouts)
+                               if layout.storage == "mapped")
+        self._native = len(self._gathered) == len(self._layouts)
+        self._source = None
+        if self._gathered:
+            size = file_size(self.path)
+            self._source = _C.RowSource(tuple(arrays[p] for p in self._gathered),
+                                        tuple((self.path, size) for _ in self._gathered))
+        # (process id, h5py.File, {key: h5py.Dataset}), opened on the first
+        # h5py read in each process: an open HDF5 file is neither pickled
+        # nor used across fork.
+        self._open = [None, threading.Lock()]
+
+    def _map(self, layout):
+        try:
+            return np.memmap(self.path, dtype=layout.dtype, mode="r", offset=layout.offset,
+                             shape=layout.shape)
+        except (OSError, ValueError) as e:
+            raise OSError(f"cannot memory-map dataset {layout.key!r} of {self.path!r} "
+                          f"({e}); was the file changed since the dataset was made?") from e
+
+    @property
+    def mapped_keys(self):
+        """The keys whose rows are memory-mapped (the others are read
+        through h5py)."""
+        return tuple(layout.key for layout in self._layouts if layout.storage != "read")
+
+    def _dataset(self, key):
+        """The h5py dataset ``key`` of this process's open file."""
+        pid = os.getpid()
+        state = self._open[0]
+        if state is None or state[0] != pid:
+            with self._open[1]:
+                state = self._open[0]
+                if state is None or state[0] != pid:
+                    state = self._open[0] = (pid,) + self._open_file()
+        return state[2][key]
+
+    def _open_file(self):
+        h5py = require("h5py", "HDF5Dataset")
+        read = [layout for layout in self._layouts if layout.storage == "read"]
+        slots = _cache_slots(self.chunk_cache_bytes, read)
+        try:
+            f = h5py.File(self.path, "r", rdcc_nbytes=self.chunk_cache_bytes, rdcc_w0=0.0,
+                          rdcc_nslots=slots)
+            return f, {layout.key: f[layout.key] for layout in read}
+        except (OSError, KeyError) as e:
+            raise OSError(f"cannot open {self.path!r} to read {read[0].key!r}: {e}") from e
+
+    def _read_rows(self, position, indices):
+        layout = self._layouts[position]
+        native = layout.dtype.newbyteorder("=")
+        if layout.storage == "swapped":
+            # NumPy reads the mapping here, outside the C gather's SIGBUS
+            # guard: a file cut short since is refused before the read.
+            if 0 <= file_size(self.path) < layout.offset + layout.dtype.itemsize * int(
+                    np.prod(layout.shape, dtype=np.int64)):
+                raise OSError(errno.EIO, f"file changed under the loader: {self.path!r} is "
+                              f"shorter than when it was opened (dataset {layout.key!r})")
+            return self._arrays[position][indices].astype(native)
+        if len(indices) == 0:
+            return np.empty((0,) + layout.shape[1:], native)
+        unique, inverse = np.unique(indices, return_inverse=True)
+        dataset = self._dataset(layout.key)
+        try:
+            if unique[-1] - unique[0] + 1 == len(unique):
+                rows = dataset[int(unique[0]):int(unique[-1]) + 1]  # a run: one hyperslab
+            else:
+                rows = dataset[unique]
+        except Exception as e:  # noqa: BLE001 (h5py raises OSError, ValueError, RuntimeError)
+            raise OSError(f"cannot read dataset {layout.key!r} of {self.path!r} "
+                          f"(rows {int(unique[0])} to {int(unique[-1])}): {e}") from e
+        if len(unique) != len(indices) or not np.array_equal(unique, indices):
+            rows = rows[inverse.reshape(-1)]
+        return rows if rows.dtype.isnative else rows.astype(native)
+
+    def __repr__(self):
+        parts = ", ".join(f"{layout.key}: {layout.dtype.newbyteorder('=')}{list(layout.shape[1:])}"
+                          f" {layout.storage}" for layout in self._layouts)
+        return f"HDF5Dataset({self.path!r}, {self._length} rows of {parts})"
+
+
+def _check_keys(keys):
+    keys = (keys,) if isinstance(keys, str) else tuple(keys)
+    if not keys:
+        raise ValueError("HDF5Dataset needs at least one key")
+    for key in keys:
+        if not isinstance(key, str):
+            raise TypeError(f"HDF5Dataset keys must be strings, got {key!r}")
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"HDF5Dataset keys repeat: {keys!r}")
+    if len(keys) > 32:
+        raise ValueError(f"HDF5Dataset serves at most 32 keys, got {len(keys)}")
+    return keys
+
+
+def _read_layouts(h5py, path, keys):
+    try:
+        f = h5py.File(path, "r")
+    except FileNotFoundError as e:
+        raise ValueError(f"cannot open {path!r}: no such file") from e
+    except OSError as e:
+        raise ValueError(f"cannot open {path!r} as an HDF5 file: {e}") from e
+    with f:
+        size = file_size(path)
+        return [_layout(h5py, f, path, size, key) for key in keys]
+
+
+def _layout(h5py, f, path, size, key):
+    try:
+        obj = f[key]
+    except KeyError:
+        names = []
+        f.visititems(lambda name, o: names.append(name) if isinstance(o, h5py.Dataset) else None)
+        shown = ", ".join(repr(n) for n in names[:20]) + (", ..." if len(names) > 20 else "")
+        raise KeyError(f"{path!r} has no dataset {key!r} (its datasets: {shown or 'none'})") \
+            from None
+    if not isinstance(obj, h5py.Dataset):
+        raise ValueError(f"{path!r}: {key!r} is a {type(obj).__name__.lower()}, not a dataset")
+    dtype = obj.dtype
+    if dtype.kind not in "biufc" or dtype.fields is not None or dtype.subdtype is not None:
+        raise TypeError(f"{path!r}: dataset {key!r} has dtype {dtype}; HDF5Dataset serves "
+                        "numeric and bool datasets only")
+    if obj.shape is None or len(obj.shape) == 0:
+        raise ValueError(f"{path!r}: dataset {key!r} is a scalar; HDF5Dataset needs rows")
+    shape = tuple(int(n) for n in obj.shape)
+    offset = obj.id.get_offset()
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    plain = (offset is not None and obj.chunks is None and obj.compression is None
+             and obj.external is None and nbytes > 0
+             and obj.id.get_type().get_size() == dtype.itemsize)
+    if not plain:
+        return _Layout(key, shape, dtype, None, "read", obj.chunks)
+    if size >= 0 and offset + nbytes > size:
+        raise ValueError(f"{path!r} is truncated: dataset {key!r} lies at bytes {offset} to "
+                         f"{offset + nbytes}, but the file has {size} bytes")
+    return _Layout(key, shape, dtype, int(offset), "mapped" if dtype.isnative else "swapped",
+                   None)
+
+
+def _cache_slots(cache_bytes, layouts):
+    """HDF5's advice for its chunk cache: a prime number of hash slots about
+    100 times the number of chunks the cache holds."""
+    chunk_bytes = [int(np.prod(layout.chunks, dtype=np.int64)) * layout.dtype.itemsize
+                   for layout in layouts if layout.chunks]
+    fits = cache_bytes // max(1, min(chunk_bytes, default=1 << 20))
+    slots = max(521, min(100 * fits, 1 << 24)) | 1
+    while any(slots % d == 0 for d in range(3, int(slots ** 0.5) + 1, 2)):
+        slots += 2
+    return slots
+
