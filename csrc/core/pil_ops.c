@@ -108,10 +108,39 @@ static int bilinear_at(const unsigned char *src, int w, int h, double xin, doubl
     return 1;
 }
 
+/* A whole-pixel shift (TranslateX/Y): output (x, y) is source (x + tx,
+ * y + ty) where that is inside.  Both filters sample exactly at pixel
+ * centres then (the bilinear weights are 0), so rows are copied. */
+static void translate(const unsigned char *src, unsigned char *dst, int w, int h, int tx, int ty)
+{
+    int x0 = tx < 0 ? -tx : 0, x1 = tx > 0 ? w - tx : w; /* output columns with a source */
+    if (x0 >= x1)
+        return;
+    for (int y = 0; y < h; y++) {
+        int sy = y + ty;
+        if (sy < 0 || sy >= h)
+            continue;
+        memcpy(dst + ((size_t)y * w + x0) * 3, src + ((size_t)sy * w + x0 + tx) * 3,
+               (size_t)(x1 - x0) * 3);
+    }
+}
+
+/* Nonzero when the matrix is a shift by whole pixels, within the image's
+ * reach (so that the ints hold it). */
+static int is_translation(const double a[6], int w, int h)
+{
+    return a[0] == 1.0 && a[1] == 0.0 && a[3] == 0.0 && a[4] == 1.0 && a[2] == floor(a[2]) &&
+           a[5] == floor(a[5]) && fabs(a[2]) <= w && fabs(a[5]) <= h;
+}
+
 void fl_pil_affine(const unsigned char *src, unsigned char *dst, int w, int h, const double a[6],
                    int interpolation, const unsigned char fill[3])
 {
     fill_image(dst, (size_t)w * h, fill);
+    if (is_translation(a, w, h)) {
+        translate(src, dst, w, h, (int)a[2], (int)a[5]);
+        return;
+    }
     if (interpolation == FL_WARP_BILINEAR) {
         for (int y = 0; y < h; y++) {
             for (int x = 0; x < w; x++) {
@@ -259,56 +288,76 @@ static inline int luma(const unsigned char *p)
 
 enum { DEGENERATE_BLACK, DEGENERATE_GRAY, DEGENERATE_MEAN, DEGENERATE_SMOOTH };
 
-/* ImageFilter.SMOOTH (3x3, 1 1 1 / 1 5 1 / 1 1 1, divisor 13) at interior
- * pixel (x, y), band b: Pillow's float sum, rows below first. */
-static unsigned char smooth_at(const unsigned char *src, int w, int x, int y, int b)
+/* ImageFilter.SMOOTH (3x3, 1 1 1 / 1 5 1 / 1 1 1, divisor 13) of the
+ * interior of `src` into `dst`, whose border keeps the image as it is (as
+ * the filter leaves it): Pillow's float sum per value, rows below first.
+ * Each value's sum is independent, so the row loop vectorises without
+ * changing any sum. */
+static void smooth(const unsigned char *src, unsigned char *dst, int w, int h)
 {
     const float k1 = 1.0f / 13.0f, k5 = 5.0f / 13.0f;
-    const unsigned char *below = src + ((size_t)(y + 1) * w + x) * 3 + b;
-    const unsigned char *here = src + ((size_t)y * w + x) * 3 + b;
-    const unsigned char *above = src + ((size_t)(y - 1) * w + x) * 3 + b;
-    float ss = 0.5f;
-    ss += (float)below[-3] * k1 + (float)below[0] * k1 + (float)below[3] * k1;
-    ss += (float)here[-3] * k1 + (float)here[0] * k5 + (float)here[3] * k1;
-    ss += (float)above[-3] * k1 + (float)above[0] * k1 + (float)above[3] * k1;
-    ss = ss < 0.0f ? 0.0f : ss;
-    ss = ss > 255.0f ? 255.0f : ss;
-    return (unsigned char)ss;
+    size_t row = (size_t)w * 3;
+    memcpy(dst, src, row * (size_t)h);
+    for (int y = 1; y < h - 1; y++) {
+        const unsigned char *above = src + (size_t)(y - 1) * row;
+        const unsigned char *here = above + row, *below = here + row;
+        unsigned char *out = dst + (size_t)y * row;
+        for (size_t i = 3; i + 3 < row; i++) {
+            float ss = 0.5f;
+            ss += (float)below[i - 3] * k1 + (float)below[i] * k1 + (float)below[i + 3] * k1;
+            ss += (float)here[i - 3] * k1 + (float)here[i] * k5 + (float)here[i + 3] * k1;
+            ss += (float)above[i - 3] * k1 + (float)above[i] * k1 + (float)above[i + 3] * k1;
+            ss = ss < 0.0f ? 0.0f : ss;
+            ss = ss > 255.0f ? 255.0f : ss;
+            out[i] = (unsigned char)ss;
+        }
+    }
 }
 
-/* An ImageEnhance class: blend of its degenerate image with the image. */
+static void apply_lut(const unsigned char lut[3][256], const unsigned char *src,
+                      unsigned char *dst, size_t pixels);
+
+/* An ImageEnhance class: Image.blend of its degenerate image with the
+ * image.  Where the degenerate image is one value (black, the mean gray)
+ * each output value depends only on the input value: a lookup table made
+ * with the same expression gives the same bytes for a 256th of the work. */
 static void enhance(int kind, float alpha, const unsigned char *src, unsigned char *dst, int w,
                     int h)
 {
     size_t pixels = (size_t)w * h;
-    int mean = 0;
-    if (kind == DEGENERATE_MEAN) {
-        /* ImageStat's mean of the L image, int(mean + 0.5) */
-        unsigned long long sum = 0;
-        for (size_t i = 0; i < pixels; i++)
-            sum += (unsigned long long)luma(src + 3 * i);
-        mean = (int)((double)sum / (double)pixels + 0.5);
-    }
-    for (int y = 0; y < h; y++) {
-        for (int x = 0; x < w; x++) {
-            size_t i = ((size_t)y * w + x) * 3;
-            int gray = kind == DEGENERATE_GRAY ? luma(src + i) : mean;
-            /* the filter leaves the border (and images under 3 x 3) as they are */
-            int border = x == 0 || y == 0 || x == w - 1 || y == h - 1;
-            for (int b = 0; b < 3; b++) {
-                int degenerate = kind == DEGENERATE_BLACK ? 0
-                                 : kind == DEGENERATE_SMOOTH
-                                     ? (border ? src[i + b] : smooth_at(src, w, x, y, b))
-                                     : gray;
-                if (alpha == 0.0f)
-                    dst[i + b] = (unsigned char)degenerate;
-                else if (alpha == 1.0f)
-                    dst[i + b] = src[i + b];
-                else
-                    dst[i + b] = blend1(degenerate, src[i + b], alpha);
-            }
+    if (kind == DEGENERATE_BLACK || kind == DEGENERATE_MEAN) {
+        int degenerate = 0;
+        if (kind == DEGENERATE_MEAN) {
+            /* ImageStat's mean of the L image, int(mean + 0.5) */
+            unsigned long long sum = 0;
+            for (size_t i = 0; i < pixels; i++)
+                sum += (unsigned long long)luma(src + 3 * i);
+            degenerate = (int)((double)sum / (double)pixels + 0.5);
         }
+        unsigned char lut[3][256];
+        for (int v = 0; v < 256; v++)
+            lut[0][v] = lut[1][v] = lut[2][v] = alpha == 0.0f   ? (unsigned char)degenerate
+                                                : alpha == 1.0f ? (unsigned char)v
+                                                                : blend1(degenerate, v, alpha);
+        apply_lut((const unsigned char(*)[256])lut, src, dst, pixels);
+        return;
     }
+    if (kind == DEGENERATE_GRAY) {
+        for (size_t i = 0; i < 3 * pixels; i += 3) {
+            int gray = luma(src + i);
+            for (int b = 0; b < 3; b++)
+                dst[i + b] = alpha == 0.0f   ? (unsigned char)gray
+                             : alpha == 1.0f ? src[i + b]
+                                             : blend1(gray, src[i + b], alpha);
+        }
+        return;
+    }
+    /* SMOOTH: the filtered image into dst, then blended with the image in place. */
+    smooth(src, dst, w, h);
+    if (alpha == 0.0f)
+        return;
+    for (size_t i = 0; i < 3 * pixels; i++)
+        dst[i] = alpha == 1.0f ? src[i] : blend1(dst[i], src[i], alpha);
 }
 
 static void apply_lut(const unsigned char lut[3][256], const unsigned char *src,
