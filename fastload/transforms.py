@@ -51,6 +51,7 @@ called in the worker, with the GIL, on the image decoded in C; torchvision's
 transforms are compiled to these where they map (``fastload._torchvision``).
 """
 
+import collections.abc
 import numbers
 
 import numpy as np
@@ -327,7 +328,7 @@ def _augment_interpolation(value, name):
 def _check_sequence(x, name, sizes):
     """torchvision's _check_sequence_input: its exception types and messages."""
     msg = sizes[0] if len(sizes) < 2 else " or ".join(str(n) for n in sizes)
-    if not isinstance(x, (list, tuple)):
+    if not isinstance(x, collections.abc.Sequence):
         raise TypeError(f"{name} should be a sequence of length {msg}.")
     if len(x) not in sizes:
         raise ValueError(f"{name} should be a sequence of length {msg}.")
@@ -351,7 +352,7 @@ def _angle_range(x, name, sizes=(2,)):
 
 
 def _warp_fill(fill, name):
-    if fill is not None and not isinstance(fill, (list, tuple, numbers.Number)):
+    if fill is not None and not isinstance(fill, (collections.abc.Sequence, numbers.Number)):
         raise TypeError("Fill should be either a sequence or a number.")
     return _augment_fill(fill, name)
 
