@@ -234,6 +234,7 @@ PyObject *fl__transform_image(PyObject *module, PyObject *const *args, Py_ssize_
 PyObject *fl__color_draws(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fl__pil_op(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *fl__augment_draws(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fl__warp_draws(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 /* mixing.c */
 /* Reads a fastload.transforms mix plan (kinds, alphas, probs, num_classes),

@@ -87,6 +87,16 @@ static const plan_field PLAN_FIELDS[] = {
     FIELD("augment_table", F_INT, augment.table),
     FIELD("augment_interpolation", F_INT, augment.interpolation),
     FIELD("augment_fill", F_FLOAT3, augment.fill),
+    FIELD("warp", F_INT, warp.kind),
+    PAIR("warp_degrees", F_DOUBLE_PAIR, warp.degrees_lo, warp.degrees_hi),
+    PAIR("warp_translate", F_DOUBLE_PAIR, warp.translate_x, warp.translate_y),
+    PAIR("warp_scale", F_DOUBLE_PAIR, warp.scale_lo, warp.scale_hi),
+    PAIR("warp_shear_x", F_DOUBLE_PAIR, warp.shear_x_lo, warp.shear_x_hi),
+    PAIR("warp_shear_y", F_DOUBLE_PAIR, warp.shear_y_lo, warp.shear_y_hi),
+    FIELD("warp_interpolation", F_INT, warp.interpolation),
+    FIELD("warp_fill", F_FLOAT3, warp.fill),
+    FIELD("warp_has_center", F_BOOL, warp.center),
+    PAIR("warp_center", F_DOUBLE_PAIR, warp.center_x, warp.center_y),
 };
 
 static int as_int(PyObject *obj, int *out)
@@ -275,6 +285,42 @@ static const char *augment_plan_error(const fl_augment_plan *a)
     return NULL;
 }
 
+/* Whether lo <= hi, both finite. */
+static int is_range(double lo, double hi)
+{
+    return isfinite(lo) && isfinite(hi) && lo <= hi;
+}
+
+/* What is wrong with a rotation / affine's fields, or NULL (the Python
+ * classes check them first, with torchvision's messages). */
+static const char *warp_plan_error(const fl_warp_plan *a)
+{
+    if (a->kind < FL_WARP_OFF || a->kind > FL_WARP_AFFINE)
+        return "warp";
+    if (a->kind == FL_WARP_OFF)
+        return NULL;
+    if (!is_range(a->degrees_lo, a->degrees_hi))
+        return "warp_degrees";
+    if (!(a->translate_x >= 0.0 && a->translate_x <= 1.0 && a->translate_y >= 0.0 &&
+          a->translate_y <= 1.0))
+        return "warp_translate";
+    if (!is_range(a->scale_lo, a->scale_hi) || !(a->scale_lo > 0.0))
+        return "warp_scale";
+    if (!is_range(a->shear_x_lo, a->shear_x_hi))
+        return "warp_shear_x";
+    if (!is_range(a->shear_y_lo, a->shear_y_hi))
+        return "warp_shear_y";
+    if (a->interpolation != FL_WARP_NEAREST && a->interpolation != FL_WARP_BILINEAR)
+        return "warp_interpolation";
+    for (int c = 0; c < 3; c++)
+        if (!(a->fill[c] >= 0.0f && a->fill[c] < 256.0f))
+            return "warp_fill";
+    /* a centre within 2**24 pixels keeps Image.rotate's positions defined */
+    if (a->center && !(fabs(a->center_x) <= 0x1p24 && fabs(a->center_y) <= 0x1p24))
+        return "warp_center";
+    return NULL;
+}
+
 int fl__parse_plan(PyObject *plan, fl_image_plan *out)
 {
     fl_image_plan p = {0};
@@ -326,6 +372,10 @@ int fl__parse_plan(PyObject *plan, fl_image_plan *out)
     if (augment_plan_error(&p.augment)) {
         PyErr_Format(PyExc_ValueError, "malformed transform plan: %s",
                      augment_plan_error(&p.augment));
+        return -1;
+    }
+    if (warp_plan_error(&p.warp)) {
+        PyErr_Format(PyExc_ValueError, "malformed transform plan: %s", warp_plan_error(&p.warp));
         return -1;
     }
     fl_color_plan_from_ranges(&p.color);
@@ -547,4 +597,27 @@ PyObject *fl__augment_draws(PyObject *module, PyObject *const *args, Py_ssize_t 
         PyList_SET_ITEM(result, i, item);
     }
     return result;
+}
+
+PyObject *fl__warp_draws(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    fl_image_plan plan;
+    fl_sample_key key;
+    int width = 0, height = 0;
+    if (fl__parse_draw_args(args, nargs, 6, "warp_draws(plan, seed, epoch, index, width, height)",
+                            &plan, &key) < 0 ||
+        as_int(args[4], &width) < 0 || as_int(args[5], &height) < 0)
+        return NULL;
+    if (width < 1 || height < 1) {
+        PyErr_SetString(PyExc_ValueError, "warp_draws: width and height must be >= 1");
+        return NULL;
+    }
+    if (plan.warp.kind == FL_WARP_OFF)
+        Py_RETURN_NONE;
+    fl_sample_geometry g;
+    fl_plan_geometry(&plan, &key, width, height, &g);
+    const fl_warp_draw *d = &g.warp;
+    return Py_BuildValue("(d(ii)d(dd))", d->angle, d->tx, d->ty, d->scale, d->shear_x,
+                         d->shear_y);
 }

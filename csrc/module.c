@@ -66,6 +66,11 @@ static PyMethodDef module_methods[] = {
      "augment_draws(plan, seed, epoch, index, width, height, /)\n--\n\n"
      "The augmentation ops a plan draws for one sample of width x height, for\n"
      "tests: a list of (op name, magnitude bin, signed magnitude)."},
+    {"warp_draws", (PyCFunction)(void (*)(void))fl__warp_draws, METH_FASTCALL,
+     "warp_draws(plan, seed, epoch, index, width, height, /)\n--\n\n"
+     "The RandomRotation / RandomAffine parameters a plan draws for one sample of\n"
+     "a width x height image, for tests: (angle, (tx, ty), scale, (shear_x,\n"
+     "shear_y)), or None without either."},
     {"cuda_driver", (PyCFunction)fl__cuda_driver, METH_NOARGS,
      "cuda_driver()\n--\n\n"
      "Loads the CUDA driver once (libcuda.so.1, or $FASTLOAD_LIBCUDA) and\n"

@@ -155,6 +155,26 @@ def _auto_augment(t):
     return [T.AutoAugment(t.policy, **_augment_options(t))]
 
 
+def _warp_options(t):
+    """(interpolation, fill, center) of torchvision's v1 RandomRotation or
+    RandomAffine; v2's parse their fill per image type: they stay in
+    Python."""
+    if _is_v2(t):
+        raise ValueError("v2 rotations and affines are not compiled")
+    return {"interpolation": _interpolation(t.interpolation), "fill": t.fill,
+            "center": t.center}
+
+
+def _random_rotation(t):
+    if t.expand:
+        raise ValueError("expand=True changes the output size per image")
+    return [T.RandomRotation(t.degrees, **_warp_options(t))]
+
+
+def _random_affine(t):
+    return [T.RandomAffine(t.degrees, t.translate, t.scale, t.shear, **_warp_options(t))]
+
+
 _TABLE = {
     "RandomResizedCrop": _random_resized_crop,
     "Resize": _resize,
@@ -175,6 +195,8 @@ _TABLE = {
     "RandAugment": _rand_augment,
     "TrivialAugmentWide": _trivial_augment,
     "AutoAugment": _auto_augment,
+    "RandomRotation": _random_rotation,
+    "RandomAffine": _random_affine,
 }
 
 # Steps that may run in C ahead of a Python part: they only move pixels (or

@@ -10,9 +10,10 @@ The chain must read as torchvision's usual pipelines do::
 
     [RandomResizedCrop | Resize [CenterCrop | RandomCrop] | CenterCrop | RandomCrop]
     [RandomHorizontalFlip]
+    [RandomRotation | RandomAffine]
     [RandAugment | TrivialAugmentWide | AutoAugment]
     [ColorJitter] [RandomGrayscale | Grayscale]   (either order; a flip may follow
-                                                   them, unless an augmentation policy ran)
+                                                   them, unless a warp or policy ran)
     [GaussianBlur]                                (a flip may follow, as above)
     [ToTensor | PILToTensor [ConvertImageDtype]]
     [Normalize]
@@ -29,9 +30,9 @@ any other place they would not commute exactly with the crop and resize, so
 ``Compose`` refuses them there (ValueError); a torchvision ``Compose`` with
 them elsewhere runs in Python, per image, as any other callable does.
 
-The augmentation policies act on the resized image as uint8 RGB, with
-Pillow's arithmetic: torchvision's ops on a PIL image, bit for bit (see
-``RandAugment``).
+RandomRotation, RandomAffine and the augmentation policies act on the
+resized image as uint8 RGB, with Pillow's arithmetic: torchvision's ops on a
+PIL image, bit for bit (see ``RandomAffine`` and ``RandAugment``).
 
 ``RandomErasing`` overwrites a random box of the stored sample (after
 Normalize: the value is in normalised units), as torchvision's does on a
@@ -50,6 +51,7 @@ called in the worker, with the GIL, on the image decoded in C; torchvision's
 transforms are compiled to these where they map (``fastload._torchvision``).
 """
 
+import collections.abc
 import numbers
 
 import numpy as np
@@ -73,6 +75,7 @@ __all__ = [
     "Normalize",
     "PILToTensor",
     "RandAugment",
+    "RandomAffine",
     "RandomApply",
     "RandomChoice",
     "RandomCrop",
@@ -80,6 +83,7 @@ __all__ = [
     "RandomGrayscale",
     "RandomHorizontalFlip",
     "RandomResizedCrop",
+    "RandomRotation",
     "Resize",
     "ToTensor",
     "TrivialAugmentWide",
@@ -319,6 +323,112 @@ def _augment_interpolation(value, name):
     if mode not in (InterpolationMode.NEAREST, InterpolationMode.BILINEAR):
         raise ValueError(f"{name}: interpolation must be NEAREST or BILINEAR, got {value!r}")
     return mode
+
+
+def _check_sequence(x, name, sizes):
+    """torchvision's _check_sequence_input: its exception types and messages."""
+    msg = sizes[0] if len(sizes) < 2 else " or ".join(str(n) for n in sizes)
+    if not isinstance(x, collections.abc.Sequence):
+        raise TypeError(f"{name} should be a sequence of length {msg}.")
+    if len(x) not in sizes:
+        raise ValueError(f"{name} should be a sequence of length {msg}.")
+
+
+def _angle_range(x, name, sizes=(2,)):
+    """torchvision's _setup_angle: a number d is (-d, d); a sequence is taken
+    as it is.  fastload also wants lo <= hi (torch's uniform_ raises at
+    call time otherwise)."""
+    if isinstance(x, numbers.Number):
+        if x < 0:
+            raise ValueError(f"If {name} is a single number, it must be positive.")
+        x = [-x, x]
+    else:
+        _check_sequence(x, name, sizes)
+    values = tuple(float(d) for d in x)
+    for lo, hi in zip(values[::2], values[1::2]):
+        if not lo <= hi:
+            raise ValueError(f"{name}: the range must be (min, max) with min <= max, got {x!r}")
+    return values
+
+
+def _warp_fill(fill, name):
+    if fill is not None and not isinstance(fill, (collections.abc.Sequence, numbers.Number)):
+        raise TypeError("Fill should be either a sequence or a number.")
+    return _augment_fill(fill, name)
+
+
+def _warp_center(center):
+    if center is None:
+        return None
+    _check_sequence(center, "center", (2,))
+    return tuple(float(c) for c in center)
+
+
+class RandomRotation(_Transform):
+    """torchvision's RandomRotation: an angle uniform in ``degrees``, then
+    ``F.rotate`` (Image.rotate) on the resized image as uint8 RGB with
+    Pillow's arithmetic: for the same angle, torchvision's output on the PIL
+    image, bit for bit.  ``expand=True`` changes the size per image: a
+    ``Compose`` refuses it (a torchvision chain then runs it in Python).
+    Interpolation NEAREST or BILINEAR.  The angle comes from fastload's
+    generator, keyed by (seed, epoch, index)."""
+
+    def __init__(self, degrees, interpolation=InterpolationMode.NEAREST, expand=False,
+                 center=None, fill=0):
+        self.degrees = _angle_range(degrees, "degrees")
+        self.center = _warp_center(center)
+        self.interpolation = _augment_interpolation(interpolation, "RandomRotation")
+        self.expand = bool(expand)
+        self.fill = _warp_fill(fill, "RandomRotation")
+
+    def __repr__(self):
+        return (f"RandomRotation(degrees={list(self.degrees)}, interpolation={self.interpolation}, "
+                f"expand={self.expand}, center={self.center}, fill={self.fill})")
+
+
+class RandomAffine(_Transform):
+    """torchvision's RandomAffine: an angle uniform in ``degrees``; a shift
+    of ``round(uniform(-tx * width, tx * width))`` pixels (and likewise in
+    y) for ``translate=(tx, ty)``; a scale uniform in ``scale``; an x shear
+    uniform in ``shear[0:2]`` and a y shear in ``shear[2:4]`` when given
+    four values; then ``F.affine`` (Image.transform with torchvision's
+    inverse matrix) on the resized image as uint8 RGB with Pillow's
+    arithmetic: for the same parameters, torchvision's output on the PIL
+    image, bit for bit.  Interpolation NEAREST or BILINEAR.  The parameters
+    come from fastload's generator, keyed by (seed, epoch, index)."""
+
+    def __init__(self, degrees, translate=None, scale=None, shear=None,
+                 interpolation=InterpolationMode.NEAREST, fill=0, center=None):
+        self.degrees = _angle_range(degrees, "degrees")
+        if translate is not None:
+            _check_sequence(translate, "translate", (2,))
+            for t in translate:
+                if not (0.0 <= t <= 1.0):
+                    raise ValueError("translation values should be between 0 and 1")
+            translate = tuple(float(t) for t in translate)
+        self.translate = translate
+        if scale is not None:
+            _check_sequence(scale, "scale", (2,))
+            for v in scale:
+                if v <= 0:
+                    raise ValueError("scale values should be positive")
+            scale = tuple(float(v) for v in scale)
+            if not scale[0] <= scale[1]:
+                raise ValueError(f"scale: the range must be (min, max) with min <= max, "
+                                 f"got {scale!r}")
+        self.scale = scale
+        self.shear = None if shear is None else _angle_range(shear, "shear", (2, 4))
+        self.interpolation = _augment_interpolation(interpolation, "RandomAffine")
+        self.fill = _warp_fill(fill, "RandomAffine")
+        self.center = _warp_center(center)
+
+    def __repr__(self):
+        return (f"RandomAffine(degrees={list(self.degrees)}, translate={self.translate}, "
+                f"scale={self.scale}, shear={self.shear}, interpolation={self.interpolation}, "
+                f"fill={self.fill}, center={self.center})")
+
+
+_WARPS = (RandomRotation, RandomAffine)
 
 
 MAX_AUGMENT_OPS = 16  # csrc/core/pil_ops.h FL_AUGMENT_MAX_OPS
@@ -609,6 +719,21 @@ class Plan:
         self.augment_table = 0
         self.augment_interpolation = 0
         self.augment_fill = (0.0, 0.0, 0.0)
+        # RandomRotation / RandomAffine on that uint8 image, before the
+        # policy (csrc/core/random_affine.h): warp 0 none, 1 rotation,
+        # 2 affine; degrees (min, max); translate: the largest shift as a
+        # fraction of (width, height); scale and shears (min, max);
+        # interpolation and fill as above; center when has_center.
+        self.warp = 0
+        self.warp_degrees = (0.0, 0.0)
+        self.warp_translate = (0.0, 0.0)
+        self.warp_scale = (1.0, 1.0)
+        self.warp_shear_x = (0.0, 0.0)
+        self.warp_shear_y = (0.0, 0.0)
+        self.warp_interpolation = 0
+        self.warp_fill = (0.0, 0.0, 0.0)
+        self.warp_has_center = False
+        self.warp_center = (0.0, 0.0)
 
     def output_shape(self):
         """(C, H, W) or (H, W, C); None when it depends on the image."""
@@ -629,13 +754,14 @@ def compile_plan(transforms, channels_last=False):
         raise ValueError(
             f"fastload.transforms.Compose cannot fuse {t!r} here: the order must be "
             "[RandomResizedCrop | Resize [CenterCrop | RandomCrop] | CenterCrop | RandomCrop], "
-            "[RandomHorizontalFlip], [RandAugment | TrivialAugmentWide | AutoAugment], "
+            "[RandomHorizontalFlip], [RandomRotation | RandomAffine], "
+            "[RandAugment | TrivialAugmentWide | AutoAugment], "
             "[ColorJitter] [RandomGrayscale | Grayscale] (either order), [GaussianBlur], "
             "[ToTensor | PILToTensor [ConvertImageDtype]], [Normalize], [RandomErasing]")
 
     dtype = "uint8"
     normalize = None
-    jitter = gray = blur = augment = None
+    jitter = gray = blur = augment = warp = None
     for t in transforms:
         applied = 1.0
         if isinstance(t, RandomApply):
@@ -685,11 +811,31 @@ def compile_plan(transforms, channels_last=False):
         elif isinstance(t, RandomHorizontalFlip):
             # A flip commutes exactly with the colour ops and the blur (a
             # symmetric kernel, symmetric padding): it may follow them, but
-            # not an augmentation's warps, which run after it.
-            if stage > 3 or plan.flip_p or augment is not None:
+            # not a rotation's or an augmentation's warps, which run after it.
+            if stage > 3 or plan.flip_p or augment is not None or warp is not None:
                 out_of_place(t)
             plan.flip_p = t.p
             stage = max(stage, 1)
+        elif isinstance(t, _WARPS):
+            if stage > 1 or warp is not None or augment is not None:
+                out_of_place(t)
+            if isinstance(t, RandomRotation) and t.expand:
+                raise ValueError(f"fastload.transforms.Compose cannot fuse {t!r}: expand=True "
+                                 "makes the output size differ per image")
+            warp = t
+            plan.warp = 1 + _WARPS.index(type(t))
+            plan.warp_degrees = t.degrees
+            plan.warp_interpolation = _FILTERS[t.interpolation]
+            plan.warp_fill = tuple(float(v) for v in t.fill)
+            plan.warp_has_center = t.center is not None
+            plan.warp_center = t.center or (0.0, 0.0)
+            if isinstance(t, RandomAffine):
+                plan.warp_translate = t.translate or (0.0, 0.0)
+                plan.warp_scale = t.scale or (1.0, 1.0)
+                if t.shear is not None:
+                    plan.warp_shear_x = t.shear[:2]
+                    plan.warp_shear_y = t.shear[2:] or (0.0, 0.0)
+            stage = 1
         elif isinstance(t, _AUGMENT):
             if stage > 1 or augment is not None:
                 out_of_place(t)

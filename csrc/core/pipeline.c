@@ -352,6 +352,11 @@ void fl_plan_geometry(const fl_image_plan *plan, const fl_sample_key *key, int w
         fl_rng_init_stream(&augment_rng, key->seed, key->epoch, key->index, FL_STREAM_AUGMENT);
         fl_augment_draw_for(&plan->augment, &augment_rng, &out->augment);
     }
+    if (plan->warp.kind != FL_WARP_OFF) {
+        fl_rng warp_rng;
+        fl_rng_init_stream(&warp_rng, key->seed, key->epoch, key->index, FL_STREAM_AFFINE);
+        fl_warp_draw_for(&plan->warp, &warp_rng, out->out_w, out->out_h, &out->warp);
+    }
     if (!plan->exact && plan->filter != FL_FILTER_NEAREST && !out->crop_error)
         out->scale_denom = fl_jpeg_pick_scale((int)out->box.w, (int)out->box.h, out->out_w,
                                               out->out_h);
@@ -370,10 +375,17 @@ static double support_margin(const fl_image_plan *plan, const fl_sample_geometry
 
 /* ------------------------------------------------------------------- ops */
 
-/* The uint8 stage of a plan with an augmentation policy: the box resampled
- * (and flipped) to the output size as an HWC uint8 image, the image Pillow
- * holds after torchvision's geometry, then the drawn ops on it.  *out is
- * the result, in one of the worker's two buffers. */
+/* Whether the plan has a uint8 stage: a rotation / affine or a policy. */
+static int has_uint8_stage(const fl_image_plan *plan)
+{
+    return plan->warp.kind != FL_WARP_OFF || plan->augment.policy != FL_AUGMENT_NONE;
+}
+
+/* The uint8 stage of a plan with a rotation / affine or an augmentation
+ * policy: the box resampled (and flipped) to the output size as an HWC
+ * uint8 image, the image Pillow holds after torchvision's geometry, then
+ * the drawn warp and ops on it.  *out is the result, in one of the
+ * worker's two buffers. */
 static int augment_stage(fl_image_worker *w, const fl_image_plan *plan,
                          const fl_sample_geometry *g, const unsigned char *rgb, int width,
                          int height, size_t stride, double bx, double by, double bw, double bh,
@@ -398,6 +410,12 @@ static int augment_stage(fl_image_worker *w, const fl_image_plan *plan,
     if (rc != FL_OK)
         return rc;
     unsigned char *result = w->aug, *spare = w->aug_spare;
+    if (plan->warp.kind != FL_WARP_OFF) {
+        fl_warp_apply(&plan->warp, &g->warp, result, spare, g->out_w, g->out_h);
+        unsigned char *t = result;
+        result = spare;
+        spare = t;
+    }
     rc = fl_augment_apply(&plan->augment, &g->augment, &result, &spare, g->out_w, g->out_h);
     *out = result;
     return rc;
@@ -432,7 +450,7 @@ static int resample_box(fl_image_worker *w, const fl_image_plan *plan,
             bh = height - by;
     }
     int filter = plan->filter, flip = g->flip;
-    if (plan->augment.policy != FL_AUGMENT_NONE) {
+    if (has_uint8_stage(plan)) {
         /* What follows then stores the augmented image: a 1:1 copy. */
         unsigned char *augmented = NULL;
         int rc = augment_stage(w, plan, g, rgb, width, height, stride, bx, by, bw, bh,

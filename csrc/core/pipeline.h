@@ -16,6 +16,7 @@
 #include "erase.h"
 #include "pad.h"
 #include "pil_ops.h"
+#include "random_affine.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -46,6 +47,7 @@ typedef struct fl_image_plan {
     fl_blur_plan blur;          /* GaussianBlur after the colour ops */
     fl_erase_plan erase;        /* RandomErasing on the stored row (p 0: off) */
     fl_augment_plan augment;    /* RandAugment & co. on the resampled uint8 image */
+    fl_warp_plan warp;          /* RandomRotation / RandomAffine, before the policy */
 } fl_image_plan;
 
 /* Where a sample's random numbers come from. */
@@ -72,6 +74,7 @@ typedef struct fl_sample_geometry {
     fl_blur_draw blur;          /* the blur drawn (when the plan has one) */
     fl_erase_draw erase;        /* RandomErasing's box (on 0: none) */
     fl_augment_draw augment;    /* the augmentation ops drawn (when the plan has a policy) */
+    fl_warp_draw warp;          /* the rotation / affine drawn (when the plan has one) */
 } fl_sample_geometry;
 
 typedef struct fl_image_worker fl_image_worker;

@@ -42,6 +42,7 @@ enum {
     FL_STREAM_ERASE = 3,   /* RandomErasing, keyed by sample */
     FL_STREAM_MIX = 4,     /* MixUp / CutMix, keyed by (seed, epoch, batch number) */
     FL_STREAM_BLUR = 5,    /* GaussianBlur's sigma and its RandomApply coin */
+    FL_STREAM_AFFINE = 6,  /* RandomRotation / RandomAffine, keyed by sample */
 };
 
 /* The generator of `stream` for the key; stream 0 is fl_rng_init's. */
