@@ -295,9 +295,9 @@ static int is_range(double lo, double hi)
  * classes check them first, with torchvision's messages). */
 static const char *warp_plan_error(const fl_warp_plan *a)
 {
-    if (a->kind < FL_WARP_OFF || a->kind > FL_WARP_AFFINE)
+    if (a->kind < FL_RANDOM_WARP_NONE || a->kind > FL_RANDOM_AFFINE)
         return "warp";
-    if (a->kind == FL_WARP_OFF)
+    if (a->kind == FL_RANDOM_WARP_NONE)
         return NULL;
     if (!is_range(a->degrees_lo, a->degrees_hi))
         return "warp_degrees";
@@ -613,7 +613,7 @@ PyObject *fl__warp_draws(PyObject *module, PyObject *const *args, Py_ssize_t nar
         PyErr_SetString(PyExc_ValueError, "warp_draws: width and height must be >= 1");
         return NULL;
     }
-    if (plan.warp.kind == FL_WARP_OFF)
+    if (plan.warp.kind == FL_RANDOM_WARP_NONE)
         Py_RETURN_NONE;
     fl_sample_geometry g;
     fl_plan_geometry(&plan, &key, width, height, &g);

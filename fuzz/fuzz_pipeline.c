@@ -3,8 +3,8 @@
  * The first PARAM_BYTES bytes of an input choose a transform plan (crop
  * kind, output size, scale and ratio ranges, filter, flip, dtype, layout,
  * exact or DCT-scaled decode) and a random key; the rest is the file.  The
- * augmentations (RandomCrop's padding, a policy such as RandAugment,
- * colour ops, blur, RandomErasing) are chosen by a hash of the same bytes,
+ * augmentations (RandomCrop's padding, RandomRotation/RandomAffine, a
+ * policy such as RandAugment, colour ops, blur, RandomErasing) are chosen by a hash of the same bytes,
  * so the corpus keeps its layout as ops are added.  The
  * pipeline (csrc/core/pipeline.c) then does what a worker does, by the
  * file's magic bytes: for a JPEG (or bytes of no known format), header, crop
@@ -105,32 +105,61 @@ static void color_from(uint64_t h, fl_image_plan *plan)
 }
 
 /* A third of the plans get an augmentation policy (any, with up to 7 ops,
- * any bins, either warp, any fill); half get RandomErasing. */
-static void policy_and_erasing_from(uint64_t h, fl_image_plan *plan)
+ * any bins, either warp, any fill). */
+static void policy_from(uint64_t h, fl_image_plan *plan)
 {
     unsigned policy = take(&h, 2);
-    if (policy != FL_AUGMENT_NONE && take(&h, 1)) {
-        fl_augment_plan *a = &plan->augment;
-        a->policy = (int)policy;
-        a->num_ops = (int)take(&h, 3);
-        a->num_bins = 2 + (int)take(&h, 5);
-        a->magnitude = (int)take(&h, 5) % a->num_bins;
-        a->table = (int)take(&h, 2) % 3;
-        a->interpolation = (int)take(&h, 1);
-        for (int c = 0; c < 3; c++)
-            a->fill[c] = (float)take(&h, 8);
-    }
-    if (take(&h, 1)) {
-        fl_erase_plan *e = &plan->erase;
-        e->p = take(&h, 2) / 3.0;
-        e->scale_lo = take(&h, 3) / 16.0;
-        e->scale_hi = e->scale_lo + take(&h, 3) / 16.0;
-        e->ratio_lo = 0.25 + take(&h, 2);
-        e->ratio_hi = e->ratio_lo + take(&h, 2);
-        e->random = (int)take(&h, 1);
-        for (int c = 0; c < 3; c++)
-            e->value[c] = (float)take(&h, 4) - 8.0f;
-    }
+    if (policy == FL_AUGMENT_NONE || !take(&h, 1))
+        return;
+    fl_augment_plan *a = &plan->augment;
+    a->policy = (int)policy;
+    a->num_ops = (int)take(&h, 3);
+    a->num_bins = 2 + (int)take(&h, 5);
+    a->magnitude = (int)take(&h, 5) % a->num_bins;
+    a->table = (int)take(&h, 2) % 3;
+    a->interpolation = (int)take(&h, 1);
+    for (int c = 0; c < 3; c++)
+        a->fill[c] = (float)take(&h, 8);
+}
+
+/* A quarter get a RandomRotation or RandomAffine (any angle, shift, scale,
+ * shear and centre, either filter). */
+static void warp_from(uint64_t h, fl_image_plan *plan)
+{
+    if (take(&h, 2) != 0)
+        return;
+    fl_warp_plan *wp = &plan->warp;
+    wp->kind = take(&h, 1) ? FL_RANDOM_AFFINE : FL_RANDOM_ROTATION;
+    wp->degrees_lo = -(double)take(&h, 8);
+    wp->degrees_hi = take(&h, 8);
+    wp->translate_x = take(&h, 2) / 4.0;
+    wp->translate_y = take(&h, 2) / 4.0;
+    wp->scale_lo = 0.01 + take(&h, 3) / 4.0;
+    wp->scale_hi = wp->scale_lo + take(&h, 3) / 4.0;
+    wp->shear_x_lo = -(double)take(&h, 6);
+    wp->shear_x_hi = take(&h, 6);
+    wp->interpolation = (int)take(&h, 1);
+    for (int c = 0; c < 3; c++)
+        wp->fill[c] = (float)(take(&h, 3) * 36);
+    wp->center = (int)take(&h, 1);
+    wp->center_x = take(&h, 6);
+    wp->center_y = take(&h, 6);
+}
+
+/* Half get RandomErasing. */
+static void erasing_from(uint64_t h, fl_image_plan *plan)
+{
+    if (!take(&h, 1))
+        return;
+    fl_erase_plan *e = &plan->erase;
+    e->p = take(&h, 2) / 3.0;
+    e->scale_lo = take(&h, 3) / 16.0;
+    e->scale_hi = e->scale_lo + take(&h, 3) / 16.0;
+    e->ratio_lo = 0.25 + take(&h, 2);
+    e->ratio_hi = e->ratio_lo + take(&h, 2);
+    e->random = (int)take(&h, 1);
+    for (int c = 0; c < 3; c++)
+        e->value[c] = (float)take(&h, 4) - 8.0f;
 }
 
 static void plan_from(const uint8_t *p, fl_image_plan *plan, fl_sample_key *key)
@@ -174,9 +203,12 @@ static void plan_from(const uint8_t *p, fl_image_plan *plan, fl_sample_key *key)
     uint64_t h = 0;
     for (int i = 0; i < PARAM_BYTES; i++)
         h = fl__mix64(h ^ p[i]);
+    /* Each family reads its own 64 bits. */
     random_crop_from(h, plan);
-    color_from(fl__mix64(h), plan);
-    policy_and_erasing_from(fl__mix64(~h), plan);
+    color_from(fl__mix64(h ^ 1), plan);
+    policy_from(fl__mix64(h ^ 2), plan);
+    warp_from(fl__mix64(h ^ 3), plan);
+    erasing_from(fl__mix64(h ^ 4), plan);
 }
 
 static size_t element_size(int dtype)

@@ -352,7 +352,7 @@ void fl_plan_geometry(const fl_image_plan *plan, const fl_sample_key *key, int w
         fl_rng_init_stream(&augment_rng, key->seed, key->epoch, key->index, FL_STREAM_AUGMENT);
         fl_augment_draw_for(&plan->augment, &augment_rng, &out->augment);
     }
-    if (plan->warp.kind != FL_WARP_OFF) {
+    if (plan->warp.kind != FL_RANDOM_WARP_NONE) {
         fl_rng warp_rng;
         fl_rng_init_stream(&warp_rng, key->seed, key->epoch, key->index, FL_STREAM_AFFINE);
         fl_warp_draw_for(&plan->warp, &warp_rng, out->out_w, out->out_h, &out->warp);
@@ -378,7 +378,7 @@ static double support_margin(const fl_image_plan *plan, const fl_sample_geometry
 /* Whether the plan has a uint8 stage: a rotation / affine or a policy. */
 static int has_uint8_stage(const fl_image_plan *plan)
 {
-    return plan->warp.kind != FL_WARP_OFF || plan->augment.policy != FL_AUGMENT_NONE;
+    return plan->warp.kind != FL_RANDOM_WARP_NONE || plan->augment.policy != FL_AUGMENT_NONE;
 }
 
 /* The uint8 stage of a plan with a rotation / affine or an augmentation
@@ -410,7 +410,7 @@ static int augment_stage(fl_image_worker *w, const fl_image_plan *plan,
     if (rc != FL_OK)
         return rc;
     unsigned char *result = w->aug, *spare = w->aug_spare;
-    if (plan->warp.kind != FL_WARP_OFF) {
+    if (plan->warp.kind != FL_RANDOM_WARP_NONE) {
         fl_warp_apply(&plan->warp, &g->warp, result, spare, g->out_w, g->out_h);
         unsigned char *t = result;
         result = spare;

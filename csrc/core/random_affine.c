@@ -16,10 +16,10 @@ void fl_warp_draw_for(const fl_warp_plan *plan, fl_rng *rng, int w, int h, fl_wa
 {
     memset(out, 0, sizeof *out);
     out->scale = 1.0;
-    if (plan->kind == FL_WARP_OFF)
+    if (plan->kind == FL_RANDOM_WARP_NONE)
         return;
     out->angle = uniform(rng, plan->degrees_lo, plan->degrees_hi);
-    if (plan->kind != FL_WARP_AFFINE)
+    if (plan->kind != FL_RANDOM_AFFINE)
         return;
     double max_dx = plan->translate_x * w, max_dy = plan->translate_y * h;
     /* nearbyint in the default rounding mode: Python's round, half to even */
@@ -53,7 +53,7 @@ void fl_warp_apply(const fl_warp_plan *plan, const fl_warp_draw *draw, const uns
     unsigned char fill[3];
     for (int c = 0; c < 3; c++)
         fill[c] = (unsigned char)(int)plan->fill[c];
-    if (plan->kind == FL_WARP_ROTATION) {
+    if (plan->kind == FL_RANDOM_ROTATION) {
         fl_pil_rotate(src, dst, w, h, draw->angle, plan->interpolation, fill, plan->center,
                       plan->center_x, plan->center_y);
         return;

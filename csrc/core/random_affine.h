@@ -13,10 +13,10 @@
 
 #include "rng.h"
 
-enum { FL_WARP_OFF = 0, FL_WARP_ROTATION = 1, FL_WARP_AFFINE = 2 };
+enum { FL_RANDOM_WARP_NONE = 0, FL_RANDOM_ROTATION = 1, FL_RANDOM_AFFINE = 2 };
 
 typedef struct fl_warp_plan {
-    int kind;                        /* FL_WARP_*; 0 (a zeroed plan): none */
+    int kind;                        /* FL_RANDOM_*; 0 (a zeroed plan): none */
     double degrees_lo, degrees_hi;   /* the angle's range, lo <= hi */
     double translate_x, translate_y; /* affine: largest shift, a fraction of width / height */
     double scale_lo, scale_hi;       /* affine: (1, 1) when not given */
