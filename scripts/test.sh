@@ -11,9 +11,9 @@ cd "$(dirname "$0")/.."
 FASTLOAD_EXTRA_PACKAGES="clang"  # libFuzzer
 . scripts/bootstrap.sh
 
-# A hang fails the run within 35 minutes, with every thread's stack printed
+# A hang fails the run within 50 minutes, with every thread's stack printed
 # (faulthandler_timeout in pyproject.toml), rather than stalling it.
-limit="timeout --signal=ABRT --kill-after=60 2100"
+limit="timeout --signal=ABRT --kill-after=60 3000"
 
 # The wheel, installed as a user would: pip and nothing else.  The venv is
 # kept between runs (torch is large); fastload itself is reinstalled.
