@@ -13,6 +13,7 @@ import contextlib
 import copy
 import gc
 import os
+import re
 import time
 import warnings
 
@@ -601,3 +602,32 @@ def sum_collate(batch):
 
 def identity(x):
     return x
+
+
+def synthesized_images(seed):
+    """Real-content HWC uint8 pictures of several shapes (odd sizes, a square
+    one, tiny ones for filters' borders), the same for the same seed."""
+    import imagenet_like  # benchmarks/, on sys.path from the test module
+
+    bank = imagenet_like.texture_bank(0)
+    out = []
+    for i, (w, h) in enumerate(((160, 120), (97, 131), (64, 64), (2, 5), (1, 1))):
+        rng = np.random.default_rng([seed, i])
+        out.append(np.ascontiguousarray(
+            np.asarray(imagenet_like.synthesize(rng, w, h, bank).convert("RGB"))))
+    return out
+
+
+def assert_truncation_is_named(dataset, path, rows, num_workers):
+    """A file cut to one page after the first batch of 256 rows: the next
+    batch raises an OSError naming it, with or without workers."""
+    loader = fastload.DataLoader(dataset, batch_size=256, num_workers=num_workers,
+                                 output="numpy")
+    it = iter(loader)
+    np.testing.assert_array_equal(next(it)[0], rows[:256])
+    os.truncate(path, os.sysconf("SC_PAGESIZE"))
+    with pytest.raises(OSError, match=re.escape(f"{str(path)!r} is shorter than when it was "
+                                                "opened")):
+        for _ in it:
+            pass
+    del it

@@ -4,9 +4,7 @@ batches, tables, record batches and Parquet files, with thread and process
 workers and the usual samplers; unsupported columns and bad files fail with
 messages naming them."""
 
-import os
 import pickle
-import re
 import subprocess
 import sys
 
@@ -21,12 +19,11 @@ import pyarrow.parquet as pq  # noqa: E402
 import torch.utils.data as tud  # noqa: E402
 
 import fastload  # noqa: E402
-from fl_helpers import check_parity, fastload_only  # noqa: E402
+from fl_helpers import assert_truncation_is_named, check_parity, fastload_only  # noqa: E402
 
 pytestmark = fastload_only
 
 N = 37
-PAGE = os.sysconf("SC_PAGESIZE")
 
 
 def fixed_list(values, *shape):
@@ -246,16 +243,7 @@ def test_file_truncated_under_the_mapping(tmp_path, num_workers):
     rows = np.arange(4096 * 256, dtype=np.float32).reshape(4096, 256)
     feather.write_feather(pa.table({"x": fixed_list(rows, 256)}), path,
                           compression="uncompressed")
-    ds = fastload.ArrowDataset(path)
-    loader = fastload.DataLoader(ds, batch_size=256, num_workers=num_workers, output="numpy")
-    it = iter(loader)
-    np.testing.assert_array_equal(next(it)[0], rows[:256])
-    os.truncate(path, PAGE)
-    with pytest.raises(OSError, match=re.escape(f"{str(path)!r} is shorter than when it was "
-                                                "opened")):
-        for _ in it:
-            pass
-    del it
+    assert_truncation_is_named(fastload.ArrowDataset(path), path, rows, num_workers)
 
 
 def test_missing_pyarrow_says_what_to_install(files):

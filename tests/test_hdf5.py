@@ -18,7 +18,7 @@ import numpy as np  # noqa: E402
 import torch.utils.data as tud  # noqa: E402
 
 import fastload  # noqa: E402
-from fl_helpers import check_parity, fastload_only  # noqa: E402
+from fl_helpers import assert_truncation_is_named, check_parity, fastload_only  # noqa: E402
 
 pytestmark = fastload_only
 
@@ -200,16 +200,7 @@ def test_file_truncated_under_the_mapping(tmp_path, num_workers):
     rows = np.arange(4096 * 256, dtype=np.float32).reshape(4096, 256)
     with h5py.File(path, "w") as f:
         f["x"] = rows
-    ds = fastload.HDF5Dataset(path, "x")
-    loader = fastload.DataLoader(ds, batch_size=256, num_workers=num_workers, output="numpy")
-    it = iter(loader)
-    np.testing.assert_array_equal(next(it)[0], rows[:256])
-    os.truncate(path, PAGE)
-    with pytest.raises(OSError, match=re.escape(f"{str(path)!r} is shorter than when it was "
-                                                "opened")):
-        for _ in it:
-            pass
-    del it
+    assert_truncation_is_named(fastload.HDF5Dataset(path, "x"), path, rows, num_workers)
 
 
 def test_byte_swapped_file_truncated_raises(tmp_path):

@@ -20,7 +20,7 @@ from PIL import Image  # noqa: E402
 import fastload  # noqa: E402
 from fastload import _C  # noqa: E402
 from fastload import transforms as T  # noqa: E402
-from fl_helpers import fastload_only  # noqa: E402
+from fl_helpers import fastload_only, synthesized_images  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "benchmarks"))
 import imagenet_like  # noqa: E402
@@ -32,13 +32,7 @@ pytestmark = fastload_only
 def images():
     """Real-content pictures of several shapes: odd sizes, a square one,
     tiny ones for the filter's borders."""
-    bank = imagenet_like.texture_bank(0)
-    out = []
-    for i, (w, h) in enumerate(((160, 120), (97, 131), (64, 64), (2, 5), (1, 1))):
-        rng = np.random.default_rng([11, i])
-        out.append(np.ascontiguousarray(
-            np.asarray(imagenet_like.synthesize(rng, w, h, bank).convert("RGB"))))
-    return out
+    return synthesized_images(11)
 
 
 def reference(F, pil, t, params):
