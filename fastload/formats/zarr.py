@@ -1,0 +1,231 @@
+"""ZarrDataset: arrays of one Zarr group (format 2 or 3) as the columns of
+a map-style dataset, read through zarr.
+
+A batch is one zarr read per array: the batch's sorted unique rows (a
+slice when they are a run, otherwise an orthogonal selection, so each chunk
+is fetched and decoded once), put back in sampler order.  zarr decodes the
+chunks on its own thread pool, and blosc, zstd and gzip decode without the
+GIL, so worker threads read in parallel (``worker_mode="auto"`` picks them
+for this dataset).  An array stored as a single uncompressed chunk in a
+local directory is one plain file: it is memory-mapped and its rows
+gathered in C, as ``ArrayDataset`` gathers a ``.npy`` file's.
+"""
+
+import collections
+import os
+
+import numpy as np
+
+from .. import _C
+from ._common import RowsDataset, file_size, require
+
+__all__ = ["ZarrDataset"]
+
+# How a key's rows are read: "mapped" (its one chunk file memory-mapped,
+# gathered in C) or "read" (through zarr, one read per batch).
+_Layout = collections.namedtuple("_Layout", "key shape dtype chunks storage chunk_file")
+
+_DEFAULT_KEYS = ("images", "labels")
+
+
+class ZarrDataset(RowsDataset):
+    """Rows of arrays of one Zarr group: ``ds[i] == (g[k][i] for k in keys)``.
+
+    ``store_or_group`` is a path (or URL zarr opens) of a group or of one
+    array, or a ``zarr.Group`` or ``zarr.Array``.  ``keys`` names the arrays
+    of the group (paths such as ``"train/images"`` work) that form one
+    sample; they share their first dimension.  A single array is a dataset
+    of one column (``keys`` is then not given).  Arrays must hold a numeric
+    or bool dtype.  ``ds[i]`` is a tuple of NumPy arrays, ``ds[[i, j]]`` a
+    tuple of batch arrays; in a DataLoader with the default collate
+    function a batch is a list of one ``(B, *row)`` array per key.
+
+    Random batches decode every chunk they touch: pair the dataset with
+    ``ChunkShuffleSampler`` so that a batch touches few chunks.  A chunk
+    zarr cannot decode raises ``OSError`` naming the store, the key and the
+    rows; a chunk that is absent reads as the array's fill value, as zarr
+    defines it.
+    """
+
+    _sources = ("_source", "_arrays", "_zarr")
+    # zarr decodes off the GIL: worker threads read batches in parallel.
+    _threads_read_in_parallel = True
+
+    def __init__(self, store_or_group, keys=_DEFAULT_KEYS):
+        zarr = require("zarr", "ZarrDataset")
+        node, self.store = _open(zarr, store_or_group)
+        # A path is reopened by each process that unpickles the dataset; a
+        # zarr object is pickled as zarr pickles it (its store and path).
+        self._node = None if isinstance(store_or_group, (str, bytes, os.PathLike)) else node
+        if isinstance(node, zarr.Array):
+            if keys is not _DEFAULT_KEYS and keys is not None:
+                raise ValueError(f"{self.store!r} is an array, not a group: it is the dataset's "
+                                 f"one column (keys={keys!r} names arrays of a group)")
+            self.keys = (node.path or os.path.basename(self.store.rstrip("/")),)
+        else:
+            self.keys = _check_keys(keys)
+        self._layouts = [_layout(zarr, node, self.store, key) for key in self.keys]
+        lengths = [layout.shape[0] for layout in self._layouts]
+        if len(set(lengths)) > 1:
+            detail = ", ".join(f"{k!r}: {n}" for k, n in zip(self.keys, lengths))
+            raise ValueError(f"{self.store!r}: the arrays differ in length ({detail}); "
+                             "the keys of one sample must share their first dimension")
+        self._length = lengths[0]
+        self._names = self.keys
+        self._make_sources(node)
+
+    def _make_sources(self, node=None):
+        if node is None:
+            zarr = require("zarr", "ZarrDataset")
+            node = self._node if self._node is not None else _open(zarr, self.store)[0]
+        array = require("zarr", "ZarrDataset").Array
+        self._zarr = [node if isinstance(node, array) else node[layout.key]
+                      for layout in self._layouts]
+        arrays = [self._map(layout) if layout.storage == "mapped" else None
+                  for layout in self._layouts]
+        self._arrays = tuple(arrays)
+        self._gathered = tuple(p for p, layout in enumerate(self._layouts)
+                               if layout.storage == "mapped")
+        self._native = len(self._gathered) == len(self._layouts)
+        self._source = None
+        if self._gathered:
+            self._source = _C.RowSource(
+                tuple(arrays[p] for p in self._gathered),
+                tuple((self._layouts[p].chunk_file, file_size(self._layouts[p].chunk_file))
+                      for p in self._gathered))
+
+    def _map(self, layout):
+        try:
+            return np.memmap(layout.chunk_file, dtype=layout.dtype, mode="r", shape=layout.shape)
+        except (OSError, ValueError) as e:
+            raise OSError(f"cannot memory-map array {layout.key!r} of {self.store!r} "
+                          f"({layout.chunk_file!r}: {e}); was the store changed since the "
+                          "dataset was made?") from e
+
+    @property
+    def mapped_keys(self):
+        """The keys whose rows are memory-mapped (the others are read
+        through zarr)."""
+        return tuple(layout.key for layout in self._layouts if layout.storage == "mapped")
+
+    def _read_rows(self, position, indices):
+        layout = self._layouts[position]
+        native = layout.dtype.newbyteorder("=")
+        if len(indices) == 0:
+            return np.empty((0,) + layout.shape[1:], native)
+        unique, inverse = np.unique(indices, return_inverse=True)
+        array = self._zarr[position]
+        try:
+            if unique[-1] - unique[0] + 1 == len(unique):
+                rows = array[int(unique[0]):int(unique[-1]) + 1]  # a run: one slice
+            else:
+                rows = array.oindex[unique]
+        except Exception as e:  # noqa: BLE001 (codecs and stores raise many kinds)
+            raise OSError(f"cannot read array {layout.key!r} of {self.store!r} "
+                          f"(rows {int(unique[0])} to {int(unique[-1])}): "
+                          f"{type(e).__name__}: {e}") from e
+        rows = np.asarray(rows)
+        if len(unique) != len(indices) or not np.array_equal(unique, indices):
+            rows = rows[inverse.reshape(-1)]
+        return rows if rows.dtype.isnative else rows.astype(native)
+
+    def __repr__(self):
+        parts = ", ".join(f"{layout.key}: {layout.dtype.newbyteorder('=')}{list(layout.shape[1:])}"
+                          f" {layout.storage}" for layout in self._layouts)
+        return f"ZarrDataset({self.store!r}, {self._length} rows of {parts})"
+
+
+def _open(zarr, store_or_group):
+    """The zarr node and the name errors give its store."""
+    if isinstance(store_or_group, (zarr.Array, zarr.Group)):
+        return store_or_group, _node_name(store_or_group)
+    if isinstance(store_or_group, (bytes, os.PathLike)):
+        store_or_group = os.fsdecode(os.fspath(store_or_group))
+    if not isinstance(store_or_group, str):
+        raise TypeError("ZarrDataset takes a path, a zarr.Group or a zarr.Array, not "
+                        f"{type(store_or_group).__name__}")
+    path = store_or_group
+    if "://" not in path and not os.path.exists(path):
+        raise ValueError(f"cannot open {path!r}: no such file or directory")
+    try:
+        return zarr.open(path, mode="r"), path
+    except Exception as e:  # noqa: BLE001 (zarr raises many kinds for a bad store)
+        raise ValueError(f"cannot open {path!r} as a Zarr group or array: "
+                         f"{type(e).__name__}: {e}") from e
+
+
+def _node_name(node):
+    """'<store>/<path>' of a zarr object, as a user recognises it."""
+    root = getattr(node.store, "root", None)
+    if root is not None:
+        return os.path.join(os.fspath(root), node.path) if node.path else os.fspath(root)
+    return str(node.store_path)
+
+
+def _check_keys(keys):
+    keys = (keys,) if isinstance(keys, str) else tuple(keys)
+    if not keys:
+        raise ValueError("ZarrDataset needs at least one key")
+    for key in keys:
+        if not isinstance(key, str):
+            raise TypeError(f"ZarrDataset keys must be strings, got {key!r}")
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"ZarrDataset keys repeat: {keys!r}")
+    if len(keys) > 32:
+        raise ValueError(f"ZarrDataset serves at most 32 keys, got {len(keys)}")
+    return keys
+
+
+def _layout(zarr, node, store, key):
+    if isinstance(node, zarr.Array):
+        obj = node
+    else:
+        try:
+            obj = node[key]
+        except KeyError:
+            names = sorted(name for name, _ in node.arrays())
+            shown = ", ".join(repr(n) for n in names[:20]) + (", ..." if len(names) > 20 else "")
+            raise KeyError(f"{store!r} has no array {key!r} (its arrays: {shown or 'none'})") \
+                from None
+        if not isinstance(obj, zarr.Array):
+            raise ValueError(f"{store!r}: {key!r} is a group, not an array")
+    dtype = obj.dtype
+    if (not isinstance(dtype, np.dtype) or dtype.kind not in "biufc"
+            or dtype.fields is not None or dtype.subdtype is not None):
+        raise TypeError(f"{store!r}: array {key!r} has dtype {dtype}; ZarrDataset serves "
+                        "numeric and bool arrays only")
+    if len(obj.shape) == 0:
+        raise ValueError(f"{store!r}: array {key!r} is a scalar; ZarrDataset needs rows")
+    shape = tuple(int(n) for n in obj.shape)
+    chunk_file = _single_plain_chunk(zarr, obj, dtype)
+    return _Layout(key, shape, dtype, tuple(obj.chunks), "read" if chunk_file is None
+                   else "mapped", chunk_file)
+
+
+def _single_plain_chunk(zarr, array, dtype):
+    """The file holding the whole array as raw C-order native bytes, when it
+    is stored that way (one chunk covering it, no codec but the byte layout,
+    a local directory store); else None."""
+    if tuple(array.chunks) != tuple(array.shape) or not dtype.isnative or array.nbytes == 0:
+        return None
+    if array.compressors or array.filters:
+        return None
+    metadata = array.metadata
+    if metadata.zarr_format == 2:
+        if metadata.order != "C":
+            return None
+    else:
+        serializer = array.serializer
+        if type(serializer).__name__ != "BytesCodec":
+            return None  # sharding, or another array-to-bytes codec
+        endian = getattr(serializer.endian, "value", serializer.endian)
+        if endian not in (None, "little" if np.little_endian else "big"):
+            return None
+    root = getattr(array.store, "root", None)
+    if not isinstance(array.store, zarr.storage.LocalStore) or root is None:
+        return None
+    key = metadata.encode_chunk_key((0,) * len(array.shape))
+    path = os.path.join(os.fspath(root), array.path, *key.split("/"))
+    if file_size(path) != array.nbytes:
+        return None  # not written (fill value), or not the plain bytes
+    return path
