@@ -2,7 +2,7 @@
 v2 and v3 stores read chunk by chunk, mapped (one plain chunk) or through
 zarr (sharded), with thread and process workers and the usual samplers;
 bad stores and chunks fail with messages naming them.  ChunkShuffleSampler:
-a permutation a epoch, drawn from (seed, epoch), whose batches touch few
+a permutation each epoch, drawn from (seed, epoch), whose batches touch few
 chunks, split between replicas."""
 
 import os
@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 import torch.utils.data as tud  # noqa: E402
 
 import fastload  # noqa: E402
-from fl_helpers import check_parity, fastload_only  # noqa: E402
+from fl_helpers import assert_truncation_is_named, check_parity, fastload_only  # noqa: E402
 
 pytestmark = [fastload_only,
               pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork")]
@@ -283,3 +283,14 @@ def test_importing_fastload_does_not_import_zarr():
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_mapped_chunk_truncated_under_the_loader(tmp_path, num_workers):
+    path = str(tmp_path / "t.zarr")
+    rows = np.arange(4096 * 256, dtype=np.float32).reshape(4096, 256)
+    zarr.open_group(path, mode="w").create_array("x", data=rows, chunks=rows.shape,
+                                                 compressors=None)
+    ds = fastload.ZarrDataset(path, "x")
+    assert ds.mapped_keys == ("x",)
+    assert_truncation_is_named(ds, os.path.join(path, "x", "c", "0", "0"), rows, num_workers)

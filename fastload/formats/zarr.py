@@ -57,6 +57,9 @@ class ZarrDataset(RowsDataset):
 
     def __init__(self, store_or_group, keys=_DEFAULT_KEYS):
         zarr = require("zarr", "ZarrDataset")
+        if int(zarr.__version__.split(".")[0]) < 3:
+            raise ImportError(f"ZarrDataset needs zarr 3 or later (it reads format 2 and 3 "
+                              f"stores), found zarr {zarr.__version__}: pip install -U zarr")
         node, self.store = _open(zarr, store_or_group)
         # A path is reopened by each process that unpickles the dataset; a
         # zarr object is pickled as zarr pickles it (its store and path).
