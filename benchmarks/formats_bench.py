@@ -9,8 +9,8 @@ lzf-compressed datasets (chunks of 4 rows, sized for random access, and of
 64 rows, where every random row decodes 256 KiB), an Arrow IPC (Feather v2)
 file, a Parquet file, and a Zarr v3 group (zarr's default zstd, 64-row
 chunks), read in random batches and in batches of ``ChunkShuffleSampler``'s
-order (blocks of 4 chunks: a batch decodes a few chunks).  Random batches of 256 from a warm page cache,
-the same batches for every loader:
+order (blocks of 4 chunks: a batch decodes a few chunks).  Random batches
+of 256 from a warm page cache, the same batches for every loader:
 
 * torch: torch's DataLoader, ``num_workers=2`` (persistent), over the
   dataset a user writes: h5py (or zarr) opened in each worker,

@@ -217,10 +217,10 @@ def test_chunk_shuffle_is_a_permutation_with_few_chunks_a_batch(n, chunk_rows, b
         assert chunks_of(order[start:start + batch], chunk_rows) <= 2 * block
     if n > 2 * batch:
         assert order != sorted(order)
-        # Blocks are whole chunks: each aligned block's rows are `block` chunks.
-        for start in range(0, n - n % batch - batch, batch):
-            if all(i // chunk_rows != n // chunk_rows for i in order[start:start + batch]):
-                assert chunks_of(order[start:start + batch], chunk_rows) == block
+    if n % chunk_rows == 0:
+        # Every chunk is whole: the blocks are aligned, each of `block` chunks.
+        for start in range(0, n - n % batch, batch):
+            assert chunks_of(order[start:start + batch], chunk_rows) == block
 
 
 def test_chunk_shuffle_is_drawn_from_seed_and_epoch():
@@ -250,7 +250,7 @@ def test_chunk_shuffle_replicas_share_the_order(drop_last):
         assert together == whole[:size * replicas]  # contiguous shares, trimmed
     else:
         assert together == whole + whole[:size * replicas - n]  # padded from the start
-    with pytest.raises(ValueError, match=r"Invalid rank 3, rank should be in the interval \[0, 2\]"):
+    with pytest.raises(ValueError, match=r"Invalid rank 3, rank should be in the interval"):
         fastload.ChunkShuffleSampler(n, 4, num_replicas=3, rank=3)
     with pytest.raises(ValueError, match="chunk_rows should be a positive integer"):
         fastload.ChunkShuffleSampler(n, 0)

@@ -46,13 +46,15 @@ class ZarrDataset(RowsDataset):
 
     Random batches decode every chunk they touch: pair the dataset with
     ``ChunkShuffleSampler`` so that a batch touches few chunks.  A chunk
-    zarr cannot decode raises ``OSError`` naming the store, the key and the
-    rows; a chunk that is absent reads as the array's fill value, as zarr
-    defines it.
+    that cannot be decoded raises ``OSError`` naming the store, the key and
+    the rows; a chunk that is absent reads as the array's fill value, as
+    zarr defines it.  ``worker_mode="auto"`` runs this dataset on worker
+    threads: chunk reads and decodes release the GIL.
     """
 
     _sources = ("_source", "_arrays", "_zarr", "_chunk_readers")
-    # zarr decodes off the GIL: worker threads read batches in parallel.
+    # Chunk files are read and decoded with the GIL released: worker
+    # threads read batches in parallel (fastload.dataloader._worker_mode).
     _threads_read_in_parallel = True
 
     def __init__(self, store_or_group, keys=_DEFAULT_KEYS):
@@ -82,11 +84,10 @@ class ZarrDataset(RowsDataset):
         self._make_sources(node)
 
     def _make_sources(self, node=None):
+        zarr = require("zarr", "ZarrDataset")
         if node is None:
-            zarr = require("zarr", "ZarrDataset")
             node = self._node if self._node is not None else _open(zarr, self.store)[0]
-        array = require("zarr", "ZarrDataset").Array
-        self._zarr = [node if isinstance(node, array) else node[layout.key]
+        self._zarr = [node if isinstance(node, zarr.Array) else node[layout.key]
                       for layout in self._layouts]
         arrays = [self._map(layout) if layout.storage == "mapped" else None
                   for layout in self._layouts]
