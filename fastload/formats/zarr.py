@@ -49,13 +49,11 @@ class ZarrDataset(RowsDataset):
     that cannot be decoded raises ``OSError`` naming the store, the key and
     the rows; a chunk that is absent reads as the array's fill value, as
     zarr defines it.  ``worker_mode="auto"`` runs this dataset on worker
-    threads: chunk reads and decodes release the GIL.
+    threads (chunk reads and decodes release the GIL), or on processes when
+    a key is read through zarr (sharded, filtered, remote).
     """
 
     _sources = ("_source", "_arrays", "_zarr", "_chunk_readers")
-    # Chunk files are read and decoded with the GIL released: worker
-    # threads read batches in parallel (fastload.dataloader._worker_mode).
-    _threads_read_in_parallel = True
 
     def __init__(self, store_or_group, keys=_DEFAULT_KEYS):
         zarr = require("zarr", "ZarrDataset")
@@ -112,6 +110,14 @@ class ZarrDataset(RowsDataset):
             raise OSError(f"cannot memory-map array {layout.key!r} of {self.store!r} "
                           f"({layout.chunk_file!r}: {e}); was the store changed since the "
                           "dataset was made?") from e
+
+    @property
+    def _threads_read_in_parallel(self):
+        """True when no key is read through zarr, whose pipeline runs on one
+        event-loop thread a process: the chunk files are then read and
+        decoded with the GIL released, and worker threads read batches in
+        parallel (worker_mode="auto" picks them)."""
+        return all(layout.storage != "read" for layout in self._layouts)
 
     @property
     def mapped_keys(self):
