@@ -259,9 +259,9 @@ class _ChunkReader:
     a local directory, read chunk by chunk: each chunk a batch touches is
     read and decoded once, with the numcodecs codec zarr would call (blosc,
     zstd, gzip, lz4 and zlib decode without the GIL), and an absent chunk is
-    the fill value, as zarr reads it.  zarr's own pipeline costs about a
-    millisecond of Python a chunk on one event-loop thread per process;
-    this costs a few microseconds, so thread workers read in parallel."""
+    the fill value, as zarr reads it.  zarr's own pipeline costs over half
+    a millisecond of Python a chunk, on one event-loop thread a process;
+    this costs tens of microseconds, and thread workers read in parallel."""
 
     def __init__(self, store, key, array):
         self.store, self.key = store, key
@@ -269,7 +269,6 @@ class _ChunkReader:
         metadata = array.metadata
         self.encode_key = metadata.encode_chunk_key
         self.ndim = len(array.shape)
-        self.length = int(array.shape[0])
         self.chunk_shape = tuple(int(n) for n in array.chunks)
         self.codecs, self.stored_dtype = _decoders(array)
         self.dtype = array.dtype.newbyteorder("=")
