@@ -3,21 +3,24 @@
     python benchmarks/formats_bench.py            # 256 MiB of rows per file
     python benchmarks/formats_bench.py --quick    # 8 MiB, a smoke run
 
-Rows of 4 KiB (1024 float32) plus an int64 label, the same content in five
+Rows of 4 KiB (1024 float32) plus an int64 label, the same content in six
 files: an HDF5 file with contiguous datasets, two with chunked,
 lzf-compressed datasets (chunks of 4 rows, sized for random access, and of
 64 rows, where every random row decodes 256 KiB), an Arrow IPC (Feather v2)
-file, and a Parquet file.  Random batches of 256 from a warm page cache,
-the same batches for every loader:
+file, a Parquet file, and a Zarr v3 group (zarr's default zstd, 64-row
+chunks), read in random batches and in batches of ``ChunkShuffleSampler``'s
+order (blocks of 4 chunks: a batch decodes a few chunks).  Random batches
+of 256 from a warm page cache, the same batches for every loader:
 
 * torch: torch's DataLoader, ``num_workers=2`` (persistent), over the
-  dataset a user writes: h5py opened in each worker, ``f[key][i]`` per
-  sample; or the table memory-mapped in each worker, ``column[i]`` per
-  sample;
+  dataset a user writes: h5py (or zarr) opened in each worker,
+  ``f[key][i]`` per sample; or the table memory-mapped in each worker,
+  ``column[i]`` per sample;
 * fastload: ``HDF5Dataset`` / ``ArrowDataset`` (``ArrowDataset.from_parquet``
   for Parquet, whose torch wrapper reads the same table with pyarrow) in
   fastload's DataLoader, ``num_workers=2`` (threads where every column is
-  memory-mapped, processes for the chunked file).
+  memory-mapped and for Zarr, processes for the chunked HDF5 files);
+  ``--zarr-worker-modes`` also times Zarr on both kinds of worker.
 
 Interleaved in this one process, repeated; the machine may be shared, so
 only the ratio of medians means much.  Every batch is checked against the
@@ -43,11 +46,21 @@ import torch.utils.data as tud  # noqa: E402
 
 from workloads import cpu_model  # noqa: E402
 
+try:
+    import zarr  # noqa: E402
+except ImportError:  # the Zarr cases are left out
+    zarr = None
+
 ROW = 1024
 BATCH = 256
 FULL = dict(rows=65536, batches=60, reps=5)
 QUICK = dict(rows=2048, batches=4, reps=1)
 KINDS = ("hdf5", "hdf5-chunked-4", "hdf5-chunked-64", "arrow", "parquet")
+# Zarr v3 (zstd, 64-row chunks): random batches, and batches of
+# ChunkShuffleSampler's order (blocks of 4 chunks), the same order for both.
+ZARR_KINDS = ("zarr", "zarr-chunk-shuffled") if zarr is not None else ()
+KINDS += ZARR_KINDS
+ZARR_CHUNK_ROWS = 64
 # Fewer batches where torch takes minutes an epoch.
 BATCH_SHARE = {"hdf5-chunked-64": 3}
 
@@ -59,6 +72,8 @@ def row_values(rows):
 def make_files(root, n):
     os.makedirs(root, exist_ok=True)
     paths = {kind: os.path.join(root, f"rows-{n}.{kind}") for kind in KINDS}
+    for kind in ZARR_KINDS:
+        paths[kind] = os.path.join(root, f"rows-{n}.zarr")
     if all(os.path.exists(p) for p in paths.values()):
         return paths
     x = row_values(np.arange(n))
@@ -73,6 +88,10 @@ def make_files(root, n):
                       "y": pa.array(y)})
     feather.write_feather(table, paths["arrow"], compression="uncompressed")
     pq.write_table(table, paths["parquet"], row_group_size=8192)
+    if ZARR_KINDS:
+        group = zarr.open_group(paths["zarr"], mode="w", zarr_format=3)
+        group.create_array("x", data=x, chunks=(ZARR_CHUNK_ROWS, ROW))
+        group.create_array("y", data=y, chunks=(min(n, 4096),))
     return paths
 
 
@@ -108,7 +127,24 @@ class TorchArrow(tud.Dataset):
         return np.array(self.x[i].values), self.y[i].as_py()
 
 
+class TorchZarr(tud.Dataset):
+    def __init__(self, path):
+        self.path, self.group = path, None
+        self.n = zarr.open_group(path, mode="r")["y"].shape[0]
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.group is None:
+            self.group = zarr.open_group(self.path, mode="r")
+            self.x, self.y = self.group["x"], self.group["y"]
+        return self.x[i], self.y[i]
+
+
 def fastload_dataset(kind, path):
+    if kind.startswith("zarr"):
+        return fastload.ZarrDataset(path, ("x", "y"))
     if kind.startswith("hdf5"):
         return fastload.HDF5Dataset(path, ("x", "y"))
     if kind == "parquet":
@@ -119,17 +155,22 @@ def fastload_dataset(kind, path):
 class Setup:
     """One loader over one file, iterated over a fixed plan of batches."""
 
-    def __init__(self, kind, path, library, n_rows, batches, seed=0):
-        self.plan = np.random.default_rng(seed).integers(0, n_rows, batches * BATCH)
+    def __init__(self, kind, path, library, n_rows, batches, seed=0, worker_mode="auto"):
+        if kind == "zarr-chunk-shuffled":
+            self.plan = fastload.ChunkShuffleSampler(n_rows, ZARR_CHUNK_ROWS, block=4,
+                                                     seed=seed).order()[:batches * BATCH]
+        else:
+            self.plan = np.random.default_rng(seed).integers(0, n_rows, batches * BATCH)
         sampler = self.plan.tolist()
         if library == "torch":
-            dataset = TorchH5(path) if kind.startswith("hdf5") else TorchArrow(path)
+            dataset = (TorchH5(path) if kind.startswith("hdf5") else
+                       TorchZarr(path) if kind.startswith("zarr") else TorchArrow(path))
             self.loader = tud.DataLoader(dataset, batch_size=BATCH, sampler=sampler,
                                          num_workers=2, persistent_workers=True)
         else:
             self.loader = fastload.DataLoader(fastload_dataset(kind, path), batch_size=BATCH,
                                               sampler=sampler, num_workers=2,
-                                              persistent_workers=True)
+                                              persistent_workers=True, worker_mode=worker_mode)
 
     def epoch(self):
         """Seconds for one pass over the plan, every batch checked."""
@@ -147,18 +188,24 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small files, one repetition")
     parser.add_argument("--dir", default=os.path.join("build", "formats-bench"))
+    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=KINDS,
+                        help="the files to measure (default all)")
+    parser.add_argument("--zarr-worker-modes", action="store_true",
+                        help="also time fastload's thread and process workers on the Zarr files")
     args = parser.parse_args()
     size = QUICK if args.quick else FULL
     paths = make_files(args.dir, size["rows"])
     times = {}
-    for kind in KINDS:
-        for path in paths.values():
-            with open(path, "rb") as f:  # warm page cache
-                while f.read(1 << 24):
-                    pass
+    libraries = {kind: ["torch", "fastload"] for kind in args.kinds}
+    if args.zarr_worker_modes:
+        for kind in set(ZARR_KINDS) & set(args.kinds):
+            libraries[kind] += ["fastload-thread", "fastload-process"]
+    for kind in args.kinds:
+        warm(paths.values())
         batches = max(1, size["batches"] // BATCH_SHARE.get(kind, 1))
-        setups = {lib: Setup(kind, paths[kind], lib, size["rows"], batches)
-                  for lib in ("torch", "fastload")}
+        setups = {lib: Setup(kind, paths[kind], lib.split("-")[0], size["rows"], batches,
+                             worker_mode=lib.split("-")[1] if "-" in lib else "auto")
+                  for lib in libraries[kind]}
         for setup in setups.values():
             setup.epoch()  # workers started, files opened
         for _ in range(size["reps"]):
@@ -166,19 +213,41 @@ def main():
                 times.setdefault((kind, lib), []).append(setup.epoch())
                 print(f"{kind} {lib}: {times[kind, lib][-1]:.3f} s", file=sys.stderr)
         del setups
+    versions = f"torch {torch.__version__}, h5py {h5py.__version__}, pyarrow {pa.__version__}"
+    if zarr is not None:
+        versions += f", zarr {zarr.__version__}"
     print(f"Random batches of {BATCH} rows (4 KiB float32 + int64 label) of {size['rows']}, "
           f"{size['batches']} batches an epoch "
           f"({size['batches'] // BATCH_SHARE['hdf5-chunked-64']} for hdf5-chunked-64), median of {size['reps']}; {cpu_model()}, {os.cpu_count()} cores; "
-          f"torch {torch.__version__}, h5py {h5py.__version__}, pyarrow {pa.__version__}.\n")
+          f"{versions}.\n")
     print("| file | torch DataLoader, 2 workers (samples/s) | fastload, 2 workers (samples/s) "
           "| ratio |")
     print("|---|---:|---:|---:|")
-    for kind in KINDS:
+    for kind in args.kinds:
         samples = max(1, size["batches"] // BATCH_SHARE.get(kind, 1)) * BATCH
         t = statistics.median(times[kind, "torch"])
         f = statistics.median(times[kind, "fastload"])
         print(f"| {kind} | {samples / t:,.0f} | {samples / f:,.0f} | {t / f:.1f}x |")
+    modes = [kind for kind in args.kinds if (kind, "fastload-thread") in times]
+    if modes:
+        print("\n| file | fastload, 2 thread workers (samples/s) "
+              "| fastload, 2 worker processes (samples/s) |")
+        print("|---|---:|---:|")
+        for kind in modes:
+            samples = size["batches"] * BATCH
+            print(f"| {kind} | {samples / statistics.median(times[kind, 'fastload-thread']):,.0f} "
+                  f"| {samples / statistics.median(times[kind, 'fastload-process']):,.0f} |")
 
+
+def warm(paths):
+    """Reads the files (and the files of the directories) into the page cache."""
+    for path in paths:
+        files = ([os.path.join(d, name) for d, _, names in os.walk(path) for name in names]
+                 if os.path.isdir(path) else [path])
+        for name in files:
+            with open(name, "rb") as f:
+                while f.read(1 << 24):
+                    pass
 
 if __name__ == "__main__":
     main()

@@ -26,6 +26,8 @@ from .sampler import (
 )
 from .shards import shards_from_image_folder, write_shards
 from .stats import LoaderStats
+from .chunk_sampler import ChunkShuffleSampler
+from .formats import ZarrDataset
 
 __version__ = "0.1.0"
 
@@ -33,6 +35,7 @@ __all__ = [
     "ArrayDataset",
     "ArrowDataset",
     "BatchSampler",
+    "ChunkShuffleSampler",
     "DataLoader",
     "DecodeError",
     "Dataset",
@@ -51,6 +54,7 @@ __all__ = [
     "WebDataset",
     "WeightedRandomSampler",
     "WorkerInfo",
+    "ZarrDataset",
     "default_collate",
     "default_convert",
     "get_worker_info",

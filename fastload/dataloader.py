@@ -830,7 +830,9 @@ def _worker_mode(loader):
     native = (_native.source_of(loader.dataset) is not None
               and loader._dataset_kind == "map" and loader._auto_collation
               and _default_collation(loader))
-    return "thread" if native else "process"
+    # A dataset whose reads release the GIL (ZarrDataset) also scales on threads.
+    parallel_reads = getattr(loader.dataset, "_threads_read_in_parallel", False) is True
+    return "thread" if native or parallel_reads else "process"
 
 
 def _native_source(it, loader):

@@ -1,14 +1,16 @@
-"""Datasets over files other libraries write: HDF5 (``HDF5Dataset``) and
-Arrow IPC / Feather v2 / Parquet (``ArrowDataset``).
+"""Datasets over files other libraries write: HDF5 (``HDF5Dataset``),
+Arrow IPC / Feather v2 / Parquet (``ArrowDataset``) and Zarr v2 / v3
+(``ZarrDataset``).
 
 The file format's own library (h5py, pyarrow) only parses the metadata and
-opens the file; rows that lie in the file as plain fixed-width arrays are
+opens the file (zarr also reads compressed chunks); rows that lie in the file as plain fixed-width arrays are
 memory-mapped and gathered in C, as ``ArrayDataset`` gathers them.  Neither
 library is imported until a dataset is made, so ``import fastload`` works
-without them; ``pip install fastload[formats]`` installs both.
+without them; ``pip install fastload[formats]`` installs them.
 """
 
 from .arrow import ArrowDataset
 from .hdf5 import HDF5Dataset
+from .zarr import ZarrDataset
 
-__all__ = ["ArrowDataset", "HDF5Dataset"]
+__all__ = ["ArrowDataset", "HDF5Dataset", "ZarrDataset"]
