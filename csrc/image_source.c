@@ -13,6 +13,10 @@
  * such files.  With `ranges`, sample i is bytes [offset, offset + size) of
  * its file: a member of a tar shard.
  *
+ * With a SampleCache (`cache`), samples are read through it
+ * (csrc/core/sample_cache.h); the object is held here so the mapping
+ * outlives every batch.
+ *
  * Errors name the file and the sample index: OSError (the errno's subclass)
  * for a file that cannot be read, MemoryError, else fastload.DecodeError.
  */
