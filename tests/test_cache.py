@@ -224,3 +224,11 @@ def test_bad_arguments_are_clear(folder, tmp_path):
         fastload.ImageFolder(folder, cache_size=1 << 20)
     with pytest.raises(ValueError, match="loader"):
         fastload.ImageFolder(folder, cache="memory", loader=lambda p: p)
+
+
+def test_webdataset_shards_use_the_cache(folder, tmp_path):
+    paths = fastload.shards_from_image_folder(folder, str(tmp_path / "s-%02d.tar"), maxcount=5)
+    plain = fastload.WebDataset(paths, transform=transform())
+    ds = fastload.WebDataset(paths, transform=transform(), cache="memory")
+    assert_same(epochs(ds), epochs(plain))
+    assert (ds.cache.stats()["stored"], ds.cache.stats()["hits"]) == (N, N)
