@@ -122,8 +122,9 @@ def test_two_processes_share_a_cache_file(folder, reference, tmp_path):
             ds[i]
         print(ds.cache.stats()["stored"])
     """)
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(fastload.__file__)))
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         check=True, cwd=os.getcwd())
+                         check=True, env=env)
     assert out.stdout.split() == [str(N)]
     ds = fastload.ImageFolder(folder, transform=transform(), cache=path)
     assert ds.cache.stats()["stored"] == N  # the other process's entries
