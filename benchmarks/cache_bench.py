@@ -123,8 +123,6 @@ def main(argv=None):
               f"{rate['fastload cached', temp] / rate['torch', temp]:.2f}x")
     print(f"- cache: {cached['stored']} samples stored, {cached['hits']} hits, "
           f"{cached['corrupt']} corrupt, {cached['used'] / 2 ** 20:.0f} MiB used")
-    for loader in loaders.values():
-        del loader
 
 
 if __name__ == "__main__":

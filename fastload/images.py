@@ -153,7 +153,13 @@ class ImageFiles(SourceOwner):
     a transform that runs in C) decodes in C instead.
 
     ``transform_plan``: the transform's steps by where they run, as
-    ``(native, python)`` (``fastload._torchvision.TransformPlan``)."""
+    ``(native, python)`` (``fastload._torchvision.TransformPlan``).
+
+    ``cache``: None, ``"memory"`` or a file path (e.g. under /dev/shm): the
+    files' bytes kept, as first read, in a shared cache of ``cache_size``
+    bytes (None: room for all) that later reads, worker processes and
+    other datasets naming the same path use (``fastload.cache``);
+    ``dataset.cache.stats()`` reports it."""
 
     _sources = ("_source", "_raw")  # they hold per-thread decoders: not pickled
     # True: PNG and WebP files are decoded by Pillow too (with the GIL), as
