@@ -52,6 +52,7 @@ typedef struct fastload_state {
     PyTypeObject *CudaEvent_type;
     PyTypeObject *DeviceArray_type;
     PyObject *tensor_type; /* torch.Tensor once registered, else NULL */
+    PyTypeObject *SampleCache_type;
 } fastload_state;
 
 fastload_state *fl__state_of_module(PyObject *module);
@@ -343,5 +344,18 @@ PyObject *fl__set_stats_enabled(PyObject *module, PyObject *arg);
 int fl__stats_module_exec(PyObject *module);
 PyObject *fl__yield_to_consumer(PyObject *module, PyObject *unused);
 int fl__engine_module_exec(PyObject *module);
+
+/* sample_cache.c: SampleCache (csrc/core/sample_cache.h) and sample_cache_key() */
+extern PyType_Spec fl__SampleCache_spec;
+struct fl_sample_cache;
+/* The core cache of a SampleCache; NULL with TypeError for anything else. */
+struct fl_sample_cache *fl__sample_cache_of(PyObject *obj);
+PyObject *fl__sample_cache_key(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+#define FL__SAMPLE_CACHE_KEY_DOC                                                            \
+    "sample_cache_key(paths, offsets, ranges, /)\n--\n\n"                                    \
+    "(key, total_bytes) of the samples (paths and offsets as ImageSource takes\n"            \
+    "them; ranges None or (offset, size) rows): a hash of each sample's path,\n"             \
+    "range, and its file's size and modification time, and the bytes of all\n"              \
+    "the samples.  Stats the files with the GIL released."
 
 #endif /* FASTLOAD_H */

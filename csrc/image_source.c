@@ -13,6 +13,10 @@
  * such files.  With `ranges`, sample i is bytes [offset, offset + size) of
  * its file: a member of a tar shard.
  *
+ * With a SampleCache (`cache`), samples are read through it
+ * (csrc/core/sample_cache.h); the object is held here so the mapping
+ * outlives every batch.
+ *
  * Errors name the file and the sample index: OSError (the errno's subclass)
  * for a file that cannot be read, MemoryError, else fastload.DecodeError.
  */
@@ -33,6 +37,7 @@ typedef struct ImageSourceObject {
     PyObject *labels;      /* int64 ndarray */
     PyObject *fallback;    /* callable(bytes) -> HWC uint8 ndarray, or None */
     PyObject *ranges;      /* int64 (n, 2) ndarray, or None */
+    PyObject *cache;       /* SampleCache backing core.cache, or None */
     PyObject *decode_error;
     int has_shape;         /* the plan fixes the output size: batches stack */
     int channels_first;    /* a tensor in HWC memory: batches are NCHW views */
@@ -247,13 +252,17 @@ static int check_vector(PyObject *obj, const char *what)
 static PyObject *ImageSource_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"paths", "offsets", "labels", "plan", "exact", "max_pixels",
-                             "skip", "fallback", "ranges", "fallback_all", NULL};
+                             "skip", "fallback", "ranges", "fallback_all", "cache", NULL};
     PyObject *paths, *offsets, *labels, *plan = Py_None, *fallback = Py_None, *ranges = Py_None;
+    PyObject *cache = Py_None;
     int exact = 0, skip = 0, fallback_all = 0;
     unsigned long long max_pixels = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "SOO|O$pKpOOp:ImageSource", kwlist, &paths,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "SOO|O$pKpOOpO:ImageSource", kwlist, &paths,
                                      &offsets, &labels, &plan, &exact, &max_pixels, &skip,
-                                     &fallback, &ranges, &fallback_all))
+                                     &fallback, &ranges, &fallback_all, &cache))
+        return NULL;
+    struct fl_sample_cache *core_cache = NULL;
+    if (cache != Py_None && !(core_cache = fl__sample_cache_of(cache)))
         return NULL;
     if (check_vector(offsets, "offsets") < 0 || check_vector(labels, "labels") < 0)
         return NULL;
@@ -319,6 +328,7 @@ static PyObject *ImageSource_new(PyTypeObject *type, PyObject *args, PyObject *k
     self->labels = Py_NewRef(labels);
     self->fallback = Py_NewRef(fallback);
     self->ranges = Py_NewRef(ranges);
+    self->cache = Py_NewRef(cache);
     self->decode_error = Py_NewRef(fl__state_of_type(type)->DecodeError);
     self->core = (fl_image_source){
         .paths = PyBytes_AS_STRING(paths),
@@ -331,6 +341,7 @@ static PyObject *ImageSource_new(PyTypeObject *type, PyObject *args, PyObject *k
         .fallback = pillow_fallback,
         .fallback_ctx = self->fallback,
         .fallback_all = fallback_all,
+        .cache = core_cache,
     };
     self->has_shape = p.out_w > 0 && p.out_h > 0;
     self->channels_first = tensor_output && p.layout == FL_LAYOUT_HWC;
@@ -365,6 +376,7 @@ static void ImageSource_dealloc(ImageSourceObject *self)
     Py_CLEAR(self->labels);
     Py_CLEAR(self->fallback);
     Py_CLEAR(self->ranges);
+    Py_CLEAR(self->cache);
     type->tp_free(self);
     Py_DECREF(type);
 }
@@ -541,10 +553,11 @@ static PyMethodDef ImageSource_methods[] = {
 
 static PyType_Slot ImageSource_slots[] = {
     {Py_tp_doc, "ImageSource(paths, offsets, labels, plan=None, *, exact=False, max_pixels=0, "
-                "skip=False, fallback=None, ranges=None, fallback_all=False)\n--\n\n"
+                "skip=False, fallback=None, ranges=None, fallback_all=False, cache=None)\n--\n\n"
                 "The native source of fastload's image datasets (max_pixels=0: no limit;\n"
                 "ranges: (offset, size) of each sample inside its file; fallback_all: PNG\n"
-                "and WebP files go to the fallback decoder too)."},
+                "and WebP files go to the fallback decoder too; cache: a SampleCache\n"
+                "of the samples' bytes)."},
     {Py_tp_new, ImageSource_new},
     {Py_tp_dealloc, ImageSource_dealloc},
     {Py_tp_traverse, ImageSource_traverse},

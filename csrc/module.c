@@ -132,6 +132,8 @@ static PyMethodDef module_methods[] = {
      "Switches every loader's timers on (the default) or off, process-wide:\n"
      "only to measure what they cost."},
     {"tar_index", (PyCFunction)(void (*)(void))fl__tar_index, METH_FASTCALL, FL__TAR_INDEX_DOC},
+    {"sample_cache_key", (PyCFunction)(void (*)(void))fl__sample_cache_key, METH_FASTCALL,
+     FL__SAMPLE_CACHE_KEY_DOC},
     {"build_info", (PyCFunction)fl__build_info, METH_NOARGS,
      "build_info()\n--\n\n"
      "What fastload was built with and runs on: {'jpeg_lib_version',\n"
@@ -171,7 +173,8 @@ static int module_exec(PyObject *module)
         add_type(module, &fl__WindowSource_spec, NULL, &state->WindowSource_type) < 0 ||
         add_type(module, &fl__CudaStream_spec, NULL, &state->CudaStream_type) < 0 ||
         add_type(module, &fl__CudaEvent_spec, NULL, &state->CudaEvent_type) < 0 ||
-        add_type(module, &fl__DeviceArray_spec, NULL, &state->DeviceArray_type) < 0)
+        add_type(module, &fl__DeviceArray_spec, NULL, &state->DeviceArray_type) < 0 ||
+        add_type(module, &fl__SampleCache_spec, NULL, &state->SampleCache_type) < 0)
         return -1;
     state->DecodeError = PyErr_NewExceptionWithDoc(
         "fastload.DecodeError",
@@ -200,6 +203,7 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(state->CudaEvent_type);
     Py_VISIT(state->DeviceArray_type);
     Py_VISIT(state->tensor_type);
+    Py_VISIT(state->SampleCache_type);
     return 0;
 }
 
@@ -218,6 +222,7 @@ static int module_clear(PyObject *module)
     Py_CLEAR(state->CudaEvent_type);
     Py_CLEAR(state->DeviceArray_type);
     Py_CLEAR(state->tensor_type);
+    Py_CLEAR(state->SampleCache_type);
     return 0;
 }
 

@@ -32,6 +32,7 @@ import numpy as np
 
 from . import _C, _torchvision
 from ._native import SourceOwner
+from .cache import SampleCache
 from ._random import draw_seed
 from .arrays import _check_index
 from .transforms import PILLOW_MAX_PIXELS, _nchw_view
@@ -152,7 +153,13 @@ class ImageFiles(SourceOwner):
     a transform that runs in C) decodes in C instead.
 
     ``transform_plan``: the transform's steps by where they run, as
-    ``(native, python)`` (``fastload._torchvision.TransformPlan``)."""
+    ``(native, python)`` (``fastload._torchvision.TransformPlan``).
+
+    ``cache``: None, ``"memory"`` or a file path (e.g. under /dev/shm): the
+    files' bytes kept, as first read, in a shared cache of ``cache_size``
+    bytes (None: room for all) that later reads, worker processes and
+    other datasets naming the same path use (``fastload.cache``);
+    ``dataset.cache.stats()`` reports it."""
 
     _sources = ("_source", "_raw")  # they hold per-thread decoders: not pickled
     # True: PNG and WebP files are decoded by Pillow too (with the GIL), as
@@ -161,16 +168,17 @@ class ImageFiles(SourceOwner):
     _fallback_all = False
 
     def __init__(self, paths, labels=None, transform=None, target_transform=None,
-                 decode="fast", on_error="raise", max_pixels=PILLOW_MAX_PIXELS, loader=None):
+                 decode="fast", on_error="raise", max_pixels=PILLOW_MAX_PIXELS, loader=None, *,
+                 cache=None, cache_size=None):
         paths = [os.fspath(p) for p in paths]
         labels = np.zeros(len(paths), np.int64) if labels is None else np.asarray(labels, np.int64)
         if labels.shape != (len(paths),):
             raise ValueError(f"{len(paths)} paths but labels of shape {labels.shape}")
         self._setup(paths, labels, transform, target_transform, decode, on_error, max_pixels,
-                    loader)
+                    loader, cache=cache, cache_size=cache_size)
 
     def _setup(self, paths, labels, transform, target_transform, decode, on_error, max_pixels,
-               loader, ranges=None):
+               loader, ranges=None, cache=None, cache_size=None):
         if decode not in ("fast", "exact"):
             raise ValueError(f"decode must be 'fast' or 'exact', got {decode!r}")
         if on_error not in ("raise", "skip"):
@@ -213,8 +221,15 @@ class ImageFiles(SourceOwner):
         # default loader's image, seen only by a C plan.
         native_loader = not custom_loader and (loader is None or self._plan is not None)
         self._loader = None if native_loader else loader
+        if cache is not None and self._loader is not None:
+            raise ValueError("cache= keeps the bytes fastload's reader reads, but this loader "
+                             "reads the files itself: pass loader=None")
         self._native = (self._plan is not None and self._plan.output_shape() is not None
                         and self._python_transform is None)
+        # The samples' bytes, shared by every source, loader and process
+        # naming the same cache (fastload.cache).
+        self.cache = SampleCache.for_samples(cache, cache_size, self._paths, self._offsets,
+                                             self._ranges)
         self._make_sources()
 
     def _make_sources(self):
@@ -225,7 +240,8 @@ class ImageFiles(SourceOwner):
         return _C.ImageSource(self._paths, self._offsets, self._labels, plan,
                               exact=self.decode == "exact", max_pixels=self.max_pixels,
                               skip=skip, fallback=_fallback(), ranges=self._ranges,
-                              fallback_all=self._fallback_all)
+                              fallback_all=self._fallback_all,
+                              cache=self.cache._native if self.cache is not None else None)
 
     def __len__(self):
         return len(self._offsets)
@@ -368,7 +384,7 @@ class ImageFolder(ImageFiles):
 
     def __init__(self, root, transform=None, target_transform=None, loader=None,
                  is_valid_file=None, allow_empty=False, *, extensions=None, decode="fast",
-                 on_error="raise", max_pixels=PILLOW_MAX_PIXELS):
+                 on_error="raise", max_pixels=PILLOW_MAX_PIXELS, cache=None, cache_size=None):
         self.root = os.fspath(root)
         if extensions is not None and is_valid_file is not None:
             raise ValueError("Both extensions and is_valid_file cannot be None or not None "
@@ -402,7 +418,7 @@ class ImageFolder(ImageFiles):
             raise FileNotFoundError(msg)
         self.extensions = extensions
         self._setup(paths, np.asarray(labels, np.int64), transform, target_transform, decode,
-                    on_error, max_pixels, loader)
+                    on_error, max_pixels, loader, cache=cache, cache_size=cache_size)
 
     @staticmethod
     def find_classes(directory):

@@ -239,7 +239,7 @@ class WebDataset(ImageFiles):
     def __init__(self, urls, transform=None, target_transform=None, *,
                  image_extensions=IMAGE_EXTENSIONS, label_extension="cls", decode="fast",
                  on_error="raise", max_pixels=PILLOW_MAX_PIXELS, index_threads=None,
-                 fields=None, decoders=None):
+                 fields=None, decoders=None, cache=None, cache_size=None):
         self.urls = expand_urls(urls)
         if fields is not None and fields != "dict" and (
                 isinstance(fields, str) or not all(isinstance(f, str) for f in fields)):
@@ -263,7 +263,8 @@ class WebDataset(ImageFiles):
         labels = (np.concatenate([shard.labels for shard in shards])
                   if shards else np.empty(0, np.int64))
         self._setup((b"".join(encoded), offsets), labels, transform, target_transform, decode,
-                    on_error, max_pixels, loader=None, ranges=np.ascontiguousarray(ranges))
+                    on_error, max_pixels, loader=None, ranges=np.ascontiguousarray(ranges),
+                    cache=cache, cache_size=cache_size)
 
     def __getstate__(self):
         state = super().__getstate__()

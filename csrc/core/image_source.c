@@ -2,6 +2,7 @@
 #include "image_source.h"
 
 #include "resample.h"
+#include "sample_cache.h"
 #include "stats.h"
 #include "status.h"
 
@@ -13,6 +14,22 @@ size_t fl_image_source_row_bytes(const fl_image_source *src)
     const fl_image_plan *p = &src->plan;
     size_t item = p->dtype == FL_DTYPE_FLOAT32 ? 4 : p->dtype == FL_DTYPE_FLOAT16 ? 2 : 1;
     return (size_t)p->out_w * (size_t)p->out_h * 3 * item;
+}
+
+/* Sample `index` from the cache into the worker's file buffer: 1 when it
+ * was there and its bytes checked out, else 0 (read the file instead). */
+static int read_cached(struct fl_sample_cache *cache, fl_image_worker *w, int64_t index,
+                       fl_image_file *file)
+{
+    fl_cache_ref ref;
+    if (!fl_sample_cache_find(cache, index, &ref))
+        return 0;
+    unsigned char *buf = fl_image_worker_file_buffer(w, (size_t)ref.size);
+    if (!buf || fl_sample_cache_copy(cache, index, &ref, buf) != FL_OK)
+        return 0;
+    file->data = buf;
+    file->size = (size_t)ref.size;
+    return 1;
 }
 
 int fl_image_source_read(const fl_image_source *src, fl_image_worker *w, int64_t index,
@@ -27,8 +44,15 @@ int fl_image_source_read(const fl_image_source *src, fl_image_worker *w, int64_t
         offset = (uint64_t)src->ranges[2 * index];
         length = (uint64_t)src->ranges[2 * index + 1];
     }
-    int rc = fl_read_range(w, fl_image_source_path(src, index), offset, length, &file->data,
+    int rc;
+    if (src->cache && read_cached(src->cache, w, index, file)) {
+        rc = FL_OK;
+    } else {
+        rc = fl_read_range(w, fl_image_source_path(src, index), offset, length, &file->data,
                            &file->size, &failure->err, failure->msg, sizeof failure->msg);
+        if (rc == FL_OK && src->cache)
+            fl_sample_cache_put(src->cache, index, file->data, file->size);
+    }
     /* An empty file goes to the JPEG decoder, which names the problem. */
     if (rc != FL_OK || file->size == 0)
         file->format = FL_FORMAT_JPEG;

@@ -50,6 +50,9 @@ typedef struct fl_image_source {
     void *fallback_ctx;
     int fallback_all;        /* 1: PNG and WebP go to the fallback too (to
                                 compare decoders) */
+    struct fl_sample_cache *cache; /* NULL, or the samples' bytes kept for
+                                      later reads (sample_cache.h); owned by
+                                      the binding */
 } fl_image_source;
 
 /* One sample that failed. */
@@ -96,7 +99,9 @@ typedef struct fl_image_file {
     fl_image_format format;  /* FL_FORMAT_OTHER: the fallback decodes it */
 } fl_image_file;
 
-/* Reads sample `index`.  Returns FL_OK, or FL_ERR_IO with *failure filled. */
+/* Reads sample `index` (from the source's cache when it holds the sample,
+ * else from its file, then storing it in the cache).  Returns FL_OK, or
+ * FL_ERR_IO with *failure filled. */
 int fl_image_source_read(const fl_image_source *src, fl_image_worker *w, int64_t index,
                          fl_image_file *file, fl_image_failure *failure);
 

@@ -107,6 +107,18 @@ static const char *file_kind(mode_t mode)
                             : "of an unknown kind";
 }
 
+unsigned char *fl_image_worker_file_buffer(fl_image_worker *w, size_t size)
+{
+    if (size + 1 > w->capacity) {
+        unsigned char *grown = realloc(w->buf, size + 1);
+        if (!grown)
+            return NULL;
+        w->buf = grown;
+        w->capacity = size + 1;
+    }
+    return w->buf;
+}
+
 int fl_read_file(fl_image_worker *w, const char *path, const unsigned char **data, size_t *size,
                  int *err, char *msg, size_t msg_size)
 {
