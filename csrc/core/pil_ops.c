@@ -721,3 +721,16 @@ int fl_augment_apply(const fl_augment_plan *plan, const fl_augment_draw *draw,
     }
     return FL_OK;
 }
+
+int fl_pil_enhance(int op, float factor, const unsigned char *src, unsigned char *dst, int w,
+                   int h)
+{
+    int kind = op == FL_OP_BRIGHTNESS ? DEGENERATE_BLACK
+               : op == FL_OP_COLOR    ? DEGENERATE_GRAY
+               : op == FL_OP_CONTRAST ? DEGENERATE_MEAN
+                                      : -1;
+    if (kind < 0)
+        return FL_ERR_INVALID;
+    enhance(kind, factor, src, dst, w, h);
+    return FL_OK;
+}
