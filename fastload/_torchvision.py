@@ -175,6 +175,21 @@ def _random_affine(t):
     return [T.RandomAffine(t.degrees, t.translate, t.scale, t.shear, **_warp_options(t))]
 
 
+def _color_jitter(t):
+    """torchvision's ColorJitter (v1 or v2) runs on the PIL image: Pillow's
+    arithmetic (ColorJitter(pil=True)).  Its ranges are checked already
+    (None: off)."""
+    ranges = {name: getattr(t, name) for name in ("brightness", "contrast", "saturation", "hue")}
+    return [T.ColorJitter(**{name: 0 if r is None else tuple(r) for name, r in ranges.items()},
+                          pil=True)]
+
+
+def _grayscale(t):
+    if t.num_output_channels != 3:  # one channel: not an RGB image
+        return None
+    return [T.Grayscale(3, pil=True)]
+
+
 _TABLE = {
     "RandomResizedCrop": _random_resized_crop,
     "Resize": _resize,
@@ -197,6 +212,9 @@ _TABLE = {
     "AutoAugment": _auto_augment,
     "RandomRotation": _random_rotation,
     "RandomAffine": _random_affine,
+    "ColorJitter": _color_jitter,
+    "RandomGrayscale": lambda t: [T.RandomGrayscale(t.p, pil=True)],
+    "Grayscale": _grayscale,
 }
 
 # Steps that may run in C ahead of a Python part: they only move pixels (or
