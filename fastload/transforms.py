@@ -435,6 +435,9 @@ class RandomAffine(_Transform):
         self.interpolation = _augment_interpolation(interpolation, "RandomAffine")
         self.fill = _warp_fill(fill, "RandomAffine")
         self.center = _warp_center(center)
+        # torchvision.transforms.v2's matrix: v1's formulas grouped otherwise,
+        # so a pixel now and then differs
+        self.matrix_v2 = False
 
     def __repr__(self):
         return (f"RandomAffine(degrees={list(self.degrees)}, translate={self.translate}, "
@@ -477,6 +480,10 @@ class RandAugment(_Transform):
         self.num_magnitude_bins = int(num_magnitude_bins)
         self.interpolation = _augment_interpolation(interpolation, "RandAugment")
         self.fill = _augment_fill(fill, "RandAugment")
+        # torchvision.transforms.v2's Solarize thresholds, 255 * linspace(1, 0)
+        # in double, instead of v1's linspace(255, 0) (a few bins differ by
+        # a float32 ulp across an integer)
+        self.solarize_v2 = False
 
     def __repr__(self):
         return (f"RandAugment(num_ops={self.num_ops}, magnitude={self.magnitude}, "
@@ -495,6 +502,7 @@ class TrivialAugmentWide(_Transform):
         self.num_magnitude_bins = int(num_magnitude_bins)
         self.interpolation = _augment_interpolation(interpolation, "TrivialAugmentWide")
         self.fill = _augment_fill(fill, "TrivialAugmentWide")
+        self.solarize_v2 = False  # as RandAugment's
 
     def __repr__(self):
         return (f"TrivialAugmentWide(num_magnitude_bins={self.num_magnitude_bins}, "
@@ -525,6 +533,7 @@ class AutoAugment(_Transform):
         self.policy = name
         self.interpolation = _augment_interpolation(interpolation, "AutoAugment")
         self.fill = _augment_fill(fill, "AutoAugment")
+        self.solarize_v2 = False  # as RandAugment's
 
     def __repr__(self):
         return f"AutoAugment(policy={self.policy}, fill={self.fill})"
@@ -751,6 +760,10 @@ class Plan:
         # The colour ops above with Pillow's arithmetic, on the uint8 image
         # after the policy (csrc/core/pil_color.h), instead of on floats.
         self.color_pil = False
+        # the policy's Solarize thresholds are torchvision.transforms.v2's
+        self.augment_solarize_v2 = False
+        # RandomAffine's matrix is torchvision.transforms.v2's
+        self.warp_v2 = False
 
     def output_shape(self):
         """(C, H, W) or (H, W, C); None when it depends on the image."""
@@ -846,6 +859,7 @@ def compile_plan(transforms, channels_last=False):
             plan.warp_fill = tuple(float(v) for v in t.fill)
             plan.warp_has_center = t.center is not None
             plan.warp_center = t.center or (0.0, 0.0)
+            plan.warp_v2 = isinstance(t, RandomAffine) and t.matrix_v2
             if isinstance(t, RandomAffine):
                 plan.warp_translate = t.translate or (0.0, 0.0)
                 plan.warp_scale = t.scale or (1.0, 1.0)
@@ -867,6 +881,7 @@ def compile_plan(transforms, channels_last=False):
                 plan.augment_bins = t.num_magnitude_bins
             if isinstance(t, AutoAugment):
                 plan.augment_table = _AUTO_TABLES.index(t.policy)
+            plan.augment_solarize_v2 = t.solarize_v2
             stage = 1
         elif isinstance(t, ColorJitter):
             if stage > 2 or jitter is not None:

@@ -693,7 +693,10 @@ double fl_augment_magnitude(const fl_augment_plan *plan, const fl_augment_draw *
         break;
     }
     case FL_OP_SOLARIZE:
-        m = linspace(255.0, 0.0, n, bin);
+        /* v2 scales its float32 fractions in double: a threshold may then
+         * lie just above an integer that v1's table hits exactly */
+        m = plan->solarize_v2 ? 255.0 * (double)linspace(1.0, 0.0, n, bin)
+                              : linspace(255.0, 0.0, n, bin);
         break;
     default:
         break;

@@ -94,6 +94,8 @@ typedef struct fl_augment_plan {
     int table;               /* AutoAugment: FL_AUTO_* */
     int interpolation;       /* FL_WARP_* */
     float fill[3];           /* 0..255, truncated to integers as torchvision does for PIL */
+    int solarize_v2;         /* 1: torchvision.transforms.v2's Solarize thresholds,
+                                255 * linspace(1, 0) (v1: linspace(255, 0)) */
 } fl_augment_plan;
 
 /* The ops one sample gets, in order. */
