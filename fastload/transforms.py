@@ -24,7 +24,9 @@ does.  RandomCrop pads only as the first geometric step (after a Resize it
 takes no padding).
 
 The colour ops act on the resized image, with the formulas of torchvision's
-functions on float tensors (see ``ColorJitter``).  They are fused only
+functions on float tensors (see ``ColorJitter``), or, with ``pil=True`` (what
+torchvision's classes compile to), with Pillow's arithmetic on the uint8
+image after any warp or policy.  They are fused only
 after the geometry and before the tensor conversion, the usual recipe: in
 any other place they would not commute exactly with the crop and resize, so
 ``Compose`` refuses them there (ValueError); a torchvision ``Compose`` with
