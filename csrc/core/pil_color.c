@@ -56,18 +56,10 @@ static inline void hsv_to_rgb1(const unsigned char *in, unsigned char *out)
     unsigned char p = clip8((int)round((float)v * (1.0 - fs)));
     unsigned char q = clip8((int)round((float)v * (1.0 - fs * f)));
     unsigned char t = clip8((int)round((float)v * (1.0 - fs * (1.0 - f))));
-    unsigned char r, g, b;
-    switch (i % 6) {
-    case 0: r = v, g = t, b = p; break;
-    case 1: r = q, g = v, b = p; break;
-    case 2: r = p, g = v, b = t; break;
-    case 3: r = p, g = q, b = v; break;
-    case 4: r = t, g = p, b = v; break;
-    default: r = v, g = p, b = q; break;
-    }
-    out[0] = r;
-    out[1] = g;
-    out[2] = b;
+    /* Pillow's switch on i % 6, as (r, g, b) per sextant of the hue */
+    const unsigned char sextants[6][3] = {{v, t, p}, {q, v, p}, {p, v, t},
+                                          {p, q, v}, {t, p, v}, {v, p, q}};
+    memcpy(out, sextants[i % 6], 3);
 }
 
 void fl_pil_rgb_to_hsv(const unsigned char *src, unsigned char *dst, size_t pixels)
