@@ -395,8 +395,7 @@ static int has_uint8_stage(const fl_image_plan *plan)
  * policy or Pillow's colour ops: the box resampled (and flipped) to the
  * output size as an HWC uint8 image, the image Pillow holds after
  * torchvision's geometry, then the drawn warp, policy ops and colour ops
- * on it.  *out is the result, in one of the
- * worker's two buffers. */
+ * on it.  *out is the result, in one of the worker's two buffers. */
 static int augment_stage(fl_image_worker *w, const fl_image_plan *plan,
                          const fl_sample_geometry *g, const unsigned char *rgb, int width,
                          int height, size_t stride, double bx, double by, double bw, double bh,
