@@ -97,6 +97,9 @@ static const plan_field PLAN_FIELDS[] = {
     FIELD("warp_fill", F_FLOAT3, warp.fill),
     FIELD("warp_has_center", F_BOOL, warp.center),
     PAIR("warp_center", F_DOUBLE_PAIR, warp.center_x, warp.center_y),
+    FIELD("color_pil", F_BOOL, color_pil),
+    FIELD("augment_solarize_v2", F_BOOL, augment.solarize_v2),
+    FIELD("warp_v2", F_BOOL, warp.v2),
 };
 
 static int as_int(PyObject *obj, int *out)

@@ -135,32 +135,35 @@ def _random_erasing(t):
         value = value[0]
     return [T.RandomErasing(t.p, tuple(t.scale), tuple(t.ratio), value, t.inplace)]
 def _augment_options(t):
-    """(interpolation, fill) of a torchvision augmentation policy.  v2's
-    policies have other magnitude tables (Solarize, for one): they stay in
-    Python."""
-    if type(t).__module__.startswith("torchvision.transforms.v2"):
-        raise ValueError("v2 augmentation policies are not compiled")
+    """(interpolation, fill) of a torchvision augmentation policy.  A v2
+    fill given per image type (a dict) stays in Python."""
     return {"interpolation": _interpolation(t.interpolation), "fill": t.fill}
 
 
+def _policy(op, t):
+    """v2's policies run v1's ops on a PIL image with the same tables but
+    Solarize's thresholds, which the plan takes as they are."""
+    op.solarize_v2 = _is_v2(t)
+    return [op]
+
+
 def _rand_augment(t):
-    return [T.RandAugment(t.num_ops, t.magnitude, t.num_magnitude_bins, **_augment_options(t))]
+    return _policy(T.RandAugment(t.num_ops, t.magnitude, t.num_magnitude_bins,
+                                 **_augment_options(t)), t)
 
 
 def _trivial_augment(t):
-    return [T.TrivialAugmentWide(t.num_magnitude_bins, **_augment_options(t))]
+    return _policy(T.TrivialAugmentWide(t.num_magnitude_bins, **_augment_options(t)), t)
 
 
 def _auto_augment(t):
-    return [T.AutoAugment(t.policy, **_augment_options(t))]
+    return _policy(T.AutoAugment(t.policy, **_augment_options(t)), t)
 
 
 def _warp_options(t):
-    """(interpolation, fill, center) of torchvision's v1 RandomRotation or
-    RandomAffine; v2's parse their fill per image type: they stay in
-    Python."""
-    if _is_v2(t):
-        raise ValueError("v2 rotations and affines are not compiled")
+    """(interpolation, fill, center) of torchvision's RandomRotation or
+    RandomAffine, v1 or v2 (a v2 fill given per image type, a dict, stays
+    in Python)."""
     return {"interpolation": _interpolation(t.interpolation), "fill": t.fill,
             "center": t.center}
 
@@ -172,7 +175,24 @@ def _random_rotation(t):
 
 
 def _random_affine(t):
-    return [T.RandomAffine(t.degrees, t.translate, t.scale, t.shear, **_warp_options(t))]
+    affine = T.RandomAffine(t.degrees, t.translate, t.scale, t.shear, **_warp_options(t))
+    affine.matrix_v2 = _is_v2(t)
+    return [affine]
+
+
+def _color_jitter(t):
+    """torchvision's ColorJitter (v1 or v2) runs on the PIL image: Pillow's
+    arithmetic (ColorJitter(pil=True)).  Its ranges are checked already
+    (None: off)."""
+    ranges = {name: getattr(t, name) for name in ("brightness", "contrast", "saturation", "hue")}
+    return [T.ColorJitter(**{name: 0 if r is None else tuple(r) for name, r in ranges.items()},
+                          pil=True)]
+
+
+def _grayscale(t):
+    if t.num_output_channels != 3:  # one channel: not an RGB image
+        return None
+    return [T.Grayscale(3, pil=True)]
 
 
 _TABLE = {
@@ -197,6 +217,9 @@ _TABLE = {
     "AutoAugment": _auto_augment,
     "RandomRotation": _random_rotation,
     "RandomAffine": _random_affine,
+    "ColorJitter": _color_jitter,
+    "RandomGrayscale": lambda t: [T.RandomGrayscale(t.p, pil=True)],
+    "Grayscale": _grayscale,
 }
 
 # Steps that may run in C ahead of a Python part: they only move pixels (or

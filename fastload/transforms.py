@@ -24,7 +24,9 @@ does.  RandomCrop pads only as the first geometric step (after a Resize it
 takes no padding).
 
 The colour ops act on the resized image, with the formulas of torchvision's
-functions on float tensors (see ``ColorJitter``).  They are fused only
+functions on float tensors (see ``ColorJitter``), or, with ``pil=True`` (what
+torchvision's classes compile to), with Pillow's arithmetic on the uint8
+image after any warp or policy.  They are fused only
 after the geometry and before the tensor conversion, the usual recipe: in
 any other place they would not commute exactly with the crop and resize, so
 ``Compose`` refuses them there (ValueError); a torchvision ``Compose`` with
@@ -258,9 +260,17 @@ class ColorJitter(_Transform):
     with the mean gray level, with the grayscale image; a shift of the HSV
     hue), applied to the resized image before conversion.  On a PIL image
     torchvision uses Pillow's ImageEnhance instead, rounding to 8 bits
-    after each step; the results differ slightly (docs/design.md)."""
+    after each step; the results differ slightly (docs/design.md).
 
-    def __init__(self, brightness=0, contrast=0, saturation=0, hue=0):
+    ``pil=True`` runs torchvision's PIL path instead: ImageEnhance's
+    Brightness, Contrast and Color and the hue shift through Pillow's 8-bit
+    HSV, on the resized image as uint8 RGB after any RandomRotation,
+    RandomAffine or augmentation policy: for the same factors and order,
+    torchvision's output on the PIL image, bit for bit (torchvision's
+    ColorJitter in a Compose given to a dataset compiles to this)."""
+
+    def __init__(self, brightness=0, contrast=0, saturation=0, hue=0, *, pil=False):
+        self.pil = bool(pil)
         self.brightness = _jitter_range(brightness, "brightness")
         self.contrast = _jitter_range(contrast, "contrast")
         self.saturation = _jitter_range(saturation, "saturation")
@@ -269,34 +279,40 @@ class ColorJitter(_Transform):
 
     def __repr__(self):
         return (f"ColorJitter(brightness={self.brightness}, contrast={self.contrast}, "
-                f"saturation={self.saturation}, hue={self.hue})")
+                f"saturation={self.saturation}, hue={self.hue}"
+                f"{', pil=True' if self.pil else ''})")
 
 
 class RandomGrayscale(_Transform):
     """Grayscale with probability ``p`` (torchvision's tensor weights
-    0.2989, 0.587, 0.114), kept as 3 equal channels."""
+    0.2989, 0.587, 0.114), kept as 3 equal channels.  ``pil=True``:
+    Pillow's ``convert("L")`` instead (its fixed-point 0.299, 0.587,
+    0.114), as torchvision on a PIL image, with ``ColorJitter(pil=True)``."""
 
-    def __init__(self, p=0.1):
+    def __init__(self, p=0.1, *, pil=False):
         if not 0.0 <= p <= 1.0:
             raise ValueError(f"RandomGrayscale: p must be in [0, 1], got {p}")
         self.p = float(p)
+        self.pil = bool(pil)
 
     def __repr__(self):
-        return f"RandomGrayscale(p={self.p})"
+        return f"RandomGrayscale(p={self.p}{', pil=True' if self.pil else ''})"
 
 
 class Grayscale(_Transform):
     """Grayscale always.  fastload's images keep 3 channels, so only
-    ``num_output_channels=3`` is supported."""
+    ``num_output_channels=3`` is supported.  ``pil=True``: Pillow's
+    weights, as ``RandomGrayscale``'s."""
 
-    def __init__(self, num_output_channels=1):
+    def __init__(self, num_output_channels=1, *, pil=False):
         if num_output_channels != 3:
             raise ValueError(f"Grayscale: fastload images have 3 channels; use "
                              f"num_output_channels=3 (got {num_output_channels!r})")
         self.num_output_channels = 3
+        self.pil = bool(pil)
 
     def __repr__(self):
-        return "Grayscale(num_output_channels=3)"
+        return f"Grayscale(num_output_channels=3{', pil=True' if self.pil else ''})"
 
 
 def _augment_fill(fill, name):
@@ -421,6 +437,9 @@ class RandomAffine(_Transform):
         self.interpolation = _augment_interpolation(interpolation, "RandomAffine")
         self.fill = _warp_fill(fill, "RandomAffine")
         self.center = _warp_center(center)
+        # torchvision.transforms.v2's matrix: v1's formulas grouped otherwise,
+        # so a pixel now and then differs
+        self.matrix_v2 = False
 
     def __repr__(self):
         return (f"RandomAffine(degrees={list(self.degrees)}, translate={self.translate}, "
@@ -463,6 +482,10 @@ class RandAugment(_Transform):
         self.num_magnitude_bins = int(num_magnitude_bins)
         self.interpolation = _augment_interpolation(interpolation, "RandAugment")
         self.fill = _augment_fill(fill, "RandAugment")
+        # torchvision.transforms.v2's Solarize thresholds, 255 * linspace(1, 0)
+        # in double, instead of v1's linspace(255, 0) (a few bins differ by
+        # a float32 ulp across an integer)
+        self.solarize_v2 = False
 
     def __repr__(self):
         return (f"RandAugment(num_ops={self.num_ops}, magnitude={self.magnitude}, "
@@ -481,6 +504,7 @@ class TrivialAugmentWide(_Transform):
         self.num_magnitude_bins = int(num_magnitude_bins)
         self.interpolation = _augment_interpolation(interpolation, "TrivialAugmentWide")
         self.fill = _augment_fill(fill, "TrivialAugmentWide")
+        self.solarize_v2 = False  # as RandAugment's
 
     def __repr__(self):
         return (f"TrivialAugmentWide(num_magnitude_bins={self.num_magnitude_bins}, "
@@ -511,6 +535,7 @@ class AutoAugment(_Transform):
         self.policy = name
         self.interpolation = _augment_interpolation(interpolation, "AutoAugment")
         self.fill = _augment_fill(fill, "AutoAugment")
+        self.solarize_v2 = False  # as RandAugment's
 
     def __repr__(self):
         return f"AutoAugment(policy={self.policy}, fill={self.fill})"
@@ -734,6 +759,13 @@ class Plan:
         self.warp_fill = (0.0, 0.0, 0.0)
         self.warp_has_center = False
         self.warp_center = (0.0, 0.0)
+        # The colour ops above with Pillow's arithmetic, on the uint8 image
+        # after the policy (csrc/core/pil_color.h), instead of on floats.
+        self.color_pil = False
+        # the policy's Solarize thresholds are torchvision.transforms.v2's
+        self.augment_solarize_v2 = False
+        # RandomAffine's matrix is torchvision.transforms.v2's
+        self.warp_v2 = False
 
     def output_shape(self):
         """(C, H, W) or (H, W, C); None when it depends on the image."""
@@ -829,6 +861,7 @@ def compile_plan(transforms, channels_last=False):
             plan.warp_fill = tuple(float(v) for v in t.fill)
             plan.warp_has_center = t.center is not None
             plan.warp_center = t.center or (0.0, 0.0)
+            plan.warp_v2 = isinstance(t, RandomAffine) and t.matrix_v2
             if isinstance(t, RandomAffine):
                 plan.warp_translate = t.translate or (0.0, 0.0)
                 plan.warp_scale = t.scale or (1.0, 1.0)
@@ -850,6 +883,7 @@ def compile_plan(transforms, channels_last=False):
                 plan.augment_bins = t.num_magnitude_bins
             if isinstance(t, AutoAugment):
                 plan.augment_table = _AUTO_TABLES.index(t.policy)
+            plan.augment_solarize_v2 = t.solarize_v2
             stage = 1
         elif isinstance(t, ColorJitter):
             if stage > 2 or jitter is not None:
@@ -907,6 +941,10 @@ def compile_plan(transforms, channels_last=False):
             raise TypeError(
                 f"{type(t).__name__} is not a fastload transform; give the dataset a plain "
                 "callable instead (it then runs in Python on the decoded image)")
+    if jitter is not None and gray is not None and jitter.pil != gray.pil:
+        raise ValueError(f"fastload.transforms.Compose cannot fuse {jitter!r} with {gray!r}: "
+                         "both use Pillow's arithmetic (pil=True) or neither does")
+    plan.color_pil = any(t is not None and t.pil for t in (jitter, gray))
     if jitter is not None:
         plan.brightness = jitter.brightness or plan.brightness
         plan.contrast = jitter.contrast or plan.contrast

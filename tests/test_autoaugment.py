@@ -311,6 +311,7 @@ def test_unmapped_parameters_stay_in_python(torchvision):
     from torchvision.transforms import v2
     from fastload import _torchvision
     for step in (v1.RandAugment(interpolation=v1.InterpolationMode.BICUBIC),
-                 v2.RandAugment(), v2.TrivialAugmentWide()):
+                 v2.RandAugment(fill={Image.Image: 3}),  # a fill per image type
+                 v2.TrivialAugmentWide(interpolation=v2.InterpolationMode.BICUBIC)):
         resolved = _torchvision.resolve(v1.Compose([v1.RandomResizedCrop(32), step]))
         assert resolved.python is not None and resolved.warning

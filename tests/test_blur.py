@@ -157,10 +157,14 @@ def test_simclr_recipe(torchvision, png_files):
     v2 = importlib.import_module("torchvision.transforms.v2")
     ds = fastload.ImageFiles(png_files, transform=v2.Compose([v2.GaussianBlur((5, 7), (0.2, 1.0))]))
     assert ds.transform_plan.python == ()
-    # torchvision's ColorJitter runs on PIL images with other formulas: not compiled
-    with pytest.warns(UserWarning, match="RandomApply"):
-        fastload.ImageFiles(png_files, transform=tv.Compose(
-            [tv.RandomApply([tv.ColorJitter(0.4)], p=0.8), tv.ToTensor()]))
+    # torchvision's SimCLR recipe compiles whole, its colour ops with Pillow's arithmetic
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ds = fastload.ImageFiles(png_files, transform=tv.Compose(
+            [tv.RandomResizedCrop(32), tv.RandomHorizontalFlip(),
+             tv.RandomApply([tv.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8),
+             tv.RandomGrayscale(0.2), tv.GaussianBlur(23), tv.ToTensor()]))
+    assert ds.transform_plan.python == () and ds._plan.color_pil
 
 
 def test_order_and_arguments():

@@ -294,7 +294,8 @@ def test_unmapped_parameters_stay_in_python(torchvision):
     from fastload import _torchvision
     for step in (v1.RandomRotation(10, expand=True),
                  v1.RandomAffine(5, interpolation=v1.InterpolationMode.BICUBIC),
-                 v2.RandomRotation(10), v2.RandomAffine(5)):
+                 v2.RandomRotation(10, fill={Image.Image: 3}),  # a fill per image type
+                 v2.RandomAffine(5, interpolation=v2.InterpolationMode.BICUBIC)):
         resolved = _torchvision.resolve(v1.Compose([v1.RandomResizedCrop(32), step]))
         assert resolved.python is not None and resolved.warning
         assert "no exact C equivalent" in resolved.warning

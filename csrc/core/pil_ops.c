@@ -693,7 +693,10 @@ double fl_augment_magnitude(const fl_augment_plan *plan, const fl_augment_draw *
         break;
     }
     case FL_OP_SOLARIZE:
-        m = linspace(255.0, 0.0, n, bin);
+        /* v2 scales its float32 fractions in double: a threshold may then
+         * lie just above an integer that v1's table hits exactly */
+        m = plan->solarize_v2 ? 255.0 * (double)linspace(1.0, 0.0, n, bin)
+                              : linspace(255.0, 0.0, n, bin);
         break;
     default:
         break;
@@ -719,5 +722,18 @@ int fl_augment_apply(const fl_augment_plan *plan, const fl_augment_draw *draw,
         *image = *spare;
         *spare = t;
     }
+    return FL_OK;
+}
+
+int fl_pil_enhance(int op, float factor, const unsigned char *src, unsigned char *dst, int w,
+                   int h)
+{
+    int kind = op == FL_OP_BRIGHTNESS ? DEGENERATE_BLACK
+               : op == FL_OP_COLOR    ? DEGENERATE_GRAY
+               : op == FL_OP_CONTRAST ? DEGENERATE_MEAN
+                                      : -1;
+    if (kind < 0)
+        return FL_ERR_INVALID;
+    enhance(kind, factor, src, dst, w, h);
     return FL_OK;
 }

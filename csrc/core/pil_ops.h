@@ -72,6 +72,13 @@ void fl_pil_rotate(const unsigned char *src, unsigned char *dst, int w, int h, d
                    int interpolation, const unsigned char fill[3], int center, double cx,
                    double cy);
 
+/* ImageEnhance's Brightness, Color or Contrast (op FL_OP_BRIGHTNESS,
+ * FL_OP_COLOR or FL_OP_CONTRAST) .enhance(factor): src (w x h) into dst.
+ * fl_pil_apply's op with the factor given as it is, not as 1 + magnitude
+ * (ColorJitter's factors).  Returns FL_OK, or FL_ERR_INVALID for another op. */
+int fl_pil_enhance(int op, float factor, const unsigned char *src, unsigned char *dst, int w,
+                   int h);
+
 /* ------------------------------------------------------------- policies */
 
 enum { FL_AUGMENT_NONE = 0, FL_AUGMENT_RAND = 1, FL_AUGMENT_TRIVIAL = 2, FL_AUGMENT_AUTO = 3 };
@@ -87,6 +94,8 @@ typedef struct fl_augment_plan {
     int table;               /* AutoAugment: FL_AUTO_* */
     int interpolation;       /* FL_WARP_* */
     float fill[3];           /* 0..255, truncated to integers as torchvision does for PIL */
+    int solarize_v2;         /* 1: torchvision.transforms.v2's Solarize thresholds,
+                                255 * linspace(1, 0) (v1: linspace(255, 0)) */
 } fl_augment_plan;
 
 /* The ops one sample gets, in order. */

@@ -2,6 +2,8 @@
 #define _GNU_SOURCE
 #include "pipeline.h"
 
+#include "pil_color.h"
+
 #include "jpeg.h"
 #include "png.h"
 #include "resample.h"
@@ -387,17 +389,25 @@ static double support_margin(const fl_image_plan *plan, const fl_sample_geometry
 
 /* ------------------------------------------------------------------- ops */
 
-/* Whether the plan has a uint8 stage: a rotation / affine or a policy. */
-static int has_uint8_stage(const fl_image_plan *plan)
+/* Whether the colour ops run in the uint8 stage (else on floats). */
+static int has_pil_color(const fl_image_plan *plan)
 {
-    return plan->warp.kind != FL_RANDOM_WARP_NONE || plan->augment.policy != FL_AUGMENT_NONE;
+    return plan->color_pil && fl_color_active(&plan->color);
 }
 
-/* The uint8 stage of a plan with a rotation / affine or an augmentation
- * policy: the box resampled (and flipped) to the output size as an HWC
- * uint8 image, the image Pillow holds after torchvision's geometry, then
- * the drawn warp and ops on it.  *out is the result, in one of the
- * worker's two buffers. */
+/* Whether the plan has a uint8 stage: a rotation / affine, a policy or
+ * Pillow's colour ops. */
+static int has_uint8_stage(const fl_image_plan *plan)
+{
+    return plan->warp.kind != FL_RANDOM_WARP_NONE || plan->augment.policy != FL_AUGMENT_NONE ||
+           has_pil_color(plan);
+}
+
+/* The uint8 stage of a plan with a rotation / affine, an augmentation
+ * policy or Pillow's colour ops: the box resampled (and flipped) to the
+ * output size as an HWC uint8 image, the image Pillow holds after
+ * torchvision's geometry, then the drawn warp, policy ops and colour ops
+ * on it.  *out is the result, in one of the worker's two buffers. */
 static int augment_stage(fl_image_worker *w, const fl_image_plan *plan,
                          const fl_sample_geometry *g, const unsigned char *rgb, int width,
                          int height, size_t stride, double bx, double by, double bw, double bh,
@@ -429,6 +439,8 @@ static int augment_stage(fl_image_worker *w, const fl_image_plan *plan,
         spare = t;
     }
     rc = fl_augment_apply(&plan->augment, &g->augment, &result, &spare, g->out_w, g->out_h);
+    if (rc == FL_OK && has_pil_color(plan))
+        rc = fl_pil_color_apply(&g->color, &result, &spare, g->out_w, g->out_h);
     *out = result;
     return rc;
 }
@@ -496,7 +508,8 @@ static int resample_box(fl_image_worker *w, const fl_image_plan *plan,
         target.offset[c] = plan->add[c];
     }
     int rc;
-    if (!fl_color_active(&plan->color) && !g->blur.on) {
+    int float_color = fl_color_active(&plan->color) && !plan->color_pil;
+    if (!float_color && !g->blur.on) {
         rc = fl_resample(rgb, width, height, stride, bx, by, bw, bh, &target, w->scratch);
     } else {
         /* Colour ops work on the resampled values before conversion: resample
@@ -517,7 +530,8 @@ static int resample_box(fl_image_worker *w, const fl_image_plan *plan,
             rc = grow((void **)&w->blur, &w->blur_capacity,
                       fl_blur_scratch_floats(&g->blur, g->out_w, g->out_h), sizeof(float));
         if (rc == FL_OK) {
-            fl_color_apply(&g->color, w->color, pixels);
+            if (float_color)
+                fl_color_apply(&g->color, w->color, pixels);
             fl_blur_apply(&g->blur, w->color, g->out_w, g->out_h, w->blur);
             rc = fl_resample_store(w->color, &target);
         }

@@ -48,6 +48,8 @@ typedef struct fl_image_plan {
     fl_erase_plan erase;        /* RandomErasing on the stored row (p 0: off) */
     fl_augment_plan augment;    /* RandAugment & co. on the resampled uint8 image */
     fl_warp_plan warp;          /* RandomRotation / RandomAffine, before the policy */
+    int color_pil;              /* 1: the colour ops run after the policy on the uint8
+                                   image, with Pillow's arithmetic (pil_color.h) */
 } fl_image_plan;
 
 /* Where a sample's random numbers come from. */

@@ -47,6 +47,30 @@ static int tame(const double m[6], int w, int h)
     return 1;
 }
 
+/* torchvision.transforms.v2's _get_inverse_affine_matrix: v1's matrix
+ * (fl_pil_inverse_affine) with its terms cached and grouped otherwise, so
+ * its last bits, and now and then a pixel, differ. */
+static void inverse_affine_v2(double cx, double cy, double angle, double tx, double ty,
+                              double scale, double shear_x, double shear_y, double m[6])
+{
+    const double to_radians = 3.14159265358979323846 / 180.0; /* math.radians */
+    double rot = angle * to_radians, sx = shear_x * to_radians, sy = shear_y * to_radians;
+    double cos_sy = cos(sy), tan_sx = tan(sx), rot_minus_sy = rot - sy;
+    double cx_plus_tx = cx + tx, cy_plus_ty = cy + ty;
+    double a = cos(rot_minus_sy) / cos_sy;
+    double b = -(a * tan_sx + sin(rot));
+    double c = sin(rot_minus_sy) / cos_sy;
+    double d = cos(rot) - c * tan_sx;
+    m[0] = d / scale;
+    m[1] = -b / scale;
+    m[2] = 0.0;
+    m[3] = -c / scale;
+    m[4] = a / scale;
+    m[5] = 0.0;
+    m[2] += cx - m[0] * cx_plus_tx - m[1] * cy_plus_ty;
+    m[5] += cy - m[3] * cx_plus_tx - m[4] * cy_plus_ty;
+}
+
 void fl_warp_apply(const fl_warp_plan *plan, const fl_warp_draw *draw, const unsigned char *src,
                    unsigned char *dst, int w, int h)
 {
@@ -62,8 +86,12 @@ void fl_warp_apply(const fl_warp_plan *plan, const fl_warp_draw *draw, const uns
     double cx = plan->center ? plan->center_x : w * 0.5;
     double cy = plan->center ? plan->center_y : h * 0.5;
     double m[6];
-    fl_pil_inverse_affine(cx, cy, draw->angle, draw->tx, draw->ty, draw->scale, draw->shear_x,
+    if (plan->v2)
+        inverse_affine_v2(cx, cy, draw->angle, draw->tx, draw->ty, draw->scale, draw->shear_x,
                           draw->shear_y, m);
+    else
+        fl_pil_inverse_affine(cx, cy, draw->angle, draw->tx, draw->ty, draw->scale,
+                              draw->shear_x, draw->shear_y, m);
     if (!tame(m, w, h)) {
         /* A scale near 0 or a shear near 90 degrees: the image shrinks to
          * (or stretches beyond) nothing Pillow could sample with defined

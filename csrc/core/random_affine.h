@@ -26,6 +26,8 @@ typedef struct fl_warp_plan {
     float fill[3];                   /* 0..255, truncated to integers as for PIL */
     int center;                      /* 1: about (center_x, center_y), else the image centre */
     double center_x, center_y;
+    int v2;                          /* affine: torchvision.transforms.v2's matrix (the same
+                                        formulas grouped otherwise: last bits differ) */
 } fl_warp_plan;
 
 /* One sample's parameters, as get_params returns them. */
