@@ -55,6 +55,16 @@ static double py_round15(double x)
 
 /* ------------------------------------------------------------- geometry */
 
+/* gcc vectorises loops with float compares and conversions only when it may assume that compares
+ * and conversions raise no floating-point traps; nothing here reads the
+ * exception flags, and the results are IEEE's either way. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define FL_NO_TRAPS __attribute__((optimize("no-trapping-math")))
+#else
+#define FL_NO_TRAPS
+#endif
+
+
 #define COORD(v) ((v) < 0.0 ? -1 : ((int)(v)))
 #define FLOOR(v) ((v) < 0.0 ? ((int)floor(v)) : ((int)(v)))
 
@@ -144,15 +154,6 @@ static inline uint32_t load_rgb(const unsigned char *src, int at, int last)
     }
     return src[at] | (uint32_t)src[at + 1] << 8 | (uint32_t)src[at + 2] << 16;
 }
-
-/* gcc vectorises the position pass only when it may assume that compares
- * and conversions raise no floating-point traps; nothing here reads the
- * exception flags, and the results are IEEE's either way. */
-#if defined(__GNUC__) && !defined(__clang__)
-#define FL_NO_TRAPS __attribute__((optimize("no-trapping-math")))
-#else
-#define FL_NO_TRAPS
-#endif
 
 FL_NO_TRAPS static void bilinear_affine(const unsigned char *src, unsigned char *dst, int w, int h,
                             const double a[6])
@@ -441,6 +442,27 @@ static inline int luma(const unsigned char *p)
     return (p[0] * 19595 + p[1] * 38470 + p[2] * 7471 + 0x8000) >> 16;
 }
 
+/* blend1 over n values: out[i] = blend1(degenerate[i], image[i], alpha),
+ * written so that the loops vectorise (float lanes compute exactly what
+ * the scalar expression does).  out may be degenerate. */
+FL_NO_TRAPS static void blend_bytes(const unsigned char *degenerate, const unsigned char *image,
+                                    unsigned char *out, size_t n, float alpha)
+{
+    if (alpha >= 0 && alpha <= 1.0) {
+        for (size_t i = 0; i < n; i++)
+            out[i] = (unsigned char)(degenerate[i] + alpha * (image[i] - degenerate[i]));
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        float t = (float)(degenerate[i] + alpha * (image[i] - degenerate[i]));
+        t = t <= 0.0f ? 0.0f : t;
+        t = t >= 255.0f ? 255.0f : t;
+        out[i] = (unsigned char)t;
+    }
+}
+
+#define BLEND_CHUNK 256 /* pixels whose gray values are made at a time */
+
 enum { DEGENERATE_BLACK, DEGENERATE_GRAY, DEGENERATE_MEAN, DEGENERATE_SMOOTH };
 
 /* ImageFilter.SMOOTH (3x3, 1 1 1 / 1 5 1 / 1 1 1, divisor 13) of the
@@ -498,12 +520,17 @@ static void enhance(int kind, float alpha, const unsigned char *src, unsigned ch
         return;
     }
     if (kind == DEGENERATE_GRAY) {
-        for (size_t i = 0; i < 3 * pixels; i += 3) {
-            int gray = luma(src + i);
-            for (int b = 0; b < 3; b++)
-                dst[i + b] = alpha == 0.0f   ? (unsigned char)gray
-                             : alpha == 1.0f ? src[i + b]
-                                             : blend1(gray, src[i + b], alpha);
+        /* Each pixel's gray value three times (the L image converted back
+         * to RGB), a chunk at a time, then one blend over the chunk.  With
+         * alpha 0 or 1 the blend gives the gray or the image exactly, as
+         * Pillow's copies do. */
+        unsigned char gray[3 * BLEND_CHUNK];
+        for (size_t start = 0; start < pixels; start += BLEND_CHUNK) {
+            size_t n = pixels - start < BLEND_CHUNK ? pixels - start : BLEND_CHUNK;
+            const unsigned char *in = src + 3 * start;
+            for (size_t i = 0; i < n; i++)
+                gray[3 * i] = gray[3 * i + 1] = gray[3 * i + 2] = (unsigned char)luma(in + 3 * i);
+            blend_bytes(gray, in, dst + 3 * start, 3 * n, alpha);
         }
         return;
     }
@@ -511,8 +538,7 @@ static void enhance(int kind, float alpha, const unsigned char *src, unsigned ch
     smooth(src, dst, w, h);
     if (alpha == 0.0f)
         return;
-    for (size_t i = 0; i < 3 * pixels; i++)
-        dst[i] = alpha == 1.0f ? src[i] : blend1(dst[i], src[i], alpha);
+    blend_bytes(dst, src, dst, 3 * pixels, alpha);
 }
 
 static void apply_lut(const unsigned char lut[3][256], const unsigned char *src,
