@@ -537,13 +537,13 @@ static void store_row(const fl_resample_target *t, int y, const float *acc,
 {
     if (plain_bytes(t)) {
         /* The uint8 HWC image of the augmentation stage.  With scale 1 and
-         * offset 0, clip255(v) * 1 + 0 is clip255(v), so each byte is a
-         * function of its own float: converted over the contiguous RGB0 row
-         * (a loop gcc vectorises, where the interleaved one stays scalar),
-         * then the spare lanes dropped. */
+         * offset 0, to_byte(clip255(v) * 1 + 0) is to_byte(v) (to_byte
+         * clamps), so each byte is a function of its own float: converted
+         * over the contiguous RGB0 row (a loop gcc vectorises, where the
+         * interleaved one stays scalar), then the spare lanes dropped. */
         size_t n = (size_t)t->width;
         for (size_t i = 0; i < 4 * n; i++)
-            bytes[i] = to_byte(clip255(acc[i]));
+            bytes[i] = to_byte(acc[i]);
         unsigned char *restrict d = (unsigned char *)t->dst + 3 * (size_t)y * n;
         for (size_t x = 0; x < n; x++) {
             d[3 * x + 0] = bytes[4 * x + 0];
