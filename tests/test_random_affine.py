@@ -299,3 +299,31 @@ def test_unmapped_parameters_stay_in_python(torchvision):
         resolved = _torchvision.resolve(v1.Compose([v1.RandomResizedCrop(32), step]))
         assert resolved.python is not None and resolved.warning
         assert "no exact C equivalent" in resolved.warning
+
+
+def test_warped_image_is_stored_in_every_dtype_and_layout():
+    """After the uint8 stage, each output dtype and layout holds the warped
+    uint8 image's values (converted through per-channel tables of the
+    stored value)."""
+    rng = np.random.default_rng(4)
+    image = rng.integers(0, 256, (23, 37, 3), dtype=np.uint8)
+    warp = T.RandomRotation(30, "bilinear", fill=(9, 99, 199))
+    mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+    def run(extra, **kw):
+        return _C.transform_image(T.compile_plan([warp, *extra], **kw), image, 5,
+                                  T.PILLOW_MAX_PIXELS)
+
+    u8 = run([])
+    assert u8.dtype == np.uint8 and u8.shape == (23, 37, 3)
+    unit = u8.transpose(2, 0, 1).astype(np.float32) / 255
+    np.testing.assert_array_equal(run([T.PILToTensor()]), u8.transpose(2, 0, 1))
+    np.testing.assert_allclose(run([T.ToTensor()]), unit, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(run([T.ToTensor()], channels_last=True), unit.transpose(1, 2, 0),
+                               rtol=0, atol=1e-6)
+    half = run([T.PILToTensor(), T.ConvertImageDtype("float16")])
+    assert half.dtype == np.float16
+    np.testing.assert_allclose(half, unit, rtol=0, atol=5e-4)
+    normalised = run([T.ToTensor(), T.Normalize(mean, std)])
+    expected = (unit - np.float32(mean)[:, None, None]) / np.float32(std)[:, None, None]
+    np.testing.assert_allclose(normalised, expected, rtol=0, atol=1e-5)

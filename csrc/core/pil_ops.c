@@ -8,7 +8,9 @@
 
 #include "status.h"
 
+#include <limits.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +54,16 @@ static double py_round15(double x)
 }
 
 /* ------------------------------------------------------------- geometry */
+
+/* gcc vectorises loops with float compares and conversions only when it may assume that compares
+ * and conversions raise no floating-point traps; nothing here reads the
+ * exception flags, and the results are IEEE's either way. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define FL_NO_TRAPS __attribute__((optimize("no-trapping-math")))
+#else
+#define FL_NO_TRAPS
+#endif
+
 
 #define COORD(v) ((v) < 0.0 ? -1 : ((int)(v)))
 #define FLOOR(v) ((v) < 0.0 ? ((int)floor(v)) : ((int)(v)))
@@ -108,6 +120,145 @@ static int bilinear_at(const unsigned char *src, int w, int h, double xin, doubl
     return 1;
 }
 
+/* Pillow's BILINEAR affine transform (ImagingGenericTransform calling
+ * affine_transform and bilinear_filter32RGB per pixel), with the same
+ * arithmetic on every pixel but laid out for speed:
+ *
+ * - xout = a0 * xin + a1 * yin + a2 evaluates as (a0 * xin + a1 * yin) + a2;
+ *   the product a1 * yin is the same for the whole row, so it is computed
+ *   once; the sums stay per pixel, in Pillow's order.
+ * - The filter's bounds test, floor and edge clamps become one branch-free
+ *   computation of the four neighbours: inside the image, xin - 0.5 is at
+ *   least -0.5, so floor is the truncation less one below zero; a row
+ *   below the image (y + 1 == h, where Pillow reuses the first row's
+ *   value) is the clamped row y itself, which gives that same value.
+ * - A row is done in chunks, one pass per step over arrays (positions and
+ *   weights; the sixteen bytes gathered; the blends per band), so that the
+ *   compiler vectorises the double arithmetic, which is exact whether done
+ *   one value or several at a time.
+ * - Pixels sampling outside the image keep the fill, as in Pillow. */
+#define WARP_CHUNK 64
+
+/* The pixel at byte offset `at` as R | G << 8 | B << 16 (and whatever the
+ * fourth byte holds at 24): one load, or three for the image's last pixel,
+ * where a fourth byte would lie past the end. */
+static inline uint32_t load_rgb(const unsigned char *src, int at, int last)
+{
+    uint32_t v;
+    if (at < last) {
+        memcpy(&v, src + at, 4);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+        v = __builtin_bswap32(v);
+#endif
+        return v;
+    }
+    return src[at] | (uint32_t)src[at + 1] << 8 | (uint32_t)src[at + 2] << 16;
+}
+
+FL_NO_TRAPS static void bilinear_affine(const unsigned char *src, unsigned char *dst, int w, int h,
+                            const double a[6])
+{
+    size_t stride = (size_t)w * 3;
+    const double wd = w, hd = h;
+    double dx[WARP_CHUNK], dy[WARP_CHUNK];
+    int off_top[WARP_CHUNK], off_bottom[WARP_CHUNK], step[WARP_CHUNK];
+    double inside[WARP_CHUNK]; /* 1: the pixel samples the image; 0: it keeps the fill */
+    int last = (int)(stride * (size_t)h) - 3; /* offset of the last pixel */
+    /* neighbours (top-left, top-right, bottom-left, -right), bands in bytes 0..2 */
+    uint32_t q[4][WARP_CHUNK];
+    unsigned char v[3][WARP_CHUNK];
+    for (int y = 0; y < h; y++) {
+        double yin = y + 0.5;
+        double row_x = a[1] * yin, row_y = a[4] * yin;
+        unsigned char *out = dst + (size_t)y * stride;
+        for (int x0 = 0; x0 < w; x0 += WARP_CHUNK) {
+            int n = w - x0 < WARP_CHUNK ? w - x0 : WARP_CHUNK;
+            for (int i = 0; i < n; i++) {
+                double xin = (x0 + i) + 0.5;
+                double xx = a[0] * xin + row_x + a[2];
+                double yy = a[3] * xin + row_y + a[5];
+                /* Compares feed double selects only: the loop vectorises. */
+                double in = xx >= 0.0 ? 1.0 : 0.0;
+                in = xx < wd ? in : 0.0;
+                in = yy >= 0.0 ? in : 0.0;
+                in = yy < hd ? in : 0.0;
+                inside[i] = in;
+                /* outside: any position in range, the result is not kept */
+                xx -= 0.5;
+                yy -= 0.5;
+                xx = in != 0.0 ? xx : 0.0;
+                yy = in != 0.0 ? yy : 0.0;
+                /* floor, for values of at least -0.5 */
+                int xi = (int)(xx < 0.0 ? -1.0 : xx), yi = (int)(yy < 0.0 ? -1.0 : yy);
+                dx[i] = xx - xi;
+                dy[i] = yy - yi;
+                int c0 = xi < 0 ? 0 : xi, c1 = xi + 1 < w ? xi + 1 : w - 1;
+                int r0 = yi < 0 ? 0 : yi, r1 = yi + 1 < h ? yi + 1 : h - 1;
+                off_top[i] = r0 * (int)stride + 3 * c0;
+                off_bottom[i] = r1 * (int)stride + 3 * c0;
+                step[i] = 3 * (c1 - c0);
+            }
+            int any = 0;
+            for (int i = 0; i < n; i++)
+                any |= inside[i] != 0.0;
+            if (!any)
+                continue;
+            /* Where every weight of a kind is 0 (ShearX keeps each row's
+             * y, so dy is 0; ShearY keeps x), v + (w - v) * 0 is v exactly:
+             * the neighbours that term would bring are not read. */
+            int flat_x = 1, flat_y = 1;
+            for (int i = 0; i < n; i++) {
+                flat_x &= dx[i] == 0.0;
+                flat_y &= dy[i] == 0.0;
+            }
+            for (int i = 0; i < n; i++) {
+                int t = off_top[i], b = off_bottom[i], s = step[i];
+                q[0][i] = load_rgb(src, t, last);
+                q[1][i] = flat_x ? 0 : load_rgb(src, t + s, last);
+                q[2][i] = flat_y ? 0 : load_rgb(src, b, last);
+                q[3][i] = flat_x || flat_y ? 0 : load_rgb(src, b + s, last);
+            }
+            for (int c = 0; c < 3; c++) {
+                int shift = 8 * c;
+                if (flat_x && flat_y) {
+                    for (int i = 0; i < n; i++)
+                        v[c][i] = (unsigned char)(q[0][i] >> shift);
+                } else if (flat_y) {
+                    for (int i = 0; i < n; i++) {
+                        int p00 = (q[0][i] >> shift) & 0xff, p01 = (q[1][i] >> shift) & 0xff;
+                        double v1 = p00 + (p01 - p00) * dx[i];
+                        v[c][i] = (unsigned char)(int)v1;
+                    }
+                } else if (flat_x) {
+                    for (int i = 0; i < n; i++) {
+                        int p00 = (q[0][i] >> shift) & 0xff, p10 = (q[2][i] >> shift) & 0xff;
+                        double v1 = p00, v2 = p10;
+                        v1 = v1 + (v2 - v1) * dy[i];
+                        v[c][i] = (unsigned char)(int)v1;
+                    }
+                } else {
+                    for (int i = 0; i < n; i++) {
+                        int p00 = (q[0][i] >> shift) & 0xff, p01 = (q[1][i] >> shift) & 0xff;
+                        int p10 = (q[2][i] >> shift) & 0xff, p11 = (q[3][i] >> shift) & 0xff;
+                        double v1 = p00 + (p01 - p00) * dx[i];
+                        double v2 = p10 + (p11 - p10) * dx[i];
+                        v1 = v1 + (v2 - v1) * dy[i];
+                        v[c][i] = (unsigned char)(int)v1;
+                    }
+                }
+            }
+            unsigned char *o = out + 3 * (size_t)x0;
+            for (int i = 0; i < n; i++) {
+                if (inside[i] != 0.0) {
+                    o[3 * i] = v[0][i];
+                    o[3 * i + 1] = v[1][i];
+                    o[3 * i + 2] = v[2][i];
+                }
+            }
+        }
+    }
+}
+
 /* A whole-pixel shift (TranslateX/Y): output (x, y) is source (x + tx,
  * y + ty) where that is inside.  Both filters sample exactly at pixel
  * centres then (the bilinear weights are 0), so rows are copied. */
@@ -141,7 +292,12 @@ void fl_pil_affine(const unsigned char *src, unsigned char *dst, int w, int h, c
         translate(src, dst, w, h, (int)a[2], (int)a[5]);
         return;
     }
+    if (interpolation == FL_WARP_BILINEAR && (size_t)w * h * 3 <= INT_MAX) {
+        bilinear_affine(src, dst, w, h, a);
+        return;
+    }
     if (interpolation == FL_WARP_BILINEAR) {
+        /* Too large for bilinear_affine's int offsets: pixel by pixel. */
         for (int y = 0; y < h; y++) {
             for (int x = 0; x < w; x++) {
                 double xin = x + 0.5, yin = y + 0.5;
@@ -286,6 +442,27 @@ static inline int luma(const unsigned char *p)
     return (p[0] * 19595 + p[1] * 38470 + p[2] * 7471 + 0x8000) >> 16;
 }
 
+/* blend1 over n values: out[i] = blend1(degenerate[i], image[i], alpha),
+ * written so that the loops vectorise (float lanes compute exactly what
+ * the scalar expression does).  out may be degenerate. */
+FL_NO_TRAPS static void blend_bytes(const unsigned char *degenerate, const unsigned char *image,
+                                    unsigned char *out, size_t n, float alpha)
+{
+    if (alpha >= 0 && alpha <= 1.0) {
+        for (size_t i = 0; i < n; i++)
+            out[i] = (unsigned char)(degenerate[i] + alpha * (image[i] - degenerate[i]));
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        float t = (float)(degenerate[i] + alpha * (image[i] - degenerate[i]));
+        t = t <= 0.0f ? 0.0f : t;
+        t = t >= 255.0f ? 255.0f : t;
+        out[i] = (unsigned char)t;
+    }
+}
+
+#define BLEND_CHUNK 256 /* pixels whose gray values are made at a time */
+
 enum { DEGENERATE_BLACK, DEGENERATE_GRAY, DEGENERATE_MEAN, DEGENERATE_SMOOTH };
 
 /* ImageFilter.SMOOTH (3x3, 1 1 1 / 1 5 1 / 1 1 1, divisor 13) of the
@@ -343,12 +520,17 @@ static void enhance(int kind, float alpha, const unsigned char *src, unsigned ch
         return;
     }
     if (kind == DEGENERATE_GRAY) {
-        for (size_t i = 0; i < 3 * pixels; i += 3) {
-            int gray = luma(src + i);
-            for (int b = 0; b < 3; b++)
-                dst[i + b] = alpha == 0.0f   ? (unsigned char)gray
-                             : alpha == 1.0f ? src[i + b]
-                                             : blend1(gray, src[i + b], alpha);
+        /* Each pixel's gray value three times (the L image converted back
+         * to RGB), a chunk at a time, then one blend over the chunk.  With
+         * alpha 0 or 1 the blend gives the gray or the image exactly, as
+         * Pillow's copies do. */
+        unsigned char gray[3 * BLEND_CHUNK];
+        for (size_t start = 0; start < pixels; start += BLEND_CHUNK) {
+            size_t n = pixels - start < BLEND_CHUNK ? pixels - start : BLEND_CHUNK;
+            const unsigned char *in = src + 3 * start;
+            for (size_t i = 0; i < n; i++)
+                gray[3 * i] = gray[3 * i + 1] = gray[3 * i + 2] = (unsigned char)luma(in + 3 * i);
+            blend_bytes(gray, in, dst + 3 * start, 3 * n, alpha);
         }
         return;
     }
@@ -356,8 +538,7 @@ static void enhance(int kind, float alpha, const unsigned char *src, unsigned ch
     smooth(src, dst, w, h);
     if (alpha == 0.0f)
         return;
-    for (size_t i = 0; i < 3 * pixels; i++)
-        dst[i] = alpha == 1.0f ? src[i] : blend1(dst[i], src[i], alpha);
+    blend_bytes(dst, src, dst, 3 * pixels, alpha);
 }
 
 static void apply_lut(const unsigned char lut[3][256], const unsigned char *src,

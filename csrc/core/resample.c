@@ -51,6 +51,7 @@ enum {
     BUF_RING,   /* float[taps_y * 4 * out_w]: horizontally filtered rows, RGB0 */
     BUF_ACC,    /* float[4 * out_w]: one output row before conversion */
     BUF_ROWS,   /* taps_y pointers: the rows of one vertical window */
+    BUF_BYTES,  /* unsigned char[4 * out_w]: one output row as RGB0 bytes */
     BUF_COUNT
 };
 
@@ -522,11 +523,99 @@ static inline void store_channels(const fl_resample_target *t, int y, const floa
     }
 }
 
-/* Output row y from acc (width RGB0 pixels). */
-static void store_row(const fl_resample_target *t, int y, const float *acc)
+/* Whether the target's scale and offset leave values as they are. */
+static int plain_bytes(const fl_resample_target *t)
 {
+    return t->dtype == FL_DTYPE_UINT8 && t->layout == FL_LAYOUT_HWC && t->scale[0] == 1.0f &&
+           t->scale[1] == 1.0f && t->scale[2] == 1.0f && t->offset[0] == 0.0f &&
+           t->offset[1] == 0.0f && t->offset[2] == 0.0f;
+}
+
+/* Output row y from acc (width RGB0 pixels). */
+static void store_row(const fl_resample_target *t, int y, const float *acc,
+                      unsigned char *restrict bytes)
+{
+    if (plain_bytes(t)) {
+        /* The uint8 HWC image of the augmentation stage.  With scale 1 and
+         * offset 0, to_byte(clip255(v) * 1 + 0) is to_byte(v) (to_byte
+         * clamps), so each byte is a function of its own float: converted
+         * over the contiguous RGB0 row (a loop gcc vectorises, where the
+         * interleaved one stays scalar), then the spare lanes dropped. */
+        size_t n = (size_t)t->width;
+        for (size_t i = 0; i < 4 * n; i++)
+            bytes[i] = to_byte(acc[i]);
+        unsigned char *restrict d = (unsigned char *)t->dst + 3 * (size_t)y * n;
+        for (size_t x = 0; x < n; x++) {
+            d[3 * x + 0] = bytes[4 * x + 0];
+            d[3 * x + 1] = bytes[4 * x + 1];
+            d[3 * x + 2] = bytes[4 * x + 2];
+        }
+        return;
+    }
     store_channels(t, y, acc, acc + 1, acc + 2, 4);
 }
+
+/* The stored value of each byte value in each channel: store_channels'
+ * expression on (float)v, so a pixel picked from the source (NEAREST, or a
+ * same-size copy) is stored with three table reads. */
+typedef union fl_store_lut {
+    float f32[3][256];
+    uint16_t f16[3][256];
+    unsigned char u8[3][256];
+} fl_store_lut;
+
+static void build_store_lut(const fl_resample_target *t, fl_store_lut *lut)
+{
+    for (int c = 0; c < 3; c++) {
+        for (int v = 0; v < 256; v++) {
+            float value = clip255((float)v) * t->scale[c] + t->offset[c];
+            if (t->dtype == FL_DTYPE_FLOAT32)
+                lut->f32[c][v] = value;
+            else if (t->dtype == FL_DTYPE_FLOAT16)
+                lut->f16[c][v] = to_half(value);
+            else
+                lut->u8[c][v] = to_byte(value);
+        }
+    }
+}
+
+#define FL_STORE_PICKED(type, table)                                                           \
+    do {                                                                                       \
+        type *restrict d = (type *)t->dst;                                                     \
+        if (t->layout == FL_LAYOUT_CHW) {                                                      \
+            type *restrict d0 = d + (size_t)y * n, *restrict d1 = d0 + plane,                  \
+                           *restrict d2 = d1 + plane;                                          \
+            for (int x = 0; x < n; x++) {                                                      \
+                const unsigned char *p = row + 3 * (size_t)first[x];                           \
+                d0[x] = (table)[0][p[0]];                                                      \
+                d1[x] = (table)[1][p[1]];                                                      \
+                d2[x] = (table)[2][p[2]];                                                      \
+            }                                                                                  \
+        } else {                                                                               \
+            d += 3 * (size_t)y * n;                                                            \
+            for (int x = 0; x < n; x++) {                                                      \
+                const unsigned char *p = row + 3 * (size_t)first[x];                           \
+                d[3 * x + 0] = (table)[0][p[0]];                                               \
+                d[3 * x + 1] = (table)[1][p[1]];                                               \
+                d[3 * x + 2] = (table)[2][p[2]];                                               \
+            }                                                                                  \
+        }                                                                                      \
+    } while (0)
+
+/* Output row y picked from source row `row` at columns first[0 .. width). */
+static void store_picked(const fl_resample_target *t, int y, const unsigned char *restrict row,
+                         const int *restrict first, const fl_store_lut *lut)
+{
+    int n = t->width;
+    size_t plane = (size_t)t->width * t->height;
+    if (t->dtype == FL_DTYPE_FLOAT32)
+        FL_STORE_PICKED(float, lut->f32);
+    else if (t->dtype == FL_DTYPE_FLOAT16)
+        FL_STORE_PICKED(uint16_t, lut->f16);
+    else
+        FL_STORE_PICKED(unsigned char, lut->u8);
+}
+#undef FL_STORE_PICKED
 
 /* ------------------------------------------------------------------------ */
 /* Entry point                                                              */
@@ -600,12 +689,14 @@ int fl_resample(const unsigned char *src, int src_w, int src_h, size_t src_strid
         (rc = reserve(&b[BUF_PIXELS], sizeof(float) * (3 * (size_t)src_w + 1))) != FL_OK ||
         (rc = reserve(&b[BUF_RING], vfirst ? 0 : sizeof(float) * ring_row * taps_y)) != FL_OK ||
         (rc = reserve(&b[BUF_ACC], sizeof(float) * ring_row)) != FL_OK ||
-        (rc = reserve(&b[BUF_ROWS], sizeof(void *) * (size_t)taps_y)) != FL_OK)
+        (rc = reserve(&b[BUF_ROWS], sizeof(void *) * (size_t)taps_y)) != FL_OK ||
+        (rc = reserve(&b[BUF_BYTES], 4 * (size_t)out_w)) != FL_OK)
         return rc;
 
     int *xfirst = b[BUF_XFIRST].data, *yfirst = b[BUF_YFIRST].data;
     float *xw = b[BUF_XW].data, *xw4 = b[BUF_XW4].data, *yw = b[BUF_YW].data;
     float *px = b[BUF_PIXELS].data, *ring = b[BUF_RING].data, *acc = b[BUF_ACC].data;
+    unsigned char *bytes = b[BUF_BYTES].data;
 
     build_axis(&ax, taps_x, xfirst, xw);
     build_axis(&ay, taps_y, yfirst, yw);
@@ -626,10 +717,10 @@ int fl_resample(const unsigned char *src, int src_w, int src_h, size_t src_strid
 
     if (taps_x == 1 && taps_y == 1) {
         /* NEAREST or a plain copy: a gather per output row. */
-        for (int y = 0; y < out_h; y++) {
-            pick_row(src + (size_t)yfirst[y] * src_stride, xfirst, out_w, acc);
-            store_row(t, y, acc);
-        }
+        fl_store_lut lut;
+        build_store_lut(t, &lut);
+        for (int y = 0; y < out_h; y++)
+            store_picked(t, y, src + (size_t)yfirst[y] * src_stride, xfirst, &lut);
         return FL_OK;
     }
     if (vfirst) {
@@ -642,7 +733,7 @@ int fl_resample(const unsigned char *src, int src_w, int src_h, size_t src_strid
             vertical_row(rows, yw + (size_t)y * taps_y, taps_y, 3 * (size_t)col_lo,
                          3 * (size_t)col_hi, clip, px);
             filter_row(px, xfirst, xw4, taps_x, out_w, 0, acc);
-            store_row(t, y, acc);
+            store_row(t, y, acc, bytes);
         }
         return FL_OK;
     }
@@ -670,7 +761,7 @@ int fl_resample(const unsigned char *src, int src_w, int src_h, size_t src_strid
         for (int j = 0; j < taps_y; j++)
             rows[j] = ring + (size_t)((top + j) % taps_y) * ring_row;
         filter_column(rows, yw + (size_t)y * taps_y, taps_y, (int)ring_row, acc);
-        store_row(t, y, acc);
+        store_row(t, y, acc, bytes);
     }
     return FL_OK;
 }
