@@ -27,7 +27,12 @@ int fl_image_source_read(const fl_image_source *src, fl_image_worker *w, int64_t
         offset = (uint64_t)src->ranges[2 * index];
         length = (uint64_t)src->ranges[2 * index + 1];
     }
-    int rc = fl_read_range(w, fl_image_source_path(src, index), offset, length, &file->data,
+    int rc;
+    if (src->read_bytes)
+        rc = src->read_bytes(src->bytes_ctx, index, &file->data, &file->size, failure->msg,
+                             sizeof failure->msg);
+    else
+        rc = fl_read_range(w, fl_image_source_path(src, index), offset, length, &file->data,
                            &file->size, &failure->err, failure->msg, sizeof failure->msg);
     /* An empty file goes to the JPEG decoder, which names the problem. */
     if (rc != FL_OK || file->size == 0)
