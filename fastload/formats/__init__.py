@@ -10,5 +10,6 @@ without them; ``pip install fastload[formats]`` installs both.
 
 from .arrow import ArrowDataset
 from .hdf5 import HDF5Dataset
+from .lmdb import LMDBDataset
 
-__all__ = ["ArrowDataset", "HDF5Dataset"]
+__all__ = ["ArrowDataset", "HDF5Dataset", "LMDBDataset"]
