@@ -1,5 +1,6 @@
-"""Datasets over files other libraries write: HDF5 (``HDF5Dataset``) and
-Arrow IPC / Feather v2 / Parquet (``ArrowDataset``).
+"""Datasets over files other libraries write: HDF5 (``HDF5Dataset``),
+Arrow IPC / Feather v2 / Parquet (``ArrowDataset``) and LMDB
+(``LMDBDataset``, read with liblmdb itself: no Python package).
 
 The file format's own library (h5py, pyarrow) only parses the metadata and
 opens the file; rows that lie in the file as plain fixed-width arrays are
