@@ -94,9 +94,10 @@ static PyObject *LMDBSource_new(PyTypeObject *type, PyObject *args, PyObject *kw
     self->keys = Py_NewRef(keys);
     self->key_offsets = Py_NewRef(key_offsets);
     char msg[512];
+    const char *path_text = PyBytes_AS_STRING(path);
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = fl_lmdb_open(&self->core, PyBytes_AS_STRING(path), db, msg, sizeof msg);
+    rc = fl_lmdb_open(&self->core, path_text, db, msg, sizeof msg);
     Py_END_ALLOW_THREADS
     if (rc != FL_OK) {
         raise_status(type, rc, msg);
@@ -170,9 +171,10 @@ static PyObject *LMDBSource_gather(LMDBSourceObject *self, PyObject *const *args
         }
     char msg[512];
     int64_t failed = -1;
+    void *rows = PyArray_DATA(out);
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = fl_lmdb_gather(&self->core, iv, n, PyArray_DATA(out), &failed, msg, sizeof msg);
+    rc = fl_lmdb_gather(&self->core, iv, n, rows, &failed, msg, sizeof msg);
     Py_END_ALLOW_THREADS
     if (rc != FL_OK) {
         raise_status(Py_TYPE(self), rc, msg);
