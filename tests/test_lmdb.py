@@ -197,3 +197,20 @@ def test_bad_arguments():
         fastload.LMDBDataset("x", decode="png")
     with pytest.raises(ValueError, match="needs dtype and shape"):
         fastload.LMDBDataset("x", decode="raw")
+
+
+def test_forked_process_opens_the_database_again(stores):
+    ds = fastload.LMDBDataset(stores["raw"], decode="raw", dtype=np.float32, shape=SHAPE)
+    parent = ds._source
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child reports whether it read through its own environment
+        ok = ds[1][0].shape == SHAPE and ds._source is not parent
+        os.write(write, b"1" if ok else b"0")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    os.close(write)
+    answer = os.read(read, 1)
+    os.close(read)
+    assert answer == b"1"
+    assert ds._source is parent

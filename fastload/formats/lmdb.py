@@ -97,7 +97,17 @@ def LMDBDataset(path, keys=None, decode="jpeg", dtype=None, shape=None, labels=N
                        target_transform, db, length)
 
 
-class _LMDBImages(ImageFiles):
+class _ReopenAfterFork:
+    """An LMDB environment is used only in the process that opened it
+    (liblmdb's rule): a forked worker process opens the database again on
+    its first read."""
+
+    def _in_this_process(self):
+        if self._pid != os.getpid():
+            self._make_sources()
+
+
+class _LMDBImages(_ReopenAfterFork, ImageFiles):
     """Images decoded by the C pipeline from the values of an LMDB."""
 
     _sources = ("_source", "_raw", "_lmdb")
@@ -105,7 +115,7 @@ class _LMDBImages(ImageFiles):
     def __init__(self, path, keys, labels, transform, target_transform, db, length,
                  decode="fast", on_error="raise", max_pixels=PILLOW_MAX_PIXELS):
         self.lmdb_path, self.db, self._keys = path, db, keys
-        self._lmdb = _open(path, db, keys, 0)
+        self._lmdb, self._pid = _open(path, db, keys, 0), os.getpid()
         n = _length(self._lmdb, keys, length, path)
         # Every sample names the database in messages; the key is in the text.
         paths = (os.fsencode(path) + b"\0", np.zeros(n, np.int64))
@@ -113,9 +123,18 @@ class _LMDBImages(ImageFiles):
                     on_error, max_pixels, None)
 
     def _make_sources(self):
-        if getattr(self, "_lmdb", None) is None:
+        if getattr(self, "_lmdb", None) is None or self._pid != os.getpid():
             self._lmdb = _open(self.lmdb_path, self.db, self._keys, 0)
+        self._pid = os.getpid()
         super()._make_sources()
+
+    def _native_source(self, uint8=False):
+        self._in_this_process()
+        return super()._native_source(uint8)
+
+    def __getitem__(self, index):
+        self._in_this_process()
+        return super().__getitem__(index)
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -128,7 +147,7 @@ class _LMDBImages(ImageFiles):
                               skip=skip, fallback=_fallback(), lmdb=self._lmdb)
 
 
-class _LMDBValues(SourceOwner):
+class _LMDBValues(_ReopenAfterFork, SourceOwner):
     """Raw records or callable-decoded values of an LMDB."""
 
     _sources = ("_source",)
@@ -151,6 +170,7 @@ class _LMDBValues(SourceOwner):
 
     def _make_sources(self):
         self._source = _open(self.lmdb_path, self.db, self._keys, self._value_size)
+        self._pid = os.getpid()
 
     def __len__(self):
         return self._length
@@ -162,6 +182,7 @@ class _LMDBValues(SourceOwner):
     def _values(self, indices):
         """The samples ``indices`` (int64, resolved): one array for raw
         records, else a list of decoded values."""
+        self._in_this_process()
         if self.decode == "raw":
             out = np.empty((len(indices),) + self.shape, self.dtype)
             self._source.gather(np.ascontiguousarray(indices), out)
