@@ -25,6 +25,7 @@ IMAGE_LIBRARIES = [
     ("jpeglib.h", "libjpeg-turbo", "libjpeg-dev", "libjpeg-turbo-devel", "libjpeg-turbo-dev"),
     ("png.h", "libpng", "libpng-dev", "libpng-devel", "libpng-dev"),
     ("webp/decode.h", "libwebp", "libwebp-dev", "libwebp-devel", "libwebp-dev"),
+    ("lmdb.h", "liblmdb", "liblmdb-dev", "lmdb-devel", "lmdb-dev"),
 ]
 
 
@@ -91,7 +92,7 @@ extension = Extension(
     "fastload._C",
     sources=sources,
     include_dirs=["csrc", numpy.get_include()],
-    libraries=["jpeg", "png", "webp", "webpdemux", "pthread", "dl"],
+    libraries=["jpeg", "png", "webp", "webpdemux", "lmdb", "pthread", "dl"],
     define_macros=[("NPY_TARGET_VERSION", "NPY_1_24_API_VERSION")],
     extra_compile_args=["-std=c11", "-O3", "-Wall", "-Wextra", "-fvisibility=hidden"]
     + san_compile,

@@ -1,4 +1,4 @@
-"""HDF5Dataset and ArrowDataset against the usual torch wrapper, side by side.
+"""HDF5Dataset, ArrowDataset and LMDBDataset against the usual torch wrapper, side by side.
 
     python benchmarks/formats_bench.py            # 256 MiB of rows per file
     python benchmarks/formats_bench.py --quick    # 8 MiB, a smoke run
@@ -7,15 +7,17 @@ Rows of 4 KiB (1024 float32) plus an int64 label, the same content in six
 files: an HDF5 file with contiguous datasets, two with chunked,
 lzf-compressed datasets (chunks of 4 rows, sized for random access, and of
 64 rows, where every random row decodes 256 KiB), an Arrow IPC (Feather v2)
-file, a Parquet file, and a Zarr v3 group (zarr's default zstd, 64-row
-chunks), read in random batches and in batches of ``ChunkShuffleSampler``'s
-order (blocks of 4 chunks: a batch decodes a few chunks).  Random batches
-of 256 from a warm page cache, the same batches for every loader:
+file, a Parquet file, a Zarr v3 group (zarr's default zstd, 64-row chunks)
+and an LMDB file (one 4 KiB value a row, key ``str(i)``), read in random
+batches and, for Zarr, also in batches of ``ChunkShuffleSampler``'s order
+(blocks of 4 chunks: a batch decodes a few chunks).  Random batches of 256
+from a warm page cache, the same batches for every loader:
 
 * torch: torch's DataLoader, ``num_workers=2`` (persistent), over the
   dataset a user writes: h5py (or zarr) opened in each worker,
   ``f[key][i]`` per sample; or the table memory-mapped in each worker,
-  ``column[i]`` per sample;
+  ``column[i]`` per sample; or the lmdb package in each worker,
+  ``txn.get(str(i))`` per sample;
 * fastload: ``HDF5Dataset`` / ``ArrowDataset`` (``ArrowDataset.from_parquet``
   for Parquet, whose torch wrapper reads the same table with pyarrow) in
   fastload's DataLoader, ``num_workers=2`` (threads where every column is
@@ -37,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import fastload  # noqa: E402
 
 import h5py  # noqa: E402
+import lmdb  # noqa: E402
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.feather as feather  # noqa: E402
@@ -55,7 +58,7 @@ ROW = 1024
 BATCH = 256
 FULL = dict(rows=65536, batches=60, reps=5)
 QUICK = dict(rows=2048, batches=4, reps=1)
-KINDS = ("hdf5", "hdf5-chunked-4", "hdf5-chunked-64", "arrow", "parquet")
+KINDS = ("hdf5", "hdf5-chunked-4", "hdf5-chunked-64", "arrow", "parquet", "lmdb")
 # Zarr v3 (zstd, 64-row chunks): random batches, and batches of
 # ChunkShuffleSampler's order (blocks of 4 chunks), the same order for both.
 ZARR_KINDS = ("zarr", "zarr-chunk-shuffled") if zarr is not None else ()
@@ -92,6 +95,11 @@ def make_files(root, n):
         group = zarr.open_group(paths["zarr"], mode="w", zarr_format=3)
         group.create_array("x", data=x, chunks=(ZARR_CHUNK_ROWS, ROW))
         group.create_array("y", data=y, chunks=(min(n, 4096),))
+    env = lmdb.open(paths["lmdb"], map_size=2 * x.nbytes + (64 << 20), subdir=False)
+    with env.begin(write=True) as txn:
+        for i in range(n):
+            txn.put(str(i).encode(), x[i].tobytes())
+    env.close()
     return paths
 
 
@@ -142,9 +150,39 @@ class TorchZarr(tud.Dataset):
         return self.x[i], self.y[i]
 
 
+class TorchLMDB(tud.Dataset):
+    """The lmdb package in a Dataset, the environment opened in each worker."""
+
+    def __init__(self, path):
+        self.path, self.env = path, None
+        with lmdb.open(path, readonly=True, lock=False, subdir=False) as env:
+            self.n = env.stat()["entries"]
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.env is None:
+            self.env = lmdb.open(self.path, readonly=True, lock=False, subdir=False)
+        with self.env.begin() as txn:
+            return np.frombuffer(txn.get(str(i).encode()), np.float32).copy(), i
+
+
+def torch_dataset(kind, path):
+    if kind.startswith("hdf5"):
+        return TorchH5(path)
+    if kind.startswith("zarr"):
+        return TorchZarr(path)
+    return TorchLMDB(path) if kind == "lmdb" else TorchArrow(path)
+
+
 def fastload_dataset(kind, path):
     if kind.startswith("zarr"):
         return fastload.ZarrDataset(path, ("x", "y"))
+    if kind == "lmdb":
+        labels = np.arange(TorchLMDB(path).n)  # the label of row i is i, as in the other files
+        return fastload.LMDBDataset(path, decode="raw", dtype=np.float32, shape=ROW,
+                                    labels=labels)
     if kind.startswith("hdf5"):
         return fastload.HDF5Dataset(path, ("x", "y"))
     if kind == "parquet":
@@ -163,8 +201,7 @@ class Setup:
             self.plan = np.random.default_rng(seed).integers(0, n_rows, batches * BATCH)
         sampler = self.plan.tolist()
         if library == "torch":
-            dataset = (TorchH5(path) if kind.startswith("hdf5") else
-                       TorchZarr(path) if kind.startswith("zarr") else TorchArrow(path))
+            dataset = torch_dataset(kind, path)
             self.loader = tud.DataLoader(dataset, batch_size=BATCH, sampler=sampler,
                                          num_workers=2, persistent_workers=True)
         else:
@@ -216,6 +253,7 @@ def main():
     versions = f"torch {torch.__version__}, h5py {h5py.__version__}, pyarrow {pa.__version__}"
     if zarr is not None:
         versions += f", zarr {zarr.__version__}"
+    versions += f", lmdb {lmdb.__version__}"
     print(f"Random batches of {BATCH} rows (4 KiB float32 + int64 label) of {size['rows']}, "
           f"{size['batches']} batches an epoch "
           f"({size['batches'] // BATCH_SHARE['hdf5-chunked-64']} for hdf5-chunked-64), median of {size['reps']}; {cpu_model()}, {os.cpu_count()} cores; "

@@ -7,6 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("h5py")
 pytest.importorskip("pyarrow")
+pytest.importorskip("lmdb")
 
 import formats_bench  # noqa: E402
 

@@ -219,6 +219,16 @@ extern PyType_Spec fl__WindowSource_spec;
 /* image_source.c: ImageSource, the native source of the image datasets;
  * image_plan.c: reading a fastload.transforms.Plan */
 extern PyType_Spec fl__ImageSource_spec;
+
+/* LMDBSource (csrc/lmdb_source.c): the type is added to the module by
+ * fl__add_lmdb_type; fl__lmdb_core gives an LMDBSource's core source (NULL
+ * with TypeError for any other object), and fl__lmdb_read_bytes is the
+ * image source byte provider over it. */
+struct fl_lmdb_source;
+int fl__add_lmdb_type(PyObject *module);
+const struct fl_lmdb_source *fl__lmdb_core(PyObject *obj);
+int fl__lmdb_read_bytes(const void *ctx, int64_t index, const unsigned char **data,
+                        size_t *size, char *msg, size_t msg_size);
 struct fl_image_plan;
 int fl__parse_plan(PyObject *plan, struct fl_image_plan *out);
 /* The arguments `(plan, seed, epoch, index, ...)` of the test hooks that

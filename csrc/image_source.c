@@ -38,6 +38,7 @@ typedef struct ImageSourceObject {
     PyObject *fallback;    /* callable(bytes) -> HWC uint8 ndarray, or None */
     PyObject *ranges;      /* int64 (n, 2) ndarray, or None */
     PyObject *cache;       /* SampleCache backing core.cache, or None */
+    PyObject *lmdb;        /* LMDBSource the samples are read from, or None */
     PyObject *decode_error;
     int has_shape;         /* the plan fixes the output size: batches stack */
     int channels_first;    /* a tensor in HWC memory: batches are NCHW views */
@@ -252,17 +253,21 @@ static int check_vector(PyObject *obj, const char *what)
 static PyObject *ImageSource_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"paths", "offsets", "labels", "plan", "exact", "max_pixels",
-                             "skip", "fallback", "ranges", "fallback_all", "cache", NULL};
+                             "skip", "fallback", "ranges", "fallback_all", "cache", "lmdb",
+                             NULL};
     PyObject *paths, *offsets, *labels, *plan = Py_None, *fallback = Py_None, *ranges = Py_None;
-    PyObject *cache = Py_None;
+    PyObject *cache = Py_None, *lmdb = Py_None;
     int exact = 0, skip = 0, fallback_all = 0;
     unsigned long long max_pixels = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "SOO|O$pKpOOpO:ImageSource", kwlist, &paths,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "SOO|O$pKpOOpOO:ImageSource", kwlist, &paths,
                                      &offsets, &labels, &plan, &exact, &max_pixels, &skip,
-                                     &fallback, &ranges, &fallback_all, &cache))
+                                     &fallback, &ranges, &fallback_all, &cache, &lmdb))
         return NULL;
     struct fl_sample_cache *core_cache = NULL;
     if (cache != Py_None && !(core_cache = fl__sample_cache_of(cache)))
+        return NULL;
+    const struct fl_lmdb_source *lmdb_core = NULL;
+    if (lmdb != Py_None && !(lmdb_core = fl__lmdb_core(lmdb)))
         return NULL;
     if (check_vector(offsets, "offsets") < 0 || check_vector(labels, "labels") < 0)
         return NULL;
@@ -329,6 +334,7 @@ static PyObject *ImageSource_new(PyTypeObject *type, PyObject *args, PyObject *k
     self->fallback = Py_NewRef(fallback);
     self->ranges = Py_NewRef(ranges);
     self->cache = Py_NewRef(cache);
+    self->lmdb = Py_NewRef(lmdb);
     self->decode_error = Py_NewRef(fl__state_of_type(type)->DecodeError);
     self->core = (fl_image_source){
         .paths = PyBytes_AS_STRING(paths),
@@ -343,6 +349,10 @@ static PyObject *ImageSource_new(PyTypeObject *type, PyObject *args, PyObject *k
         .fallback_all = fallback_all,
         .cache = core_cache,
     };
+    if (lmdb_core) {
+        self->core.read_bytes = fl__lmdb_read_bytes;
+        self->core.bytes_ctx = lmdb_core;
+    }
     self->has_shape = p.out_w > 0 && p.out_h > 0;
     self->channels_first = tensor_output && p.layout == FL_LAYOUT_HWC;
     self->head.ops = &image_ops;
@@ -377,6 +387,7 @@ static void ImageSource_dealloc(ImageSourceObject *self)
     Py_CLEAR(self->fallback);
     Py_CLEAR(self->ranges);
     Py_CLEAR(self->cache);
+    Py_CLEAR(self->lmdb);
     type->tp_free(self);
     Py_DECREF(type);
 }

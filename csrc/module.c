@@ -176,6 +176,8 @@ static int module_exec(PyObject *module)
         add_type(module, &fl__DeviceArray_spec, NULL, &state->DeviceArray_type) < 0 ||
         add_type(module, &fl__SampleCache_spec, NULL, &state->SampleCache_type) < 0)
         return -1;
+    if (fl__add_lmdb_type(module) < 0)
+        return -1;
     state->DecodeError = PyErr_NewExceptionWithDoc(
         "fastload.DecodeError",
         "A sample's file is not an image fastload can decode (corrupt,\n"

@@ -8,7 +8,7 @@ torch's do, and hand batches over through shared buffers without a copy.
 
 from . import profiler, transforms
 from .arrays import ArrayDataset, TokenDataset
-from .formats import ArrowDataset, HDF5Dataset
+from .formats import ArrowDataset, HDF5Dataset, LMDBDataset
 from .images import DecodeError, ImageFiles, ImageFolder
 from ._worker import WorkerInfo, get_worker_info
 from .collate import default_collate, default_convert
@@ -43,6 +43,7 @@ __all__ = [
     "HDF5Dataset",
     "ImageFiles",
     "ImageFolder",
+    "LMDBDataset",
     "IterableDataset",
     "LoaderStats",
     "RandomSampler",

@@ -45,7 +45,10 @@ int fl_image_source_read(const fl_image_source *src, fl_image_worker *w, int64_t
         length = (uint64_t)src->ranges[2 * index + 1];
     }
     int rc;
-    if (src->cache && read_cached(src->cache, w, index, file)) {
+    if (src->read_bytes) {
+        rc = src->read_bytes(src->bytes_ctx, index, &file->data, &file->size, failure->msg,
+                             sizeof failure->msg);
+    } else if (src->cache && read_cached(src->cache, w, index, file)) {
         rc = FL_OK;
     } else {
         rc = fl_read_range(w, fl_image_source_path(src, index), offset, length, &file->data,

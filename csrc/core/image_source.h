@@ -53,6 +53,12 @@ typedef struct fl_image_source {
     struct fl_sample_cache *cache; /* NULL, or the samples' bytes kept for
                                       later reads (sample_cache.h); owned by
                                       the binding */
+    /* NULL: sample i is read from its file.  Else it gives sample i's bytes
+     * (e.g. an LMDB value, in place in its memory map), valid as long as the
+     * source; `paths` then only names the store in messages. */
+    int (*read_bytes)(const void *ctx, int64_t index, const unsigned char **data, size_t *size,
+                      char *msg, size_t msg_size);
+    const void *bytes_ctx;
 } fl_image_source;
 
 /* One sample that failed. */

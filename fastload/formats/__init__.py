@@ -1,16 +1,19 @@
 """Datasets over files other libraries write: HDF5 (``HDF5Dataset``),
-Arrow IPC / Feather v2 / Parquet (``ArrowDataset``) and Zarr v2 / v3
-(``ZarrDataset``).
+Arrow IPC / Feather v2 / Parquet (``ArrowDataset``), Zarr v2 / v3
+(``ZarrDataset``) and LMDB (``LMDBDataset``, read with liblmdb itself: no
+Python package).
 
-The file format's own library (h5py, pyarrow) only parses the metadata and
-opens the file (zarr also reads compressed chunks); rows that lie in the file as plain fixed-width arrays are
-memory-mapped and gathered in C, as ``ArrayDataset`` gathers them.  Neither
-library is imported until a dataset is made, so ``import fastload`` works
-without them; ``pip install fastload[formats]`` installs them.
+The file format's own library (h5py, pyarrow, zarr) only parses the
+metadata and opens the file (zarr also reads compressed chunks); rows that lie
+in the file as plain fixed-width arrays are memory-mapped and gathered in C,
+as ``ArrayDataset`` gathers them.  No library is imported until a dataset is
+made, so ``import fastload`` works without them; ``pip install
+fastload[formats]`` installs them.
 """
 
 from .arrow import ArrowDataset
 from .hdf5 import HDF5Dataset
+from .lmdb import LMDBDataset
 from .zarr import ZarrDataset
 
-__all__ = ["ArrowDataset", "HDF5Dataset", "ZarrDataset"]
+__all__ = ["ArrowDataset", "HDF5Dataset", "LMDBDataset", "ZarrDataset"]

@@ -1,0 +1,56 @@
+/* fastload core: an LMDB database as a dataset's sample store, read with
+ * liblmdb from any thread without the GIL.
+ *
+ * The environment is opened read-only once (MDB_NOTLS, so read transactions
+ * are not tied to the thread that made them) and shared by every worker
+ * thread.  Sample i is the value of key i: its index written as ASCII
+ * decimal ("0", "1", ...), the usual ImageNet-LMDB layout, or the i-th key
+ * of a key list given as one blob and offsets.
+ *
+ * Raw arrays: fl_lmdb_gather copies each value (a fixed-size record) straight
+ * into its batch row, one read transaction per batch.  Images: fl_lmdb_read
+ * is the image source's byte provider; it hands out a pointer into the
+ * memory map itself (no copy), which stays valid while no other process
+ * writes to the database: the dataset, like the other formats, must not be
+ * changed while it is read.
+ */
+#ifndef FL_LMDB_SOURCE_H
+#define FL_LMDB_SOURCE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct fl_lmdb_source {
+    void *env;               /* MDB_env * */
+    unsigned int dbi;        /* MDB_dbi */
+    const char *path;
+    const char *keys;        /* NULL: key i is i in decimal */
+    const int64_t *key_offsets; /* key i is keys[key_offsets[i] .. key_offsets[i + 1]) */
+    int64_t length;
+    size_t value_size;       /* raw records: bytes per value; 0 for images */
+    int no_lock;             /* opened with MDB_NOLOCK (the lock file could not be made) */
+} fl_lmdb_source;
+
+/* Opens `path` (a database directory, or the data file itself) read-only,
+ * and the named database `db` (NULL: the default one).  Returns FL_OK, or a
+ * status with a message in msg (the source then holds nothing). */
+int fl_lmdb_open(fl_lmdb_source *src, const char *path, const char *db, char *msg,
+                 size_t msg_size);
+
+void fl_lmdb_close(fl_lmdb_source *src);
+
+/* The number of entries of the database, or -1 with a message. */
+int64_t fl_lmdb_entries(const fl_lmdb_source *src, char *msg, size_t msg_size);
+
+/* Copies the values of samples idx[0..n) into consecutive value_size-byte
+ * rows of dst.  Returns FL_OK, or FL_ERR_IO (missing key) / FL_ERR_DECODE
+ * (value of the wrong size) naming the key, with *failed set to the index. */
+int fl_lmdb_gather(const fl_lmdb_source *src, const int64_t *idx, size_t n, void *dst,
+                   int64_t *failed, char *msg, size_t msg_size);
+
+/* Sample `index`'s value: *data points into the memory map.  Returns FL_OK
+ * or FL_ERR_IO naming the key. */
+int fl_lmdb_read(const fl_lmdb_source *src, int64_t index, const unsigned char **data,
+                 size_t *size, char *msg, size_t msg_size);
+
+#endif /* FL_LMDB_SOURCE_H */

@@ -1,0 +1,254 @@
+/* fastload._C: LMDBSource — an LMDB database opened read-only with liblmdb
+ * (csrc/core/lmdb_source.h), read without the GIL.
+ *
+ * gather() copies fixed-size records straight into a batch; get() returns
+ * one value as bytes (the Python-callable decode path); an ImageSource made
+ * with lmdb=<LMDBSource> decodes its samples straight from the map.  The
+ * environment is not pickled: a worker process makes its own source.
+ */
+#include "fastload.h"
+
+#include "core/lmdb_source.h"
+#include "core/status.h"
+
+#include <string.h>
+
+typedef struct LMDBSourceObject {
+    PyObject_HEAD
+    fl_lmdb_source core;
+    PyObject *path;        /* bytes, backs core.path */
+    PyObject *keys;        /* bytes or None, backs core.keys */
+    PyObject *key_offsets; /* int64 ndarray or None */
+} LMDBSourceObject;
+
+static void LMDBSource_dealloc(LMDBSourceObject *self);
+
+const struct fl_lmdb_source *fl__lmdb_core(PyObject *obj)
+{
+    if (Py_TYPE(obj)->tp_dealloc != (destructor)LMDBSource_dealloc) {
+        PyErr_Format(PyExc_TypeError, "lmdb must be an LMDBSource, not %.100s",
+                     Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    return &((LMDBSourceObject *)obj)->core;
+}
+
+int fl__lmdb_read_bytes(const void *ctx, int64_t index, const unsigned char **data,
+                        size_t *size, char *msg, size_t msg_size)
+{
+    return fl_lmdb_read(ctx, index, data, size, msg, msg_size);
+}
+
+/* OSError for a missing store or key, DecodeError (an OSError) for
+ * corrupt data or a value of the wrong size. */
+static void raise_status(PyTypeObject *type, int status, const char *msg)
+{
+    PyObject *exc = status == FL_ERR_DECODE ? fl__state_of_type(type)->DecodeError
+                                            : PyExc_OSError;
+    PyErr_SetString(exc, msg);
+}
+
+static PyObject *LMDBSource_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"path", "db", "keys", "key_offsets", "value_size", NULL};
+    PyObject *path, *keys = Py_None, *key_offsets = Py_None;
+    const char *db = NULL;
+    Py_ssize_t value_size = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&|z$OOn:LMDBSource", kwlist,
+                                     PyUnicode_FSConverter, &path, &db, &keys, &key_offsets,
+                                     &value_size))
+        return NULL;
+    int64_t n_keys = -1;
+    if (keys != Py_None) {
+        PyArrayObject *o = (PyArrayObject *)key_offsets;
+        if (!PyBytes_Check(keys) || !PyArray_Check(key_offsets) ||
+            PyArray_TYPE(o) != NPY_INT64 || PyArray_NDIM(o) != 1 || PyArray_DIM(o, 0) < 1 ||
+            !PyArray_IS_C_CONTIGUOUS(o)) {
+            PyErr_SetString(PyExc_TypeError, "LMDBSource: keys must be bytes and key_offsets "
+                                             "a contiguous int64 vector of len(keys) + 1");
+            Py_DECREF(path);
+            return NULL;
+        }
+        const int64_t *off = PyArray_DATA(o);
+        n_keys = PyArray_DIM(o, 0) - 1;
+        for (int64_t i = 0; i < n_keys; i++)
+            if (off[i] < 0 || off[i] > off[i + 1] || off[i + 1] > PyBytes_GET_SIZE(keys) ||
+                off[i + 1] - off[i] > 511) {
+                PyErr_SetString(PyExc_ValueError, "LMDBSource: a key offset is out of order "
+                                                  "or a key is longer than 511 bytes");
+                Py_DECREF(path);
+                return NULL;
+            }
+    }
+    if (value_size < 0) {
+        PyErr_SetString(PyExc_ValueError, "LMDBSource: value_size is negative");
+        Py_DECREF(path);
+        return NULL;
+    }
+    LMDBSourceObject *self = (LMDBSourceObject *)type->tp_alloc(type, 0);
+    if (!self) {
+        Py_DECREF(path);
+        return NULL;
+    }
+    self->path = path;
+    self->keys = Py_NewRef(keys);
+    self->key_offsets = Py_NewRef(key_offsets);
+    char msg[512];
+    const char *path_text = PyBytes_AS_STRING(path);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fl_lmdb_open(&self->core, path_text, db, msg, sizeof msg);
+    Py_END_ALLOW_THREADS
+    if (rc != FL_OK) {
+        raise_status(type, rc, msg);
+        Py_DECREF(self);
+        return NULL;
+    }
+    if (keys != Py_None) {
+        self->core.keys = PyBytes_AS_STRING(keys);
+        self->core.key_offsets = PyArray_DATA((PyArrayObject *)key_offsets);
+    }
+    self->core.length = n_keys;
+    self->core.value_size = (size_t)value_size;
+    return (PyObject *)self;
+}
+
+static void LMDBSource_dealloc(LMDBSourceObject *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    fl_lmdb_close(&self->core);
+    Py_CLEAR(self->path);
+    Py_CLEAR(self->keys);
+    Py_CLEAR(self->key_offsets);
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+PyDoc_STRVAR(entries_doc, "entries()\n--\n\nThe number of entries of the database.");
+
+static PyObject *LMDBSource_entries(LMDBSourceObject *self, PyObject *Py_UNUSED(arg))
+{
+    char msg[512];
+    int64_t n;
+    Py_BEGIN_ALLOW_THREADS
+    n = fl_lmdb_entries(&self->core, msg, sizeof msg);
+    Py_END_ALLOW_THREADS
+    if (n < 0) {
+        raise_status(Py_TYPE(self), FL_ERR_DECODE, msg);
+        return NULL;
+    }
+    return PyLong_FromLongLong(n);
+}
+
+PyDoc_STRVAR(gather_doc,
+             "gather(indices, out, /)\n--\n\n"
+             "Copies the values of samples `indices` (int64, each in range) into\n"
+             "consecutive value_size-byte rows of the writable contiguous array `out`,\n"
+             "one read transaction, GIL released.");
+
+static PyObject *LMDBSource_gather(LMDBSourceObject *self, PyObject *const *args,
+                                   Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyArray_Check(args[0]) || !PyArray_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "gather(indices, out): two arrays");
+        return NULL;
+    }
+    PyArrayObject *idx = (PyArrayObject *)args[0], *out = (PyArrayObject *)args[1];
+    if (PyArray_TYPE(idx) != NPY_INT64 || PyArray_NDIM(idx) != 1 ||
+        !PyArray_IS_C_CONTIGUOUS(idx) || !PyArray_IS_C_CONTIGUOUS(out) ||
+        !PyArray_ISWRITEABLE(out) || self->core.value_size == 0 ||
+        (size_t)PyArray_NBYTES(out) != (size_t)PyArray_DIM(idx, 0) * self->core.value_size) {
+        PyErr_SetString(PyExc_ValueError, "gather(): indices must be a contiguous int64 vector "
+                                          "and out a writable array of one record per index");
+        return NULL;
+    }
+    const int64_t *iv = PyArray_DATA(idx);
+    size_t n = (size_t)PyArray_DIM(idx, 0);
+    for (size_t i = 0; i < n; i++)
+        if (iv[i] < 0 || (self->core.length >= 0 && iv[i] >= self->core.length)) {
+            PyErr_Format(PyExc_IndexError, "index %lld is out of range", (long long)iv[i]);
+            return NULL;
+        }
+    char msg[512];
+    int64_t failed = -1;
+    void *rows = PyArray_DATA(out);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fl_lmdb_gather(&self->core, iv, n, rows, &failed, msg, sizeof msg);
+    Py_END_ALLOW_THREADS
+    if (rc != FL_OK) {
+        raise_status(Py_TYPE(self), rc, msg);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(get_doc, "get(index, /)\n--\n\nSample `index`'s value as bytes.");
+
+static PyObject *LMDBSource_get(LMDBSourceObject *self, PyObject *arg)
+{
+    long long index = PyLong_AsLongLong(arg);
+    if (index == -1 && PyErr_Occurred())
+        return NULL;
+    if (index < 0 || (self->core.length >= 0 && index >= self->core.length)) {
+        PyErr_Format(PyExc_IndexError, "index %lld is out of range", index);
+        return NULL;
+    }
+    char msg[512];
+    const unsigned char *data = NULL;
+    size_t size = 0;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fl_lmdb_read(&self->core, index, &data, &size, msg, sizeof msg);
+    Py_END_ALLOW_THREADS
+    if (rc != FL_OK) {
+        raise_status(Py_TYPE(self), rc, msg);
+        return NULL;
+    }
+    return PyBytes_FromStringAndSize((const char *)data, (Py_ssize_t)size);
+}
+
+static PyObject *LMDBSource_no_lock(LMDBSourceObject *self, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(self->core.no_lock);
+}
+
+static PyMethodDef LMDBSource_methods[] = {
+    {"entries", (PyCFunction)LMDBSource_entries, METH_NOARGS, entries_doc},
+    {"gather", (PyCFunction)(void (*)(void))LMDBSource_gather, METH_FASTCALL, gather_doc},
+    {"get", (PyCFunction)LMDBSource_get, METH_O, get_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef LMDBSource_getset[] = {
+    {"no_lock", (getter)LMDBSource_no_lock, NULL,
+     "True when opened without the lock file (it could not be created).", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot LMDBSource_slots[] = {
+    {Py_tp_doc, "LMDBSource(path, db=None, *, keys=None, key_offsets=None, value_size=0)\n"
+                "--\n\nAn LMDB database opened read-only (see fastload.LMDBDataset)."},
+    {Py_tp_new, LMDBSource_new},
+    {Py_tp_dealloc, LMDBSource_dealloc},
+    {Py_tp_methods, LMDBSource_methods},
+    {Py_tp_getset, LMDBSource_getset},
+    {0, NULL},
+};
+
+static PyType_Spec LMDBSource_spec = {
+    .name = "fastload._C.LMDBSource",
+    .basicsize = sizeof(LMDBSourceObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = LMDBSource_slots,
+};
+
+int fl__add_lmdb_type(PyObject *module)
+{
+    PyObject *type = PyType_FromModuleAndSpec(module, &LMDBSource_spec, NULL);
+    if (!type)
+        return -1;
+    int rc = PyModule_AddObjectRef(module, "LMDBSource", type);
+    Py_DECREF(type);
+    return rc;
+}

@@ -1,0 +1,216 @@
+"""LMDBDataset: samples equal to what the lmdb package reads for the same
+keys (raw records, images decoded by the C pipeline, a Python decoder),
+with thread and process workers and the usual samplers; missing keys,
+values of the wrong size and files that are not LMDBs fail naming them."""
+
+import io
+import os
+import pickle
+
+import pytest
+
+torch = pytest.importorskip("torch")
+lmdb = pytest.importorskip("lmdb")
+
+import numpy as np  # noqa: E402
+import torch.utils.data as tud  # noqa: E402
+from PIL import Image  # noqa: E402
+
+import fastload  # noqa: E402
+import fastload.transforms as T  # noqa: E402
+from fl_helpers import check_parity, fastload_only  # noqa: E402
+
+pytestmark = fastload_only
+
+N = 23
+SHAPE = (3, 4)
+
+
+def write_db(path, values, keys=None, subdir=True):
+    env = lmdb.open(str(path), map_size=1 << 24, subdir=subdir)
+    with env.begin(write=True) as txn:
+        for i, v in enumerate(values):
+            txn.put(str(i).encode() if keys is None else keys[i], v)
+    env.close()
+    return str(path)
+
+
+def png_bytes(rng):
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 255, (10, 12, 3), dtype=np.uint8)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lmdb")
+    rng = np.random.default_rng(0)
+    records = rng.standard_normal((N,) + SHAPE).astype(np.float32)
+    images = [png_bytes(rng) for _ in range(N)]
+    return {
+        "raw": write_db(root / "raw", [r.tobytes() for r in records]),
+        "png": write_db(root / "png.mdb", images, subdir=False),
+        "labels": rng.integers(0, 10, N),
+    }
+
+
+class PyLMDB(tud.Dataset):
+    """What a user writes without fastload: the lmdb package in a Dataset,
+    the environment opened on first use in each worker."""
+
+    def __init__(self, path, decode, labels, subdir=True):
+        self.path, self.decode, self.labels, self.subdir, self.env = path, decode, labels, subdir, None
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        if self.env is None:
+            self.env = lmdb.open(self.path, readonly=True, lock=False, subdir=self.subdir)
+        with self.env.begin() as txn:
+            return self.decode(txn.get(str(i).encode())), int(self.labels[i])
+
+
+def raw_record(b):
+    return np.frombuffer(b, np.float32).reshape(SHAPE).copy()
+
+
+def png_crop(b):
+    """CenterCrop(8) then PILToTensor of a 10x12 image, as torchvision does it."""
+    rgb = np.asarray(Image.open(io.BytesIO(b)).convert("RGB"))[1:9, 2:10]
+    return torch.from_numpy(rgb.copy()).permute(2, 0, 1)
+
+
+CONFIGS = {
+    "shuffle-bs5": (lambda lib: dict(batch_size=5, shuffle=True,
+                                     generator=torch.Generator().manual_seed(7)), None),
+    "shuffle-w2-threads": (lambda lib: dict(batch_size=5, shuffle=True, num_workers=2,
+                                            generator=torch.Generator().manual_seed(7)),
+                           {"worker_mode": "thread"}),
+    "shuffle-w2-processes": (lambda lib: dict(batch_size=5, shuffle=True, num_workers=2,
+                                              generator=torch.Generator().manual_seed(7)),
+                             {"worker_mode": "process"}),
+    "distributed-w2": (lambda lib: dict(batch_size=4, num_workers=2, sampler=lib.DistributedSampler(
+        range(N), num_replicas=3, rank=1, shuffle=True, seed=5)), None),
+}
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_raw_records_match_lmdb(stores, config):
+    ds = fastload.LMDBDataset(stores["raw"], decode="raw", dtype=np.float32, shape=SHAPE,
+                              labels=stores["labels"])
+    make, extra = CONFIGS[config]
+    check_parity(PyLMDB(stores["raw"], raw_record, stores["labels"]), make, fl_dataset=ds,
+                 epochs=2, fl_extra=extra)
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_images_decoded_in_c_match_pillow(stores, config):
+    ds = fastload.LMDBDataset(stores["png"], labels=stores["labels"],
+                              transform=T.Compose([T.CenterCrop(8), T.PILToTensor()]))
+    make, extra = CONFIGS[config]
+    check_parity(PyLMDB(stores["png"], png_crop, stores["labels"], subdir=False), make,
+                 fl_dataset=ds, epochs=1, fl_extra=extra)
+
+
+def test_jpeg_values_decode_as_the_same_files_do(tmp_path):
+    rng = np.random.default_rng(1)
+    blobs = []
+    for i in range(4):
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 255, (20, 30, 3), dtype=np.uint8)).save(buf, "JPEG")
+        blobs.append(buf.getvalue())
+        (tmp_path / f"{i}.jpg").write_bytes(buf.getvalue())
+    keys = [b"img-%03d" % i for i in range(4)]
+    path = write_db(tmp_path / "db", blobs, keys=keys)
+    tf = T.Compose([T.Resize(16), T.CenterCrop(12), T.ToTensor()])
+    ds = fastload.LMDBDataset(path, keys=keys, labels=[3, 1, 4, 1], transform=tf)
+    files = fastload.ImageFiles([tmp_path / f"{i}.jpg" for i in range(4)], labels=[3, 1, 4, 1],
+                                transform=tf)
+    loader = fastload.DataLoader(ds, batch_size=4, num_workers=2)
+    images, labels = next(iter(loader))
+    expected = np.stack([np.asarray(files[i][0]) for i in range(4)])
+    assert np.array_equal(np.asarray(images), expected)
+    assert labels.tolist() == [3, 1, 4, 1]
+    assert np.array_equal(np.asarray(ds[2][0]), expected[2])
+
+
+def test_callable_decoder_gets_the_value_bytes(stores):
+    ds = fastload.LMDBDataset(stores["raw"], decode=raw_record, labels=stores["labels"],
+                              transform=np.negative)
+    value, label = ds[5]
+    with lmdb.open(stores["raw"], readonly=True, lock=False) as env, env.begin() as txn:
+        assert np.array_equal(value, -raw_record(txn.get(b"5")))
+    assert label == stores["labels"][5]
+    copy = pickle.loads(pickle.dumps(ds))  # the environment is reopened, not pickled
+    assert np.array_equal(copy[5][0], value)
+
+
+def test_missing_key_names_the_database_and_key(tmp_path, stores):
+    path = write_db(tmp_path / "db", [b"\0" * 48] * 3)
+    ds = fastload.LMDBDataset(path, decode="raw", dtype=np.float32, shape=SHAPE, length=5)
+    with pytest.raises(OSError, match=r"LMDB .*db has no key '3' \(sample 3\)"):
+        ds[[0, 3]]
+    images = fastload.LMDBDataset(stores["png"], keys=[b"0", b"no\xffkey"],
+                                  transform=T.Compose([T.CenterCrop(8), T.ToTensor()]))
+    with pytest.raises(OSError, match=r"no key 'no\\xffkey' \(sample 1\)"):
+        next(iter(fastload.DataLoader(images, batch_size=2)))
+
+
+def test_value_of_the_wrong_size_names_key_and_sizes(tmp_path):
+    path = write_db(tmp_path / "db", [b"\0" * 48, b"\0" * 40])
+    ds = fastload.LMDBDataset(path, decode="raw", dtype=np.float32, shape=SHAPE)
+    with pytest.raises(fastload.DecodeError, match="key '1' .* holds 40 bytes, not the 48"):
+        ds[1]
+
+
+def test_corrupt_image_value_names_the_key(tmp_path):
+    path = write_db(tmp_path / "db", [b"\xff\xd8\xff\xe0 truncated"])
+    ds = fastload.LMDBDataset(path, transform=T.Compose([T.CenterCrop(8), T.ToTensor()]))
+    with pytest.raises(fastload.DecodeError, match="db"):
+        ds[0]
+
+
+@pytest.mark.parametrize("content", [b"", b"not an lmdb file" * 512])
+def test_not_an_lmdb_or_truncated(tmp_path, content):
+    bad = tmp_path / "bad.mdb"
+    bad.write_bytes(content)
+    with pytest.raises(OSError, match="bad.mdb"):
+        fastload.LMDBDataset(bad, decode="raw", dtype=np.uint8, shape=1)
+    with pytest.raises(OSError, match="nowhere"):
+        fastload.LMDBDataset(tmp_path / "nowhere", decode="raw", dtype=np.uint8, shape=1)
+
+
+def test_read_only_copy_opens_without_a_lock_file(tmp_path, stores):
+    path = write_db(tmp_path / "db", [b"\1" * 48])
+    os.remove(os.path.join(path, "lock.mdb"))
+    os.chmod(path, 0o555)
+    try:
+        ds = fastload.LMDBDataset(path, decode="raw", dtype=np.float32, shape=SHAPE)
+        assert ds[0][0].tobytes() == b"\1" * 48
+    finally:
+        os.chmod(path, 0o755)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="decode must be"):
+        fastload.LMDBDataset("x", decode="png")
+    with pytest.raises(ValueError, match="needs dtype and shape"):
+        fastload.LMDBDataset("x", decode="raw")
+
+
+def test_forked_process_opens_the_database_again(stores):
+    ds = fastload.LMDBDataset(stores["raw"], decode="raw", dtype=np.float32, shape=SHAPE)
+    parent = ds._source
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child reports whether it read through its own environment
+        ok = ds[1][0].shape == SHAPE and ds._source is not parent
+        os.write(write, b"1" if ok else b"0")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    os.close(write)
+    answer = os.read(read, 1)
+    os.close(read)
+    assert answer == b"1"
+    assert ds._source is parent
