@@ -49,5 +49,15 @@ def test_corrupt_image_names_row(tmp_path):
     blobs[1] = blobs[1][:40]
     _write(tmp_path / "t.arrow", blobs, [0, 1, 2])
     ds = ArrowImages(tmp_path / "t.arrow", transform=T.Compose([T.Resize((8, 8)), T.ToTensor()]))
-    with pytest.raises(Exception, match="1"):
+    with pytest.raises(Exception, match="sample index 1"):
         ds[1]
+
+
+def test_compressed_file_refused(tmp_path):
+    _, blobs = _images(tmp_path, 2)
+    table = pa.table({"image": pa.array(blobs, pa.binary()), "label": [0, 1]})
+    options = pa.ipc.IpcWriteOptions(compression="zstd")
+    with pa.ipc.new_file(str(tmp_path / "z.arrow"), table.schema, options=options) as w:
+        w.write_table(table)
+    with pytest.raises(ValueError, match="compressed"):
+        ArrowImages(tmp_path / "z.arrow")
