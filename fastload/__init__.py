@@ -8,7 +8,7 @@ torch's do, and hand batches over through shared buffers without a copy.
 
 from . import profiler, transforms
 from .arrays import ArrayDataset, TokenDataset
-from .formats import ArrowDataset, HDF5Dataset, LMDBDataset
+from .formats import ArrowDataset, ArrowImages, HDF5Dataset, LMDBDataset, ZarrDataset
 from .images import DecodeError, ImageFiles, ImageFolder
 from ._worker import WorkerInfo, get_worker_info
 from .collate import default_collate, default_convert
@@ -27,13 +27,13 @@ from .sampler import (
 from .shards import shards_from_image_folder, write_shards
 from .stats import LoaderStats
 from .chunk_sampler import ChunkShuffleSampler
-from .formats import ZarrDataset
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ArrayDataset",
     "ArrowDataset",
+    "ArrowImages",
     "BatchSampler",
     "ChunkShuffleSampler",
     "DataLoader",
@@ -43,8 +43,8 @@ __all__ = [
     "HDF5Dataset",
     "ImageFiles",
     "ImageFolder",
-    "LMDBDataset",
     "IterableDataset",
+    "LMDBDataset",
     "LoaderStats",
     "RandomSampler",
     "Sampler",
