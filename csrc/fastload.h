@@ -227,8 +227,9 @@ extern PyType_Spec fl__ImageSource_spec;
 struct fl_lmdb_source;
 int fl__add_lmdb_type(PyObject *module);
 const struct fl_lmdb_source *fl__lmdb_core(PyObject *obj);
-int fl__lmdb_read_bytes(const void *ctx, int64_t index, const unsigned char **data,
-                        size_t *size, char *msg, size_t msg_size);
+struct fl_image_worker;
+int fl__lmdb_read_bytes(const void *ctx, struct fl_image_worker *w, int64_t index,
+                        const unsigned char **data, size_t *size, char *msg, size_t msg_size);
 struct fl_image_plan;
 int fl__parse_plan(PyObject *plan, struct fl_image_plan *out);
 /* The arguments `(plan, seed, epoch, index, ...)` of the test hooks that

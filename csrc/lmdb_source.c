@@ -9,8 +9,10 @@
 #include "fastload.h"
 
 #include "core/lmdb_source.h"
+#include "core/pipeline.h"
 #include "core/status.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct LMDBSourceObject {
@@ -33,10 +35,15 @@ const struct fl_lmdb_source *fl__lmdb_core(PyObject *obj)
     return &((LMDBSourceObject *)obj)->core;
 }
 
-int fl__lmdb_read_bytes(const void *ctx, int64_t index, const unsigned char **data,
-                        size_t *size, char *msg, size_t msg_size)
+static unsigned char *worker_room(void *w, size_t size)
 {
-    return fl_lmdb_read(ctx, index, data, size, msg, msg_size);
+    return fl_image_worker_file_buffer(w, size);
+}
+
+int fl__lmdb_read_bytes(const void *ctx, struct fl_image_worker *w, int64_t index,
+                        const unsigned char **data, size_t *size, char *msg, size_t msg_size)
+{
+    return fl_lmdb_read(ctx, index, worker_room, w, data, size, msg, msg_size);
 }
 
 /* OSError for a missing store or key, DecodeError (an OSError) for
@@ -183,6 +190,15 @@ static PyObject *LMDBSource_gather(LMDBSourceObject *self, PyObject *const *args
     Py_RETURN_NONE;
 }
 
+/* Room for LMDBSource.get's copy: malloc'ed into *(unsigned char **)slot,
+ * which the caller frees. */
+static unsigned char *malloc_room(void *slot, size_t size)
+{
+    unsigned char **out = slot;
+    *out = malloc(size ? size : 1);
+    return *out;
+}
+
 PyDoc_STRVAR(get_doc, "get(index, /)\n--\n\nSample `index`'s value as bytes.");
 
 static PyObject *LMDBSource_get(LMDBSourceObject *self, PyObject *arg)
@@ -197,15 +213,21 @@ static PyObject *LMDBSource_get(LMDBSourceObject *self, PyObject *arg)
     char msg[512];
     const unsigned char *data = NULL;
     size_t size = 0;
+    unsigned char *copy = NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = fl_lmdb_read(&self->core, index, &data, &size, msg, sizeof msg);
+    rc = fl_lmdb_read(&self->core, index, malloc_room, &copy, &data, &size, msg, sizeof msg);
     Py_END_ALLOW_THREADS
     if (rc != FL_OK) {
+        free(copy);
+        if (rc == FL_ERR_NOMEM)
+            return PyErr_NoMemory();
         raise_status(Py_TYPE(self), rc, msg);
         return NULL;
     }
-    return PyBytes_FromStringAndSize((const char *)data, (Py_ssize_t)size);
+    PyObject *value = PyBytes_FromStringAndSize((const char *)data, (Py_ssize_t)size);
+    free(copy);
+    return value;
 }
 
 static PyObject *LMDBSource_no_lock(LMDBSourceObject *self, void *Py_UNUSED(closure))

@@ -6,6 +6,8 @@ values of the wrong size and files that are not LMDBs fail naming them."""
 import io
 import os
 import pickle
+import subprocess
+import sys
 
 import pytest
 
@@ -214,3 +216,28 @@ def test_forked_process_opens_the_database_again(stores):
     os.close(read)
     assert answer == b"1"
     assert ds._source is parent
+
+
+def test_another_process_may_write_while_the_database_is_read(tmp_path):
+    """A writer in another process replaces every image between two epochs
+    (LMDB forbids a second environment in this one): each value is read
+    inside its transaction, so the second epoch decodes the new images."""
+    rng = np.random.default_rng(2)
+    first = [png_bytes(rng) for _ in range(6)]
+    second = [png_bytes(rng) for _ in range(6)]
+    path = write_db(tmp_path / "db", first)
+    for i, blob in enumerate(second):
+        (tmp_path / f"{i}.png").write_bytes(blob)
+    ds = fastload.LMDBDataset(path, transform=T.ToTensor())
+    before = [np.asarray(ds[i][0]) for i in range(6)]
+    script = ("import lmdb, sys\n"
+              "env = lmdb.open(sys.argv[1], map_size=1 << 24)\n"
+              "with env.begin(write=True) as txn:\n"
+              "    for i in range(6):\n"
+              "        txn.put(str(i).encode(), open(f'{sys.argv[2]}/{i}.png', 'rb').read())\n")
+    subprocess.run([sys.executable, "-c", script, path, str(tmp_path)], check=True)
+    files = fastload.ImageFiles([tmp_path / f"{i}.png" for i in range(6)], transform=T.ToTensor())
+    for i in range(6):
+        after = np.asarray(ds[i][0])
+        assert np.array_equal(after, np.asarray(files[i][0]))
+        assert not np.array_equal(after, before[i])

@@ -46,7 +46,7 @@ int fl_image_source_read(const fl_image_source *src, fl_image_worker *w, int64_t
     }
     int rc;
     if (src->read_bytes) {
-        rc = src->read_bytes(src->bytes_ctx, index, &file->data, &file->size, failure->msg,
+        rc = src->read_bytes(src->bytes_ctx, w, index, &file->data, &file->size, failure->msg,
                              sizeof failure->msg);
     } else if (src->cache && read_cached(src->cache, w, index, file)) {
         rc = FL_OK;

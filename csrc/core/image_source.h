@@ -54,10 +54,10 @@ typedef struct fl_image_source {
                                       later reads (sample_cache.h); owned by
                                       the binding */
     /* NULL: sample i is read from its file.  Else it gives sample i's bytes
-     * (e.g. an LMDB value, in place in its memory map), valid as long as the
-     * source; `paths` then only names the store in messages. */
-    int (*read_bytes)(const void *ctx, int64_t index, const unsigned char **data, size_t *size,
-                      char *msg, size_t msg_size);
+     * (e.g. an LMDB value) in w's read buffer, valid until w's next read, as
+     * a file's are; `paths` then only names the store in messages. */
+    int (*read_bytes)(const void *ctx, fl_image_worker *w, int64_t index,
+                      const unsigned char **data, size_t *size, char *msg, size_t msg_size);
     const void *bytes_ctx;
 } fl_image_source;
 

@@ -176,8 +176,8 @@ int fl_lmdb_gather(const fl_lmdb_source *src, const int64_t *idx, size_t n, void
     return status;
 }
 
-int fl_lmdb_read(const fl_lmdb_source *src, int64_t index, const unsigned char **data,
-                 size_t *size, char *msg, size_t msg_size)
+int fl_lmdb_read(const fl_lmdb_source *src, int64_t index, fl_lmdb_room_fn room, void *room_ctx,
+                 const unsigned char **data, size_t *size, char *msg, size_t msg_size)
 {
     MDB_txn *txn;
     int rc = mdb_txn_begin(src->env, NULL, MDB_RDONLY, &txn);
@@ -189,8 +189,17 @@ int fl_lmdb_read(const fl_lmdb_source *src, int64_t index, const unsigned char *
     MDB_val value;
     int status = get_value(src, txn, index, &value, msg, msg_size);
     if (status == FL_OK) {
-        *data = value.mv_data;
-        *size = value.mv_size;
+        unsigned char *copy = room(room_ctx, value.mv_size);
+        if (copy) {
+            if (value.mv_size)
+                memcpy(copy, value.mv_data, value.mv_size);
+            *data = copy;
+            *size = value.mv_size;
+        } else {
+            fl_set_msg(msg, msg_size, "LMDB %s: out of memory for a %zu-byte value", src->path,
+                       value.mv_size);
+            status = FL_ERR_NOMEM;
+        }
     }
     mdb_txn_abort(txn);
     return status;

@@ -9,10 +9,11 @@
  *
  * Raw arrays: fl_lmdb_gather copies each value (a fixed-size record) straight
  * into its batch row, one read transaction per batch.  Images: fl_lmdb_read
- * is the image source's byte provider; it hands out a pointer into the
- * memory map itself (no copy), which stays valid while no other process
- * writes to the database: the dataset, like the other formats, must not be
- * changed while it is read.
+ * is the image source's byte provider; it copies the value into the worker's
+ * read buffer before its transaction ends, since a value in the map is valid
+ * only while a transaction holds it (a writer may reuse the page after).
+ * The copy costs microseconds against the decode's milliseconds, and keeps
+ * readers correct while another process writes the database.
  */
 #ifndef FL_LMDB_SOURCE_H
 #define FL_LMDB_SOURCE_H
@@ -48,9 +49,13 @@ int64_t fl_lmdb_entries(const fl_lmdb_source *src, char *msg, size_t msg_size);
 int fl_lmdb_gather(const fl_lmdb_source *src, const int64_t *idx, size_t n, void *dst,
                    int64_t *failed, char *msg, size_t msg_size);
 
-/* Sample `index`'s value: *data points into the memory map.  Returns FL_OK
- * or FL_ERR_IO naming the key. */
-int fl_lmdb_read(const fl_lmdb_source *src, int64_t index, const unsigned char **data,
-                 size_t *size, char *msg, size_t msg_size);
+/* Gives room for a value of `size` bytes, or NULL when out of memory. */
+typedef unsigned char *(*fl_lmdb_room_fn)(void *ctx, size_t size);
+
+/* Copies sample `index`'s value, inside its read transaction, into the room
+ * room(room_ctx, size) gives; *data points there.  Returns FL_OK, FL_ERR_IO
+ * naming the key, or FL_ERR_NOMEM. */
+int fl_lmdb_read(const fl_lmdb_source *src, int64_t index, fl_lmdb_room_fn room, void *room_ctx,
+                 const unsigned char **data, size_t *size, char *msg, size_t msg_size);
 
 #endif /* FL_LMDB_SOURCE_H */
