@@ -25,6 +25,31 @@ def require(module, needed_by):
         ) from e
 
 
+MAX_COLUMNS = 32  # the C gather serves up to this many arrays
+
+
+def check_keys(keys, owner):
+    """`keys` (a name or names) as a tuple of distinct strings the C gather
+    can serve, else TypeError/ValueError naming `owner` (the class)."""
+    keys = (keys,) if isinstance(keys, str) else tuple(keys)
+    if not keys:
+        raise ValueError(f"{owner} needs at least one key")
+    for key in keys:
+        if not isinstance(key, str):
+            raise TypeError(f"{owner} keys must be strings, got {key!r}")
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"{owner} keys repeat: {keys!r}")
+    if len(keys) > MAX_COLUMNS:
+        raise ValueError(f"{owner} serves at most {MAX_COLUMNS} keys, got {len(keys)}")
+    return keys
+
+
+def names_shown(names):
+    """The first names of a file's contents, for an error message."""
+    shown = ", ".join(repr(n) for n in names[:20]) + (", ..." if len(names) > 20 else "")
+    return shown or "none"
+
+
 def file_size(path):
     """The file's size in bytes now; -1 when it cannot be told."""
     try:

@@ -16,11 +16,10 @@ import os
 import numpy as np
 
 from .. import _C
-from ._common import RowsDataset, file_size, require
+from ._common import MAX_COLUMNS, RowsDataset, file_size, require
 
 __all__ = ["ArrowDataset"]
 
-_MAX_COLUMNS = 32  # the C gather serves up to this many arrays
 
 
 class ArrowDataset(RowsDataset):
@@ -183,8 +182,8 @@ def _check_columns(columns, available, where):
         raise ValueError(f"{where} has no columns to serve")
     if len(set(available)) != len(available):
         raise ValueError(f"{where} has columns of the same name; pick them with columns=")
-    if len(names) > _MAX_COLUMNS:
-        raise ValueError(f"ArrowDataset serves at most {_MAX_COLUMNS} columns, {where} has "
+    if len(names) > MAX_COLUMNS:
+        raise ValueError(f"ArrowDataset serves at most {MAX_COLUMNS} columns, {where} has "
                          f"{len(names)}: pick some with columns=")
     return names
 

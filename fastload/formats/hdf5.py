@@ -17,7 +17,7 @@ import threading
 import numpy as np
 
 from .. import _C
-from ._common import RowsDataset, file_size, require
+from ._common import RowsDataset, check_keys, file_size, names_shown, require
 
 __all__ = ["HDF5Dataset"]
 
@@ -58,7 +58,7 @@ class HDF5Dataset(RowsDataset):
     def __init__(self, path, keys=("images", "labels"), chunk_cache_bytes=_DEFAULT_CACHE_BYTES):
         h5py = require("h5py", "HDF5Dataset")
         self.path = os.fsdecode(os.fspath(path))
-        self.keys = _check_keys(keys)
+        self.keys = check_keys(keys, "HDF5Dataset")
         if (isinstance(chunk_cache_bytes, bool)
                 or not isinstance(chunk_cache_bytes, (int, np.integer)) or chunk_cache_bytes < 0):
             raise ValueError("chunk_cache_bytes must be a non-negative integer, "
@@ -161,20 +161,6 @@ class HDF5Dataset(RowsDataset):
         return f"HDF5Dataset({self.path!r}, {self._length} rows of {parts})"
 
 
-def _check_keys(keys):
-    keys = (keys,) if isinstance(keys, str) else tuple(keys)
-    if not keys:
-        raise ValueError("HDF5Dataset needs at least one key")
-    for key in keys:
-        if not isinstance(key, str):
-            raise TypeError(f"HDF5Dataset keys must be strings, got {key!r}")
-    if len(set(keys)) != len(keys):
-        raise ValueError(f"HDF5Dataset keys repeat: {keys!r}")
-    if len(keys) > 32:
-        raise ValueError(f"HDF5Dataset serves at most 32 keys, got {len(keys)}")
-    return keys
-
-
 def _read_layouts(h5py, path, keys):
     try:
         f = h5py.File(path, "r")
@@ -193,8 +179,7 @@ def _layout(h5py, f, path, size, key):
     except KeyError:
         names = []
         f.visititems(lambda name, o: names.append(name) if isinstance(o, h5py.Dataset) else None)
-        shown = ", ".join(repr(n) for n in names[:20]) + (", ..." if len(names) > 20 else "")
-        raise KeyError(f"{path!r} has no dataset {key!r} (its datasets: {shown or 'none'})") \
+        raise KeyError(f"{path!r} has no dataset {key!r} (its datasets: {names_shown(names)})") \
             from None
     if not isinstance(obj, h5py.Dataset):
         raise ValueError(f"{path!r}: {key!r} is a {type(obj).__name__.lower()}, not a dataset")

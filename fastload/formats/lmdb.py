@@ -3,11 +3,11 @@ liblmdb from the C worker threads.
 
 Sample i is the value of key i: the index written as ASCII decimal
 (``b"0"``, ``b"1"``, ..., the usual ImageNet-LMDB layout) or ``keys[i]``.
-Values are JPEG/PNG/WebP images decoded by the C image pipeline, fixed-size raw records copied into the batch, or
-bytes handed to a Python callable.  Every value is read inside a read
-transaction (an image's is copied out before it ends), so another process
-may write the database while it is read; a batch sees the values as they
-were when each sample was read.
+Values are JPEG/PNG/WebP images decoded by the C image pipeline, fixed-size
+raw records copied into the batch, or bytes handed to a Python callable.
+Every value is read inside a read transaction (an image's is copied out
+before it ends), so another process may write the database while it is
+read; a batch sees the values as they were when each sample was read.
 """
 
 import os

@@ -17,7 +17,7 @@ import os
 import numpy as np
 
 from .. import _C
-from ._common import RowsDataset, file_size, require
+from ._common import RowsDataset, check_keys, file_size, names_shown, require
 
 __all__ = ["ZarrDataset"]
 
@@ -70,7 +70,7 @@ class ZarrDataset(RowsDataset):
                                  f"one column (keys={keys!r} names arrays of a group)")
             self.keys = (node.path or os.path.basename(self.store.rstrip("/")),)
         else:
-            self.keys = _check_keys(keys)
+            self.keys = check_keys(keys, "ZarrDataset")
         self._layouts = [_layout(zarr, node, self.store, key) for key in self.keys]
         lengths = [layout.shape[0] for layout in self._layouts]
         if len(set(lengths)) > 1:
@@ -182,20 +182,6 @@ def _node_name(node):
     return str(node.store_path)
 
 
-def _check_keys(keys):
-    keys = (keys,) if isinstance(keys, str) else tuple(keys)
-    if not keys:
-        raise ValueError("ZarrDataset needs at least one key")
-    for key in keys:
-        if not isinstance(key, str):
-            raise TypeError(f"ZarrDataset keys must be strings, got {key!r}")
-    if len(set(keys)) != len(keys):
-        raise ValueError(f"ZarrDataset keys repeat: {keys!r}")
-    if len(keys) > 32:
-        raise ValueError(f"ZarrDataset serves at most 32 keys, got {len(keys)}")
-    return keys
-
-
 def _layout(zarr, node, store, key):
     if isinstance(node, zarr.Array):
         obj = node
@@ -204,9 +190,8 @@ def _layout(zarr, node, store, key):
             obj = node[key]
         except KeyError:
             names = sorted(name for name, _ in node.arrays())
-            shown = ", ".join(repr(n) for n in names[:20]) + (", ..." if len(names) > 20 else "")
-            raise KeyError(f"{store!r} has no array {key!r} (its arrays: {shown or 'none'})") \
-                from None
+            raise KeyError(f"{store!r} has no array {key!r} "
+                           f"(its arrays: {names_shown(names)})") from None
         if not isinstance(obj, zarr.Array):
             raise ValueError(f"{store!r}: {key!r} is a group, not an array")
     dtype = obj.dtype
