@@ -75,6 +75,32 @@ def index_array(indices, length):
     return np.where(indices < 0, indices + length, indices)
 
 
+def read_distinct_rows(layout, indices, read):
+    """Rows `indices` of a key read from its file by `read(unique)`, which
+    gets the sorted distinct indices (one read a batch, however the batch
+    repeats or orders them); the rows come back in `indices`' order and in
+    native byte order."""
+    native = layout.dtype.newbyteorder("=")
+    if len(indices) == 0:
+        return np.empty((0,) + layout.shape[1:], native)
+    unique, inverse = np.unique(indices, return_inverse=True)
+    rows = np.asarray(read(unique))
+    if len(unique) != len(indices) or not np.array_equal(unique, indices):
+        rows = rows[inverse.reshape(-1)]
+    return rows if rows.dtype.isnative else rows.astype(native)
+
+
+def is_run(unique):
+    """Whether sorted distinct indices are consecutive: one slice reads them."""
+    return unique[-1] - unique[0] + 1 == len(unique)
+
+
+def describe_layouts(layouts):
+    """'key: dtype[row shape] storage, ...' for a dataset's repr."""
+    return ", ".join(f"{layout.key}: {layout.dtype.newbyteorder('=')}{list(layout.shape[1:])}"
+                     f" {layout.storage}" for layout in layouts)
+
+
 class RowsDataset(SourceOwner):
     """A dataset whose sample i is ``(column[i] for each column)``.
 

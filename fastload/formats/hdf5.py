@@ -17,7 +17,8 @@ import threading
 import numpy as np
 
 from .. import _C
-from ._common import RowsDataset, check_keys, file_size, names_shown, require
+from ._common import (RowsDataset, check_keys, describe_layouts, file_size, is_run, names_shown,
+                      read_distinct_rows, require)
 
 __all__ = ["HDF5Dataset"]
 
@@ -139,26 +140,21 @@ class HDF5Dataset(RowsDataset):
                 raise OSError(errno.EIO, f"file changed under the loader: {self.path!r} is "
                               f"shorter than when it was opened (dataset {layout.key!r})")
             return self._arrays[position][indices].astype(native)
-        if len(indices) == 0:
-            return np.empty((0,) + layout.shape[1:], native)
-        unique, inverse = np.unique(indices, return_inverse=True)
+        return read_distinct_rows(layout, indices, lambda unique: self._read_sorted(layout, unique))
+
+    def _read_sorted(self, layout, unique):
         dataset = self._dataset(layout.key)
         try:
-            if unique[-1] - unique[0] + 1 == len(unique):
-                rows = dataset[int(unique[0]):int(unique[-1]) + 1]  # a run: one hyperslab
-            else:
-                rows = dataset[unique]
+            if is_run(unique):
+                return dataset[int(unique[0]):int(unique[-1]) + 1]  # one hyperslab
+            return dataset[unique]
         except Exception as e:  # noqa: BLE001 (h5py raises OSError, ValueError, RuntimeError)
             raise OSError(f"cannot read dataset {layout.key!r} of {self.path!r} "
                           f"(rows {int(unique[0])} to {int(unique[-1])}): {e}") from e
-        if len(unique) != len(indices) or not np.array_equal(unique, indices):
-            rows = rows[inverse.reshape(-1)]
-        return rows if rows.dtype.isnative else rows.astype(native)
 
     def __repr__(self):
-        parts = ", ".join(f"{layout.key}: {layout.dtype.newbyteorder('=')}{list(layout.shape[1:])}"
-                          f" {layout.storage}" for layout in self._layouts)
-        return f"HDF5Dataset({self.path!r}, {self._length} rows of {parts})"
+        return (f"HDF5Dataset({self.path!r}, {self._length} rows of "
+                f"{describe_layouts(self._layouts)})")
 
 
 def _read_layouts(h5py, path, keys):

@@ -17,7 +17,8 @@ import os
 import numpy as np
 
 from .. import _C
-from ._common import RowsDataset, check_keys, file_size, names_shown, require
+from ._common import (RowsDataset, check_keys, describe_layouts, file_size, is_run, names_shown,
+                      read_distinct_rows, require)
 
 __all__ = ["ZarrDataset"]
 
@@ -126,33 +127,26 @@ class ZarrDataset(RowsDataset):
         return tuple(layout.key for layout in self._layouts if layout.storage == "mapped")
 
     def _read_rows(self, position, indices):
-        layout = self._layouts[position]
-        native = layout.dtype.newbyteorder("=")
-        if len(indices) == 0:
-            return np.empty((0,) + layout.shape[1:], native)
-        unique, inverse = np.unique(indices, return_inverse=True)
-        array = self._zarr[position]
+        return read_distinct_rows(self._layouts[position], indices,
+                                  lambda unique: self._read_sorted(position, unique))
+
+    def _read_sorted(self, position, unique):
+        layout, array = self._layouts[position], self._zarr[position]
         reader = self._chunk_readers[position]
         try:
             if reader is not None:
-                rows = reader.rows(unique)
-            elif unique[-1] - unique[0] + 1 == len(unique):
-                rows = array[int(unique[0]):int(unique[-1]) + 1]  # a run: one slice
-            else:
-                rows = array.oindex[unique]
+                return reader.rows(unique)
+            if is_run(unique):
+                return array[int(unique[0]):int(unique[-1]) + 1]  # one slice
+            return array.oindex[unique]
         except Exception as e:  # noqa: BLE001 (codecs and stores raise many kinds)
             raise OSError(f"cannot read array {layout.key!r} of {self.store!r} "
                           f"(rows {int(unique[0])} to {int(unique[-1])}): "
                           f"{type(e).__name__}: {e}") from e
-        rows = np.asarray(rows)
-        if len(unique) != len(indices) or not np.array_equal(unique, indices):
-            rows = rows[inverse.reshape(-1)]
-        return rows if rows.dtype.isnative else rows.astype(native)
 
     def __repr__(self):
-        parts = ", ".join(f"{layout.key}: {layout.dtype.newbyteorder('=')}{list(layout.shape[1:])}"
-                          f" {layout.storage}" for layout in self._layouts)
-        return f"ZarrDataset({self.store!r}, {self._length} rows of {parts})"
+        return (f"ZarrDataset({self.store!r}, {self._length} rows of "
+                f"{describe_layouts(self._layouts)})")
 
 
 def _open(zarr, store_or_group):
