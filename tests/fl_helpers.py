@@ -631,3 +631,22 @@ def assert_truncation_is_named(dataset, path, rows, num_workers):
         for _ in it:
             pass
     del it
+
+
+def row_dataset_configs(n):
+    """The loader configurations a dataset of `n` rows read from a file is
+    checked with against torch (check_parity's (kwargs factory, fastload
+    extra) pairs): shuffled with 0 workers, with 2 thread and 2 process
+    workers, and under DistributedSampler with 2 workers."""
+    def shuffled(**kwargs):
+        return lambda lib: dict(batch_size=5, shuffle=True,
+                                generator=torch.Generator().manual_seed(7), **kwargs)
+    return {
+        "shuffle-bs5": (shuffled(), None),
+        "shuffle-w2-threads": (shuffled(num_workers=2), {"worker_mode": "thread"}),
+        "shuffle-w2-processes": (shuffled(num_workers=2), {"worker_mode": "process"}),
+        "distributed-w2": (lambda lib: dict(batch_size=4, num_workers=2,
+                                            sampler=lib.DistributedSampler(
+                                                range(n), num_replicas=3, rank=1,
+                                                shuffle=True, seed=5)), None),
+    }

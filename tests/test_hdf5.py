@@ -18,7 +18,8 @@ import numpy as np  # noqa: E402
 import torch.utils.data as tud  # noqa: E402
 
 import fastload  # noqa: E402
-from fl_helpers import assert_truncation_is_named, check_parity, fastload_only  # noqa: E402
+from fl_helpers import (assert_truncation_is_named, check_parity,  # noqa: E402
+                        fastload_only, row_dataset_configs)
 
 pytestmark = fastload_only
 
@@ -77,16 +78,7 @@ KEYSETS = {
 
 CONFIGS = {
     "seq-bs4": (lambda lib: dict(batch_size=4), None),
-    "shuffle-bs5": (lambda lib: dict(batch_size=5, shuffle=True,
-                                     generator=torch.Generator().manual_seed(7)), None),
-    "shuffle-w2-threads": (lambda lib: dict(batch_size=5, shuffle=True, num_workers=2,
-                                            generator=torch.Generator().manual_seed(7)),
-                           {"worker_mode": "thread"}),
-    "shuffle-w2-processes": (lambda lib: dict(batch_size=5, shuffle=True, num_workers=2,
-                                              generator=torch.Generator().manual_seed(7)),
-                             {"worker_mode": "process"}),
-    "distributed-w2": (lambda lib: dict(batch_size=4, num_workers=2, sampler=lib.DistributedSampler(
-        range(N), num_replicas=3, rank=1, shuffle=True, seed=5)), None),
+    **row_dataset_configs(N),
     "bsNone": (lambda lib: dict(batch_size=None), None),
 }
 

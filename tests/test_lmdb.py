@@ -20,7 +20,7 @@ from PIL import Image  # noqa: E402
 
 import fastload  # noqa: E402
 import fastload.transforms as T  # noqa: E402
-from fl_helpers import check_parity, fastload_only  # noqa: E402
+from fl_helpers import check_parity, fastload_only, row_dataset_configs  # noqa: E402
 
 pytestmark = fastload_only
 
@@ -83,18 +83,7 @@ def png_crop(b):
     return torch.from_numpy(rgb.copy()).permute(2, 0, 1)
 
 
-CONFIGS = {
-    "shuffle-bs5": (lambda lib: dict(batch_size=5, shuffle=True,
-                                     generator=torch.Generator().manual_seed(7)), None),
-    "shuffle-w2-threads": (lambda lib: dict(batch_size=5, shuffle=True, num_workers=2,
-                                            generator=torch.Generator().manual_seed(7)),
-                           {"worker_mode": "thread"}),
-    "shuffle-w2-processes": (lambda lib: dict(batch_size=5, shuffle=True, num_workers=2,
-                                              generator=torch.Generator().manual_seed(7)),
-                             {"worker_mode": "process"}),
-    "distributed-w2": (lambda lib: dict(batch_size=4, num_workers=2, sampler=lib.DistributedSampler(
-        range(N), num_replicas=3, rank=1, shuffle=True, seed=5)), None),
-}
+CONFIGS = row_dataset_configs(N)
 
 
 @pytest.mark.parametrize("config", list(CONFIGS))
