@@ -151,14 +151,21 @@ static int get_value(const fl_lmdb_source *src, MDB_txn *txn, int64_t index, MDB
     return rc == MDB_NOTFOUND ? FL_ERR_IO : FL_ERR_DECODE;
 }
 
+/* Begins a read transaction.  Returns FL_OK, or FL_ERR_IO with a message. */
+static int begin_read(const fl_lmdb_source *src, MDB_txn **txn, char *msg, size_t msg_size)
+{
+    int rc = mdb_txn_begin(src->env, NULL, MDB_RDONLY, txn);
+    if (rc == MDB_SUCCESS)
+        return FL_OK;
+    fl_set_msg(msg, msg_size, "LMDB %s: cannot begin a read: %s", src->path, mdb_strerror(rc));
+    return FL_ERR_IO;
+}
+
 int fl_lmdb_gather(const fl_lmdb_source *src, const int64_t *idx, size_t n, void *dst,
                    int64_t *failed, char *msg, size_t msg_size)
 {
     MDB_txn *txn;
-    int rc = mdb_txn_begin(src->env, NULL, MDB_RDONLY, &txn);
-    if (rc != MDB_SUCCESS) {
-        fl_set_msg(msg, msg_size, "LMDB %s: cannot begin a read: %s", src->path,
-                   mdb_strerror(rc));
+    if (begin_read(src, &txn, msg, msg_size) != FL_OK) {
         *failed = n ? idx[0] : -1;
         return FL_ERR_IO;
     }
@@ -180,12 +187,8 @@ int fl_lmdb_read(const fl_lmdb_source *src, int64_t index, fl_lmdb_room_fn room,
                  const unsigned char **data, size_t *size, char *msg, size_t msg_size)
 {
     MDB_txn *txn;
-    int rc = mdb_txn_begin(src->env, NULL, MDB_RDONLY, &txn);
-    if (rc != MDB_SUCCESS) {
-        fl_set_msg(msg, msg_size, "LMDB %s: cannot begin a read: %s", src->path,
-                   mdb_strerror(rc));
+    if (begin_read(src, &txn, msg, msg_size) != FL_OK)
         return FL_ERR_IO;
-    }
     MDB_val value;
     int status = get_value(src, txn, index, &value, msg, msg_size);
     if (status == FL_OK) {
