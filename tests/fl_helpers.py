@@ -650,3 +650,23 @@ def row_dataset_configs(n):
                                                 range(n), num_replicas=3, rank=1,
                                                 shuffle=True, seed=5)), None),
     }
+
+
+def torchvision_colour(F, image, op, factor):
+    """torchvision's functional colour op `op` (0 brightness, 1 contrast,
+    2 saturation, 3 hue) on `image`, a PIL image or a tensor."""
+    fn = (F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue)[op]
+    return fn(image, factor)
+
+
+def torchvision_colour_chain(F, image, order, factors, gray_first):
+    """What ColorJitter with fixed `factors`, applied in `order`, and a
+    grayscale to 3 channels (before the jitter or after it) give in
+    torchvision's functional ops."""
+    if gray_first:
+        image = F.rgb_to_grayscale(image, num_output_channels=3)
+    for op in order:
+        image = torchvision_colour(F, image, op, factors[op])
+    if not gray_first:
+        image = F.rgb_to_grayscale(image, num_output_channels=3)
+    return image

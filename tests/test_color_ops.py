@@ -15,7 +15,8 @@ PIL = pytest.importorskip("PIL")
 import fastload  # noqa: E402
 from fastload import _C  # noqa: E402
 from fastload import transforms as T  # noqa: E402
-from fl_helpers import fastload_only  # noqa: E402
+from fl_helpers import (fastload_only, torchvision_colour,  # noqa: E402
+                        torchvision_colour_chain)
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "benchmarks"))
 import imagenet_like  # noqa: E402
@@ -71,11 +72,6 @@ def fixed(op, factor):
     return T.ColorJitter(*ranges)
 
 
-def apply_tv(F, image, op, factor):
-    fn = (F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue)[op]
-    return fn(image, factor)
-
-
 # ------------------------------------------------------------------ fidelity
 
 
@@ -91,7 +87,7 @@ def test_each_op_matches_torchvision_tensor_functions(images, op, factors):
         resized = torch.from_numpy(run(GEOMETRY, image, seed))
         for factor in factors:
             ours = run([*GEOMETRY, fixed(op, factor)], image, seed)
-            reference = apply_tv(F, resized, op, factor).numpy()
+            reference = torchvision_colour(F, resized, op, factor).numpy()
             assert psnr(ours, reference) >= 40, (op, factor, seed)
 
 
@@ -116,13 +112,8 @@ def test_the_chain_matches_torchvision_in_the_given_order(images, order, gray_fi
     gray = T.RandomGrayscale(p=1.0)
     colour = [gray, jitter] if gray_first else [jitter, gray]
     for seed, image in enumerate(images):
-        reference = torch.from_numpy(run(GEOMETRY, image, seed))
-        if gray_first:
-            reference = F.rgb_to_grayscale(reference, num_output_channels=3)
-        for op in order:
-            reference = apply_tv(F, reference, op, factors[op])
-        if not gray_first:
-            reference = F.rgb_to_grayscale(reference, num_output_channels=3)
+        reference = torchvision_colour_chain(F, torch.from_numpy(run(GEOMETRY, image, seed)),
+                                             order, factors, gray_first)
         ours = run([*GEOMETRY, *colour], image, seed, order=order)
         assert psnr(ours, reference.numpy()) >= 40, (order, seed)
 
