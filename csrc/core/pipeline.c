@@ -191,15 +191,10 @@ int fl_read_range(fl_image_worker *w, const char *path, uint64_t offset, uint64_
         goto out;
     }
     size_t want = (size_t)length;
-    if (want + 1 > w->capacity) {
-        unsigned char *grown = realloc(w->buf, want + 1);
-        if (!grown) {
-            status = FL_ERR_NOMEM;
-            snprintf(msg, msg_size, "cannot allocate %zu bytes to read the file", want + 1);
-            goto out;
-        }
-        w->buf = grown;
-        w->capacity = want + 1;
+    if (!fl_image_worker_file_buffer(w, want)) {
+        status = FL_ERR_NOMEM;
+        snprintf(msg, msg_size, "cannot allocate %zu bytes to read the file", want + 1);
+        goto out;
     }
     /* Read what fstat promised; a file that shrank meanwhile gives fewer
      * bytes, which the decoder then reports as truncated. */

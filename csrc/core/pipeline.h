@@ -101,9 +101,10 @@ int fl_read_file(fl_image_worker *w, const char *path, const unsigned char **dat
 int fl_read_range(fl_image_worker *w, const char *path, uint64_t offset, uint64_t length,
                   const unsigned char **data, size_t *size, int *err, char *msg, size_t msg_size);
 
-/* The buffer fl_read_range reads into, grown to at least `size` bytes, for
- * bytes that come from elsewhere (a cache); valid until the next read on
- * this thread.  NULL when out of memory. */
+/* The buffer fl_read_range reads into, grown to at least `size` bytes (and
+ * one spare); also for bytes that come from elsewhere (a cache, an LMDB
+ * value).  Valid until the next read on this thread.  NULL when out of
+ * memory. */
 unsigned char *fl_image_worker_file_buffer(fl_image_worker *w, size_t size);
 
 /* Nonzero when the bytes start like a JPEG (SOI marker). */
