@@ -186,3 +186,14 @@ def test_memory_ranges_are_checked_against_their_buffers():
     with pytest.raises(ValueError, match="buffer 1 of 1"):
         _C.ImageSource(*args, ranges=np.array([[0, 1]], np.int64),
                        memory=((b"x",), np.ones(1, np.int64)))
+
+
+def test_arrow_dataset_follows_a_hf_indices_mapping():
+    datasets = pytest.importorskip("datasets")
+    hf = datasets.Dataset.from_dict({"x": [1.5 * i for i in range(8)], "y": list(range(8))})
+    picked = hf.shuffle(seed=4).select([5, 1, 2])
+    ds = fastload.ArrowDataset(picked, columns=["x", "y"])
+    assert [int(ds[i][1]) for i in range(3)] == picked["y"]
+    assert [float(ds[i][0]) for i in range(3)] == picked["x"]
+    with pytest.raises(TypeError, match="datasets.Dataset"):
+        ArrowImages(object())

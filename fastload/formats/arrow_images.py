@@ -21,6 +21,7 @@ import os
 import numpy as np
 
 from ..images import ImageFiles
+from ._common import hf_table, is_hf_dataset
 from ..transforms import PILLOW_MAX_PIXELS
 
 
@@ -46,14 +47,18 @@ class ArrowImages(ImageFiles):
         indices = None
         if isinstance(source, pa.Table):
             table, name = source, "Arrow table"
-        elif _is_hf_dataset(source):
-            table, indices, name = _hf_table(source)
-        else:
-            path = os.fspath(source)
+        elif is_hf_dataset(source):
+            table, indices, name = hf_table(source)
+        elif isinstance(source, (str, bytes, os.PathLike)):
+            path = os.fsdecode(os.fspath(source))
             if not path.endswith(".parquet"):
                 self._from_ipc_file(path, image_column, label_column, setup)
                 return
             table, name = _read_parquet(path, image_column, label_column), path
+        else:
+            raise TypeError("ArrowImages takes an Arrow IPC or Parquet file's path, a "
+                            "pyarrow.Table or a Hugging Face datasets.Dataset, got "
+                            f"{type(source).__name__}")
         if image_column not in table.column_names:
             raise ValueError(f"{name}: no column {image_column!r} "
                              f"(columns: {table.column_names})")
@@ -110,20 +115,6 @@ class ArrowImages(ImageFiles):
                               exact=self.decode == "exact", max_pixels=self.max_pixels,
                               skip=skip, fallback=_fallback(), ranges=self._ranges,
                               fallback_all=self._fallback_all, memory=self._memory)
-
-
-def _is_hf_dataset(obj):
-    return type(obj).__module__.split(".")[0] == "datasets" and hasattr(obj, "_indices")
-
-
-def _hf_table(dataset):
-    """(pyarrow table, indices or None, name) of a Hugging Face Dataset."""
-    table = dataset.data.table  # datasets.table.Table wraps the pyarrow one
-    indices = None
-    if dataset._indices is not None:
-        indices = np.asarray(dataset._indices.column(0).to_numpy(), np.int64)
-    name = getattr(dataset.info, "dataset_name", None) or "Hugging Face dataset"
-    return table, indices, name
 
 
 def _read_parquet(path, image_column, label_column):
