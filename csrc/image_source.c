@@ -23,6 +23,7 @@
 #include "fastload.h"
 
 #include "core/image_source.h"
+#include "core/memory_source.h"
 #include "core/resample.h"
 #include "core/stats.h"
 #include "core/status.h"
@@ -39,6 +40,11 @@ typedef struct ImageSourceObject {
     PyObject *ranges;      /* int64 (n, 2) ndarray, or None */
     PyObject *cache;       /* SampleCache backing core.cache, or None */
     PyObject *lmdb;        /* LMDBSource the samples are read from, or None */
+    PyObject *memory;      /* (buffers, which) the samples lie in, or None */
+    Py_buffer *views;      /* the buffers, held while the source lives */
+    Py_ssize_t n_views;
+    const unsigned char **bases;
+    fl_memory_source memory_core;
     PyObject *decode_error;
     int has_shape;         /* the plan fixes the output size: batches stack */
     int channels_first;    /* a tensor in HWC memory: batches are NCHW views */
@@ -250,18 +256,91 @@ static int check_vector(PyObject *obj, const char *what)
     return -1;
 }
 
+static void release_memory(ImageSourceObject *self)
+{
+    for (Py_ssize_t b = 0; b < self->n_views; b++)
+        PyBuffer_Release(&self->views[b]);
+    PyMem_Free(self->views);
+    PyMem_Free(self->bases);
+    self->views = NULL;
+    self->bases = NULL;
+    self->n_views = 0;
+}
+
+/* memory=(buffers, which): sample i is bytes ranges[i] of buffers[which[i]].
+ * Each buffer is held (so it neither moves nor goes away) until dealloc, and
+ * every range is checked against its buffer here, once. */
+static int attach_memory(ImageSourceObject *self, PyObject *memory, PyArrayObject *ranges)
+{
+    PyObject *buffers, *which;
+    if (!PyTuple_Check(memory) || !PyArg_ParseTuple(memory, "O!O", &PyTuple_Type, &buffers,
+                                                    &which)) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "ImageSource: memory must be (tuple of buffers, which)");
+        return -1;
+    }
+    int64_t n = self->core.length;
+    if (check_vector(which, "memory's which") < 0)
+        return -1;
+    if ((PyObject *)ranges == Py_None || PyArray_DIM((PyArrayObject *)which, 0) != n) {
+        PyErr_SetString(PyExc_ValueError,
+                        "ImageSource: memory needs ranges, and a buffer index per sample");
+        return -1;
+    }
+    if (self->core.read_bytes || self->core.cache) {
+        PyErr_SetString(PyExc_ValueError, "ImageSource: memory excludes lmdb and cache");
+        return -1;
+    }
+    Py_ssize_t n_buffers = PyTuple_GET_SIZE(buffers);
+    self->views = PyMem_Calloc((size_t)n_buffers + 1, sizeof *self->views);
+    self->bases = PyMem_Calloc((size_t)n_buffers + 1, sizeof *self->bases);
+    if (!self->views || !self->bases) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (; self->n_views < n_buffers; self->n_views++) {
+        Py_ssize_t b = self->n_views;
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(buffers, b), &self->views[b], PyBUF_SIMPLE) < 0)
+            return -1;
+        self->bases[b] = self->views[b].buf;
+    }
+    const int64_t *w = PyArray_DATA((PyArrayObject *)which);
+    const int64_t *rv = PyArray_DATA(ranges);
+    for (int64_t i = 0; i < n; i++) {
+        if (w[i] < 0 || w[i] >= n_buffers) {
+            PyErr_Format(PyExc_ValueError, "ImageSource: sample %lld names buffer %lld of %zd",
+                         (long long)i, (long long)w[i], n_buffers);
+            return -1;
+        }
+        /* ranges are non-negative (checked by the caller) */
+        int64_t length = (int64_t)self->views[w[i]].len, offset = rv[2 * i];
+        if (offset > length || rv[2 * i + 1] > length - offset) {
+            PyErr_Format(PyExc_ValueError,
+                         "ImageSource: sample %lld's bytes run past the end of its buffer",
+                         (long long)i);
+            return -1;
+        }
+    }
+    self->memory_core = (fl_memory_source){
+        .bases = self->bases, .which = w, .ranges = rv, .length = n};
+    self->core.read_bytes = fl_memory_read;
+    self->core.bytes_ctx = &self->memory_core;
+    return 0;
+}
+
 static PyObject *ImageSource_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"paths", "offsets", "labels", "plan", "exact", "max_pixels",
                              "skip", "fallback", "ranges", "fallback_all", "cache", "lmdb",
-                             NULL};
+                             "memory", NULL};
     PyObject *paths, *offsets, *labels, *plan = Py_None, *fallback = Py_None, *ranges = Py_None;
-    PyObject *cache = Py_None, *lmdb = Py_None;
+    PyObject *cache = Py_None, *lmdb = Py_None, *memory = Py_None;
     int exact = 0, skip = 0, fallback_all = 0;
     unsigned long long max_pixels = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "SOO|O$pKpOOpOO:ImageSource", kwlist, &paths,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "SOO|O$pKpOOpOOO:ImageSource", kwlist, &paths,
                                      &offsets, &labels, &plan, &exact, &max_pixels, &skip,
-                                     &fallback, &ranges, &fallback_all, &cache, &lmdb))
+                                     &fallback, &ranges, &fallback_all, &cache, &lmdb,
+                                     &memory))
         return NULL;
     struct fl_sample_cache *core_cache = NULL;
     if (cache != Py_None && !(core_cache = fl__sample_cache_of(cache)))
@@ -335,6 +414,7 @@ static PyObject *ImageSource_new(PyTypeObject *type, PyObject *args, PyObject *k
     self->ranges = Py_NewRef(ranges);
     self->cache = Py_NewRef(cache);
     self->lmdb = Py_NewRef(lmdb);
+    self->memory = Py_NewRef(memory);
     self->decode_error = Py_NewRef(fl__state_of_type(type)->DecodeError);
     self->core = (fl_image_source){
         .paths = PyBytes_AS_STRING(paths),
@@ -352,6 +432,10 @@ static PyObject *ImageSource_new(PyTypeObject *type, PyObject *args, PyObject *k
     if (lmdb_core) {
         self->core.read_bytes = fl__lmdb_read_bytes;
         self->core.bytes_ctx = lmdb_core;
+    }
+    if (memory != Py_None && attach_memory(self, memory, r) < 0) {
+        Py_DECREF(self);
+        return NULL;
     }
     self->has_shape = p.out_w > 0 && p.out_h > 0;
     self->channels_first = tensor_output && p.layout == FL_LAYOUT_HWC;
@@ -388,6 +472,8 @@ static void ImageSource_dealloc(ImageSourceObject *self)
     Py_CLEAR(self->ranges);
     Py_CLEAR(self->cache);
     Py_CLEAR(self->lmdb);
+    release_memory(self);
+    Py_CLEAR(self->memory);
     type->tp_free(self);
     Py_DECREF(type);
 }

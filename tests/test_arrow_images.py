@@ -1,14 +1,19 @@
+import io
+
 import numpy as np
 import pytest
+import torch
 
 import fastload
 from fastload import transforms as T
 
 pa = pytest.importorskip("pyarrow")
 import pyarrow.ipc  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from fastload.formats.arrow_images import ArrowImages  # noqa: E402
+from fl_helpers import check_parity, row_dataset_configs  # noqa: E402
 
 
 def _images(tmp_path, n=6):
@@ -61,3 +66,134 @@ def test_compressed_file_refused(tmp_path):
         w.write_table(table)
     with pytest.raises(ValueError, match="compressed"):
         ArrowImages(tmp_path / "z.arrow")
+
+
+# --- in-memory tables, Parquet files and Hugging Face datasets -------------
+
+N = 10
+
+
+class PyTable(torch.utils.data.Dataset):
+    """The usual torch wrapper: a table's image bytes decoded by Pillow."""
+
+    def __init__(self, blobs, labels, rows=None):
+        self.blobs, self.labels = blobs, labels
+        self.rows = list(range(len(blobs))) if rows is None else rows
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        row = self.rows[i]
+        rgb = np.asarray(Image.open(io.BytesIO(self.blobs[row])).convert("RGB"))
+        return torch.from_numpy(center_crop(rgb).copy()).permute(2, 0, 1), self.labels[row]
+
+
+def center_crop(rgb):
+    top, left = round((rgb.shape[0] - 8) / 2), round((rgb.shape[1] - 8) / 2)  # torchvision's
+    return rgb[top:top + 8, left:left + 8]
+
+
+CROP = T.Compose([T.CenterCrop(8), T.PILToTensor()])
+CONFIGS = row_dataset_configs(N)
+
+
+def _table(blobs, labels):
+    """The images in two chunks, the second one sliced: offsets that do not
+    start at zero."""
+    whole = pa.table({"image": pa.array(blobs, pa.binary()), "label": labels})
+    return pa.concat_tables([whole.slice(0, 3), whole.slice(3)])
+
+
+def _hf(blobs, labels):
+    datasets = pytest.importorskip("datasets")
+    rows = [{"bytes": b, "path": None} for b in blobs]
+    return datasets.Dataset.from_dict({"image": rows, "label": labels}).cast_column(
+        "image", datasets.Image())
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("kind", ["table", "parquet", "hf-shuffled"])
+def test_tables_match_pillow(tmp_path, kind, config):
+    _, blobs = _images(tmp_path, N)
+    labels = [7 * i % 5 for i in range(N)]
+    rows = None
+    if kind == "table":
+        source = _table(blobs, labels)
+    elif kind == "parquet":
+        source = tmp_path / "t.parquet"
+        pq.write_table(_table(blobs, labels), source, row_group_size=4)
+    else:
+        source = _hf(blobs, labels).shuffle(seed=1)
+        rows = [int(i) for i in source._indices.column(0).to_pylist()]
+    ds = ArrowImages(source, transform=CROP)
+    make, extra = CONFIGS[config]
+    check_parity(PyTable(blobs, labels, rows), make, fl_dataset=ds, fl_extra=extra)
+
+
+def test_hf_dataset_saved_to_disk_and_selected(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    paths, blobs = _images(tmp_path, N)
+    _hf(blobs, list(range(N))).save_to_disk(str(tmp_path / "saved"))
+    selected = datasets.load_from_disk(str(tmp_path / "saved")).select([4, 0, 9])
+    ds = ArrowImages(selected, transform=CROP)
+    ref = fastload.ImageFiles([paths[i] for i in (4, 0, 9)], [4, 0, 9], transform=CROP)
+    (x, y), = fastload.DataLoader(ds, batch_size=3)
+    (rx, ry), = fastload.DataLoader(ref, batch_size=3)
+    assert y.tolist() == [4, 0, 9] and (x == rx).all()
+
+
+def test_hf_image_paths_are_read_as_files(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    paths, _ = _images(tmp_path, 4)
+    hf = datasets.Dataset.from_dict({"image": [str(p) for p in paths], "label": [0, 1, 2, 3]})
+    ds = ArrowImages(hf.cast_column("image", datasets.Image()).select([2, 3]), transform=CROP)
+    assert ds.path(0) == str(paths[2]) and ds.targets == [2, 3]
+    assert (ds[1][0] == fastload.ImageFiles([paths[3]], transform=CROP)[0][0]).all()
+
+
+def test_image_struct_mixing_bytes_and_paths_is_refused(tmp_path):
+    paths, blobs = _images(tmp_path, 3)
+    image = pa.array([{"bytes": blobs[0], "path": None}, {"bytes": None, "path": str(paths[1])},
+                      {"bytes": blobs[2], "path": None}])
+    with pytest.raises(ValueError, match="row 1"):
+        ArrowImages(pa.table({"image": image}))
+
+
+def test_null_image_names_the_row(tmp_path):
+    _, blobs = _images(tmp_path, 3)
+    with pytest.raises(ValueError, match="no image at row 2"):
+        ArrowImages(pa.table({"image": pa.array(blobs[:2] + [None], pa.binary())}))
+
+
+def test_corrupt_value_in_memory_names_the_sample(tmp_path):
+    _, blobs = _images(tmp_path, 3)
+    blobs[2] = blobs[2][:50]
+    ds = ArrowImages(_table(blobs, [0, 1, 2]), transform=CROP)
+    assert (ds[1][0] == ArrowImages(_table(blobs, [0, 1, 2]), transform=CROP)[1][0]).all()
+    with pytest.raises(fastload.DecodeError, match="sample index 2"):
+        list(fastload.DataLoader(ds, batch_size=3))
+
+
+def test_memory_ranges_are_checked_against_their_buffers():
+    from fastload import _C
+
+    args = (b"t\0", np.zeros(1, np.int64), np.zeros(1, np.int64))
+    memory = ((b"0123456789",), np.zeros(1, np.int64))
+    _C.ImageSource(*args, ranges=np.array([[4, 6]], np.int64), memory=memory)
+    with pytest.raises(ValueError, match="past the end"):
+        _C.ImageSource(*args, ranges=np.array([[5, 6]], np.int64), memory=memory)
+    with pytest.raises(ValueError, match="buffer 1 of 1"):
+        _C.ImageSource(*args, ranges=np.array([[0, 1]], np.int64),
+                       memory=((b"x",), np.ones(1, np.int64)))
+
+
+def test_arrow_dataset_follows_a_hf_indices_mapping():
+    datasets = pytest.importorskip("datasets")
+    hf = datasets.Dataset.from_dict({"x": [1.5 * i for i in range(8)], "y": list(range(8))})
+    picked = hf.shuffle(seed=4).select([5, 1, 2])
+    ds = fastload.ArrowDataset(picked, columns=["x", "y"])
+    assert [int(ds[i][1]) for i in range(3)] == picked["y"]
+    assert [float(ds[i][0]) for i in range(3)] == picked["x"]
+    with pytest.raises(TypeError, match="datasets.Dataset"):
+        ArrowImages(object())

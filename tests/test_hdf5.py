@@ -233,8 +233,8 @@ def run_python(code):
 
 
 def test_importing_fastload_imports_neither_library():
-    run = run_python("import sys, fastload; print(sorted(m for m in ('h5py', 'pyarrow', 'lmdb') "
-                     "if m in sys.modules))")
+    run = run_python("import sys, fastload; print(sorted(m for m in ('h5py', 'pyarrow', 'lmdb', "
+                     "'datasets') if m in sys.modules))")
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "[]"
 

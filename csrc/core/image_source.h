@@ -53,9 +53,11 @@ typedef struct fl_image_source {
     struct fl_sample_cache *cache; /* NULL, or the samples' bytes kept for
                                       later reads (sample_cache.h); owned by
                                       the binding */
-    /* NULL: sample i is read from its file.  Else it gives sample i's bytes
-     * (e.g. an LMDB value) in w's read buffer, valid until w's next read, as
-     * a file's are; `paths` then only names the store in messages. */
+    /* NULL: sample i is read from its file.  Else it gives sample i's bytes,
+     * valid at least until w's next read, as a file's are: in w's read
+     * buffer (an LMDB value), or where they lie in memory that outlives the
+     * source (memory_source.h); `paths` then only names the store in
+     * messages. */
     int (*read_bytes)(const void *ctx, fl_image_worker *w, int64_t index,
                       const unsigned char **data, size_t *size, char *msg, size_t msg_size);
     const void *bytes_ctx;

@@ -146,3 +146,21 @@ class RowsDataset(SourceOwner):
 
     def __getitems__(self, indices):
         return _split_rows(self._batch(indices))
+
+
+def is_hf_dataset(obj):
+    """Whether ``obj`` is a Hugging Face ``datasets.Dataset`` (checked without
+    importing ``datasets``)."""
+    return type(obj).__module__.split(".")[0] == "datasets" and hasattr(obj, "_indices")
+
+
+def hf_table(dataset):
+    """(pyarrow table, row of each sample or None, name) of a Hugging Face
+    Dataset: ``select``, ``shuffle`` and ``filter`` leave an indices mapping
+    over the table rather than a new table."""
+    table = dataset.data.table  # datasets.table.Table wraps the pyarrow one
+    indices = None
+    if dataset._indices is not None:
+        indices = np.asarray(dataset._indices.column(0).to_numpy(), np.int64)
+    name = getattr(dataset.info, "dataset_name", None) or "Hugging Face dataset"
+    return table, indices, name

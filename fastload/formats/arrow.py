@@ -16,7 +16,7 @@ import os
 import numpy as np
 
 from .. import _C
-from ._common import MAX_COLUMNS, RowsDataset, file_size, require
+from ._common import MAX_COLUMNS, RowsDataset, file_size, hf_table, is_hf_dataset, require
 
 __all__ = ["ArrowDataset"]
 
@@ -27,8 +27,10 @@ class ArrowDataset(RowsDataset):
 
     ``path_or_table`` is the path of an Arrow IPC file (Feather v2; opened
     memory-mapped), a ``pyarrow.Table`` or a ``pyarrow.RecordBatch``.  A
-    Hugging Face ``datasets.Dataset`` is ``ArrowDataset(hf.data.table)``
-    (its table is itself memory-mapped from the cache files).  ``columns``
+    Hugging Face ``datasets.Dataset`` is used as its table (memory-mapped
+    from the cache files), its rows put in the order of the indices
+    mapping ``select``/``shuffle``/``filter`` leave, if any (a copy of the
+    rows, made once).  ``columns``
     picks and orders the columns (default: all of them).
 
     Each column must hold integers, floats or bools, or fixed-size lists of
@@ -52,9 +54,15 @@ class ArrowDataset(RowsDataset):
             self._setup(pa.Table.from_batches([path_or_table]), columns, None)
         elif isinstance(path_or_table, pa.Table):
             self._setup(path_or_table, columns, None)
+        elif is_hf_dataset(path_or_table):
+            table, indices, _ = hf_table(path_or_table)
+            if columns is not None:  # only the columns used are reordered
+                table = table.select([columns] if isinstance(columns, str) else list(columns))
+            self._setup(table if indices is None else table.take(indices), columns, None)
         else:
-            raise TypeError("ArrowDataset takes the path of an Arrow IPC file, a pyarrow.Table "
-                            f"or a pyarrow.RecordBatch, got {type(path_or_table).__name__}")
+            raise TypeError("ArrowDataset takes the path of an Arrow IPC file, a pyarrow.Table, "
+                            "a pyarrow.RecordBatch or a Hugging Face datasets.Dataset, got "
+                            f"{type(path_or_table).__name__}")
 
     @classmethod
     def from_parquet(cls, path, columns=None):
