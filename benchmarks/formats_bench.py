@@ -10,7 +10,8 @@ lzf-compressed datasets (chunks of 4 rows, sized for random access, and of
 file, a Parquet file, a Zarr v3 group (zarr's default zstd, 64-row chunks)
 and an LMDB file (one 4 KiB value a row, key ``str(i)``), read in random
 batches and, for Zarr, also in batches of ``ChunkShuffleSampler``'s order
-(blocks of 4 chunks: a batch decodes a few chunks).  Random batches of 256
+(blocks of 4 chunks: a batch decodes a few chunks), and the HDF5 file of
+64-row chunks likewise.  Random batches of 256
 from a warm page cache, the same batches for every loader:
 
 * torch: torch's DataLoader, ``num_workers=2`` (persistent), over the
@@ -58,12 +59,15 @@ ROW = 1024
 BATCH = 256
 FULL = dict(rows=65536, batches=60, reps=5)
 QUICK = dict(rows=2048, batches=4, reps=1)
-KINDS = ("hdf5", "hdf5-chunked-4", "hdf5-chunked-64", "arrow", "parquet", "lmdb")
+KINDS = ("hdf5", "hdf5-chunked-4", "hdf5-chunked-64", "hdf5-chunk-shuffled", "arrow", "parquet",
+         "lmdb")
 # Zarr v3 (zstd, 64-row chunks): random batches, and batches of
 # ChunkShuffleSampler's order (blocks of 4 chunks), the same order for both.
 ZARR_KINDS = ("zarr", "zarr-chunk-shuffled") if zarr is not None else ()
 KINDS += ZARR_KINDS
 ZARR_CHUNK_ROWS = 64
+# Rows a chunk of the files the "-chunk-shuffled" kinds read (hdf5-chunked-64's, zarr's).
+SHUFFLED = {"hdf5-chunk-shuffled": 64, "zarr-chunk-shuffled": ZARR_CHUNK_ROWS}
 # Fewer batches where torch takes minutes an epoch.
 BATCH_SHARE = {"hdf5-chunked-64": 3}
 
@@ -77,6 +81,7 @@ def make_files(root, n):
     paths = {kind: os.path.join(root, f"rows-{n}.{kind}") for kind in KINDS}
     for kind in ZARR_KINDS:
         paths[kind] = os.path.join(root, f"rows-{n}.zarr")
+    paths["hdf5-chunk-shuffled"] = paths["hdf5-chunked-64"]
     if all(os.path.exists(p) for p in paths.values()):
         return paths
     x = row_values(np.arange(n))
@@ -194,8 +199,8 @@ class Setup:
     """One loader over one file, iterated over a fixed plan of batches."""
 
     def __init__(self, kind, path, library, n_rows, batches, seed=0, worker_mode="auto"):
-        if kind == "zarr-chunk-shuffled":
-            self.plan = fastload.ChunkShuffleSampler(n_rows, ZARR_CHUNK_ROWS, block=4,
+        if kind in SHUFFLED:
+            self.plan = fastload.ChunkShuffleSampler(n_rows, SHUFFLED[kind], block=4,
                                                      seed=seed).order()[:batches * BATCH]
         else:
             self.plan = np.random.default_rng(seed).integers(0, n_rows, batches * BATCH)
