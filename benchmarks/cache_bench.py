@@ -13,7 +13,14 @@ Normalize) at batch 64 and 2 workers by:
 * fastload: fastload's DataLoader over ``fastload.ImageFolder`` (2 worker
   threads), without a cache;
 * fastload cached: the same with ``cache="memory"``, filled by an untimed
-  first epoch, so every timed epoch reads the cache.
+  first epoch, so every timed epoch reads the cache;
+* fastload decoded: the same with ``cache_decoded=True``: the cache keeps
+  the images' decoded pixels (sized for all of them), so the timed epochs
+  decode nothing.  (Its images are decoded whole, as ``decode="exact"``;
+  the other fastload loaders use the default ``decode="fast"``.)
+
+``--transform train`` reads with the training transform instead
+(RandomResizedCrop(224) + flip + ToTensor + Normalize).
 
 Each is timed twice an epoch: with the files in the page cache ("warm":
 the first, untimed epoch read them), and with every file dropped from the
@@ -43,7 +50,7 @@ import pil_pipeline
 from images_bench import BATCH, fastload_transform, log
 
 WORKERS = 2
-LOADERS = ("torch", "fastload", "fastload cached")
+LOADERS = ("torch", "fastload", "fastload cached", "fastload decoded")
 FULL = dict(images=2000, reps=3)
 QUICK = dict(images=256, reps=1)
 
@@ -62,15 +69,31 @@ def drop_page_cache(paths):
     return dropped
 
 
-def make_loader(name, root):
+def decoded_size(files):
+    """Bytes of a cache holding every image's pixels (3 bytes a pixel, a
+    16-byte header, 8-byte aligned) and its index."""
+    from PIL import Image
+
+    data = 0
+    for path in files:
+        with Image.open(path) as image:
+            width, height = image.size
+        data += (16 + 3 * width * height + 7) // 8 * 8
+    return fastload._C.SampleCache.overhead(len(files)) + data
+
+
+def make_loader(name, root, kind, files):
     if name == "torch":
-        dataset = pil_pipeline.image_folder(root, pil_pipeline.val_transform())
+        tf = pil_pipeline.val_transform() if kind == "val" else pil_pipeline.train_transform()
+        dataset = pil_pipeline.image_folder(root, tf)
         return torch.utils.data.DataLoader(dataset, batch_size=BATCH, num_workers=WORKERS,
-                                           persistent_workers=True)
-    cache = "memory" if name == "fastload cached" else None
-    dataset = fastload.ImageFolder(root, transform=fastload_transform("val"), cache=cache)
+                                           persistent_workers=True, shuffle=kind == "train")
+    cache = dict(cache="memory") if name == "fastload cached" else {}
+    if name == "fastload decoded":
+        cache = dict(cache="memory", cache_decoded=True, cache_size=decoded_size(files))
+    dataset = fastload.ImageFolder(root, transform=fastload_transform(kind), **cache)
     return fastload.DataLoader(dataset, batch_size=BATCH, num_workers=WORKERS,
-                               persistent_workers=True)
+                               persistent_workers=True, shuffle=kind == "train")
 
 
 def epoch(loader, n_images):
@@ -88,13 +111,14 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--data", default=os.path.join(os.path.dirname(__file__), "data"))
+    parser.add_argument("--transform", choices=("val", "train"), default="val")
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else FULL
     root = imagenet_like.make_image_folder(os.path.join(args.data, f"cache_{sizes['images']}"),
                                            n_images=sizes["images"])
     files = [p for p, _ in fastload.ImageFolder(root).samples]
     n = len(files)
-    loaders = {name: make_loader(name, root) for name in LOADERS}
+    loaders = {name: make_loader(name, root, args.transform, files) for name in LOADERS}
     for name, loader in loaders.items():  # workers started, files read, the cache filled
         log(f"first epoch: {name}")
         epoch(loader, n)
@@ -106,23 +130,25 @@ def main(argv=None):
                 if temp == "cold":
                     drop_page_cache(files)
                 times[name, temp].append(epoch(loader, n))
-    cached = loaders["fastload cached"].dataset.cache.stats()
+    caches = {name: loaders[name].dataset.cache.stats()
+              for name in ("fastload cached", "fastload decoded")}
     rate = {key: n / statistics.median(t) for key, t in times.items()}
     mib = sum(os.path.getsize(p) for p in files) / 2 ** 20
-    print(f"### Sample cache: epoch 2, {n} JPEGs ({mib:.0f} MiB), validation transform, "
-          f"batch {BATCH}, {WORKERS} workers\n")
+    print(f"### Sample cache: epoch 2, {n} JPEGs ({mib:.0f} MiB), {args.transform} "
+          f"transform, batch {BATCH}, {WORKERS} workers\n")
     print("| loader | warm page cache (img/s) | files dropped (img/s) |")
     print("|---|---:|---:|")
     for name in LOADERS:
         print(f"| {name} | {rate[name, 'warm']:.0f} | {rate[name, 'cold']:.0f} |")
     print()
     for temp in ("warm", "cold"):
-        print(f"- {temp}: fastload cached / fastload = "
-              f"{rate['fastload cached', temp] / rate['fastload', temp]:.2f}x, "
-              f"fastload cached / torch = "
-              f"{rate['fastload cached', temp] / rate['torch', temp]:.2f}x")
-    print(f"- cache: {cached['stored']} samples stored, {cached['hits']} hits, "
-          f"{cached['corrupt']} corrupt, {cached['used'] / 2 ** 20:.0f} MiB used")
+        for name in ("fastload cached", "fastload decoded"):
+            print(f"- {temp}: {name} / fastload = "
+                  f"{rate[name, temp] / rate['fastload', temp]:.2f}x, "
+                  f"{name} / torch = {rate[name, temp] / rate['torch', temp]:.2f}x")
+    for name, stats in caches.items():
+        print(f"- {name}: {stats['stored']} samples stored, {stats['hits']} hits, "
+              f"{stats['corrupt']} corrupt, {stats['used'] / 2 ** 20:.0f} MiB used")
 
 
 if __name__ == "__main__":

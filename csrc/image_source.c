@@ -332,19 +332,23 @@ static PyObject *ImageSource_new(PyTypeObject *type, PyObject *args, PyObject *k
 {
     static char *kwlist[] = {"paths", "offsets", "labels", "plan", "exact", "max_pixels",
                              "skip", "fallback", "ranges", "fallback_all", "cache", "lmdb",
-                             "memory", NULL};
+                             "memory", "cache_pixels", NULL};
     PyObject *paths, *offsets, *labels, *plan = Py_None, *fallback = Py_None, *ranges = Py_None;
     PyObject *cache = Py_None, *lmdb = Py_None, *memory = Py_None;
-    int exact = 0, skip = 0, fallback_all = 0;
+    int exact = 0, skip = 0, fallback_all = 0, cache_pixels = 0;
     unsigned long long max_pixels = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "SOO|O$pKpOOpOOO:ImageSource", kwlist, &paths,
-                                     &offsets, &labels, &plan, &exact, &max_pixels, &skip,
-                                     &fallback, &ranges, &fallback_all, &cache, &lmdb,
-                                     &memory))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "SOO|O$pKpOOpOOOp:ImageSource", kwlist,
+                                     &paths, &offsets, &labels, &plan, &exact, &max_pixels,
+                                     &skip, &fallback, &ranges, &fallback_all, &cache, &lmdb,
+                                     &memory, &cache_pixels))
         return NULL;
     struct fl_sample_cache *core_cache = NULL;
     if (cache != Py_None && !(core_cache = fl__sample_cache_of(cache)))
         return NULL;
+    if (cache_pixels && !core_cache) {
+        PyErr_SetString(PyExc_ValueError, "ImageSource: cache_pixels needs a cache");
+        return NULL;
+    }
     const struct fl_lmdb_source *lmdb_core = NULL;
     if (lmdb != Py_None && !(lmdb_core = fl__lmdb_core(lmdb)))
         return NULL;
@@ -401,7 +405,7 @@ static PyObject *ImageSource_new(PyTypeObject *type, PyObject *args, PyObject *k
         if (tensor_output < 0)
             return NULL;
     }
-    p.exact = exact;
+    p.exact = exact || cache_pixels; /* pixels are decoded whole: no DCT scaling */
     p.max_pixels = max_pixels ? max_pixels : UINT64_MAX; /* 0: no limit */
 
     ImageSourceObject *self = (ImageSourceObject *)type->tp_alloc(type, 0);
@@ -428,6 +432,7 @@ static PyObject *ImageSource_new(PyTypeObject *type, PyObject *args, PyObject *k
         .fallback_ctx = self->fallback,
         .fallback_all = fallback_all,
         .cache = core_cache,
+        .cache_pixels = cache_pixels,
     };
     if (lmdb_core) {
         self->core.read_bytes = fl__lmdb_read_bytes;
@@ -615,8 +620,12 @@ static PyObject *ImageSource_decode_only(ImageSourceObject *self, PyObject *indi
         fl_image_file file;
         if (fl_image_source_read(&self->core, w, idx[done], &file, &f) != FL_OK)
             break;
-        f.status = fl_decode_full(w, file.data, file.size, self->core.plan.max_pixels, &rgb,
-                                  &width, &height, &stride, f.msg, sizeof f.msg);
+        if (file.format == FL_FORMAT_PIXELS) /* decoded already */
+            f.status = fl_image_source_pixels(&file, &rgb, &width, &height, &stride, f.msg,
+                                              sizeof f.msg);
+        else
+            f.status = fl_decode_full(w, file.data, file.size, self->core.plan.max_pixels,
+                                      &rgb, &width, &height, &stride, f.msg, sizeof f.msg);
         if (f.status != FL_OK)
             break;
     }
@@ -650,11 +659,12 @@ static PyMethodDef ImageSource_methods[] = {
 
 static PyType_Slot ImageSource_slots[] = {
     {Py_tp_doc, "ImageSource(paths, offsets, labels, plan=None, *, exact=False, max_pixels=0, "
-                "skip=False, fallback=None, ranges=None, fallback_all=False, cache=None)\n--\n\n"
+                "skip=False, fallback=None, ranges=None, fallback_all=False, cache=None, "
+                "cache_pixels=False)\n--\n\n"
                 "The native source of fastload's image datasets (max_pixels=0: no limit;\n"
                 "ranges: (offset, size) of each sample inside its file; fallback_all: PNG\n"
                 "and WebP files go to the fallback decoder too; cache: a SampleCache\n"
-                "of the samples' bytes)."},
+                "of the samples' bytes, or with cache_pixels of their decoded pixels)."},
     {Py_tp_new, ImageSource_new},
     {Py_tp_dealloc, ImageSource_dealloc},
     {Py_tp_traverse, ImageSource_traverse},

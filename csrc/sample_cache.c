@@ -134,8 +134,111 @@ static PyObject *SampleCache_overhead(PyObject *unused, PyObject *arg)
     return PyLong_FromUnsignedLongLong(fl_sample_cache_overhead(samples));
 }
 
+/* Parses (first, indices, rows) of read_rows() and write_rows(): entries
+ * first + indices[k] hold rows[k], all rows `*row_bytes` bytes.  Returns 0,
+ * or -1 with an exception set (*idx is then NULL). */
+static int parse_rows(SampleCacheObject *self, PyObject *const *args, Py_ssize_t nargs,
+                      const char *name, int writable, int64_t *first, int64_t **idx,
+                      Py_ssize_t *n, unsigned char **rows, size_t *row_bytes)
+{
+    *idx = NULL;
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "%s() takes 3 arguments", name);
+        return -1;
+    }
+    long long start = PyLong_AsLongLong(args[0]);
+    if (start == -1 && PyErr_Occurred())
+        return -1;
+    int64_t samples = fl_sample_cache_samples(self->cache);
+    if (start < 0 || start > samples) {
+        PyErr_Format(PyExc_ValueError, "%s(): first entry %lld is outside the cache's %lld", name,
+                     start, (long long)samples);
+        return -1;
+    }
+    PyArrayObject *a = (PyArrayObject *)args[2];
+    if (!PyArray_Check(args[2]) || !PyArray_IS_C_CONTIGUOUS(a) || PyArray_NDIM(a) < 1 ||
+        (writable && !PyArray_ISWRITEABLE(a))) {
+        PyErr_Format(PyExc_TypeError, "%s(): rows must be a C-contiguous%s array", name,
+                     writable ? ", writable" : "");
+        return -1;
+    }
+    if (fl__convert_indices(args[1], samples - start, idx, n) < 0)
+        return -1;
+    if (PyArray_DIM(a, 0) != *n) {
+        PyErr_Format(PyExc_ValueError, "%s(): %zd indices but %zd rows", name, *n,
+                     (Py_ssize_t)PyArray_DIM(a, 0));
+        PyMem_RawFree(*idx);
+        *idx = NULL;
+        return -1;
+    }
+    *first = start;
+    *rows = PyArray_DATA(a);
+    *row_bytes = *n ? (size_t)PyArray_NBYTES(a) / (size_t)*n : 0;
+    return 0;
+}
+
+PyDoc_STRVAR(read_rows_doc,
+             "read_rows(first, indices, rows, /)\n--\n\n"
+             "Copies the stored entries first + indices[k] into rows[k] (a C-contiguous\n"
+             "array, each row as many bytes as an entry), checked as every read is.\n"
+             "Returns a bool array: which rows were found (the others are untouched).");
+
+static PyObject *SampleCache_read_rows(SampleCacheObject *self, PyObject *const *args,
+                                       Py_ssize_t nargs)
+{
+    int64_t first, *idx;
+    Py_ssize_t n;
+    unsigned char *rows;
+    size_t row_bytes;
+    if (parse_rows(self, args, nargs, "read_rows", 1, &first, &idx, &n, &rows, &row_bytes) < 0)
+        return NULL;
+    npy_intp dims[1] = {n};
+    PyObject *found = PyArray_ZEROS(1, dims, NPY_BOOL, 0);
+    if (!found) {
+        PyMem_RawFree(idx);
+        return NULL;
+    }
+    npy_bool *hit = PyArray_DATA((PyArrayObject *)found);
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t k = 0; k < n; k++) {
+        fl_cache_ref ref;
+        int64_t entry = first + idx[k];
+        hit[k] = fl_sample_cache_find(self->cache, entry, &ref) && ref.size == row_bytes &&
+                 fl_sample_cache_copy(self->cache, entry, &ref, rows + k * row_bytes) == FL_OK;
+    }
+    Py_END_ALLOW_THREADS
+    PyMem_RawFree(idx);
+    return found;
+}
+
+PyDoc_STRVAR(write_rows_doc, "write_rows(first, indices, rows, /)\n--\n\n"
+                             "Stores rows[k] as entry first + indices[k] (unless stored, or no\n"
+                             "room is left).  Returns how many were stored.");
+
+static PyObject *SampleCache_write_rows(SampleCacheObject *self, PyObject *const *args,
+                                        Py_ssize_t nargs)
+{
+    int64_t first, *idx;
+    Py_ssize_t n, stored = 0;
+    unsigned char *rows;
+    size_t row_bytes;
+    if (parse_rows(self, args, nargs, "write_rows", 0, &first, &idx, &n, &rows, &row_bytes) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t k = 0; k < n; k++)
+        stored += fl_sample_cache_put(self->cache, first + idx[k], rows + k * row_bytes,
+                                      row_bytes);
+    Py_END_ALLOW_THREADS
+    PyMem_RawFree(idx);
+    return PyLong_FromSsize_t(stored);
+}
+
 static PyMethodDef SampleCache_methods[] = {
     {"overhead", (PyCFunction)SampleCache_overhead, METH_O | METH_STATIC, overhead_doc},
+    {"read_rows", (PyCFunction)(void (*)(void))SampleCache_read_rows, METH_FASTCALL,
+     read_rows_doc},
+    {"write_rows", (PyCFunction)(void (*)(void))SampleCache_write_rows, METH_FASTCALL,
+     write_rows_doc},
     {"stats", (PyCFunction)SampleCache_stats, METH_NOARGS, stats_doc},
     {"file_offset", (PyCFunction)SampleCache_file_offset, METH_O, file_offset_doc},
     {NULL, NULL, 0, NULL},

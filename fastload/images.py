@@ -159,7 +159,10 @@ class ImageFiles(SourceOwner):
     files' bytes kept, as first read, in a shared cache of ``cache_size``
     bytes (None: room for all) that later reads, worker processes and
     other datasets naming the same path use (``fastload.cache``);
-    ``dataset.cache.stats()`` reports it."""
+    ``dataset.cache.stats()`` reports it.  ``cache_decoded=True``: the
+    cache keeps each image's decoded pixels instead (``cache_size``
+    needed), so later epochs skip the decode; the images are then always
+    decoded whole, as with ``decode="exact"``."""
 
     _sources = ("_source", "_raw")  # they hold per-thread decoders: not pickled
     # True: PNG and WebP files are decoded by Pillow too (with the GIL), as
@@ -169,16 +172,16 @@ class ImageFiles(SourceOwner):
 
     def __init__(self, paths, labels=None, transform=None, target_transform=None,
                  decode="fast", on_error="raise", max_pixels=PILLOW_MAX_PIXELS, loader=None, *,
-                 cache=None, cache_size=None):
+                 cache=None, cache_size=None, cache_decoded=False):
         paths = [os.fspath(p) for p in paths]
         labels = np.zeros(len(paths), np.int64) if labels is None else np.asarray(labels, np.int64)
         if labels.shape != (len(paths),):
             raise ValueError(f"{len(paths)} paths but labels of shape {labels.shape}")
         self._setup(paths, labels, transform, target_transform, decode, on_error, max_pixels,
-                    loader, cache=cache, cache_size=cache_size)
+                    loader, cache=cache, cache_size=cache_size, cache_decoded=cache_decoded)
 
     def _setup(self, paths, labels, transform, target_transform, decode, on_error, max_pixels,
-               loader, ranges=None, cache=None, cache_size=None):
+               loader, ranges=None, cache=None, cache_size=None, cache_decoded=False):
         if decode not in ("fast", "exact"):
             raise ValueError(f"decode must be 'fast' or 'exact', got {decode!r}")
         if on_error not in ("raise", "skip"):
@@ -229,7 +232,7 @@ class ImageFiles(SourceOwner):
         # The samples' bytes, shared by every source, loader and process
         # naming the same cache (fastload.cache).
         self.cache = SampleCache.for_samples(cache, cache_size, self._paths, self._offsets,
-                                             self._ranges)
+                                             self._ranges, decoded=bool(cache_decoded))
         self._make_sources()
 
     def _make_sources(self):
@@ -241,7 +244,8 @@ class ImageFiles(SourceOwner):
                               exact=self.decode == "exact", max_pixels=self.max_pixels,
                               skip=skip, fallback=_fallback(), ranges=self._ranges,
                               fallback_all=self._fallback_all,
-                              cache=self.cache._native if self.cache is not None else None)
+                              cache=self.cache._native if self.cache is not None else None,
+                              cache_pixels=self.cache is not None and self.cache.decoded)
 
     def __len__(self):
         return len(self._offsets)
@@ -384,7 +388,8 @@ class ImageFolder(ImageFiles):
 
     def __init__(self, root, transform=None, target_transform=None, loader=None,
                  is_valid_file=None, allow_empty=False, *, extensions=None, decode="fast",
-                 on_error="raise", max_pixels=PILLOW_MAX_PIXELS, cache=None, cache_size=None):
+                 on_error="raise", max_pixels=PILLOW_MAX_PIXELS, cache=None, cache_size=None,
+                 cache_decoded=False):
         self.root = os.fspath(root)
         if extensions is not None and is_valid_file is not None:
             raise ValueError("Both extensions and is_valid_file cannot be None or not None "
@@ -418,7 +423,8 @@ class ImageFolder(ImageFiles):
             raise FileNotFoundError(msg)
         self.extensions = extensions
         self._setup(paths, np.asarray(labels, np.int64), transform, target_transform, decode,
-                    on_error, max_pixels, loader, cache=cache, cache_size=cache_size)
+                    on_error, max_pixels, loader, cache=cache, cache_size=cache_size,
+                    cache_decoded=cache_decoded)
 
     @staticmethod
     def find_classes(directory):

@@ -239,7 +239,7 @@ class WebDataset(ImageFiles):
     def __init__(self, urls, transform=None, target_transform=None, *,
                  image_extensions=IMAGE_EXTENSIONS, label_extension="cls", decode="fast",
                  on_error="raise", max_pixels=PILLOW_MAX_PIXELS, index_threads=None,
-                 fields=None, decoders=None, cache=None, cache_size=None):
+                 fields=None, decoders=None, cache=None, cache_size=None, cache_decoded=False):
         self.urls = expand_urls(urls)
         if fields is not None and fields != "dict" and (
                 isinstance(fields, str) or not all(isinstance(f, str) for f in fields)):
@@ -264,7 +264,7 @@ class WebDataset(ImageFiles):
                   if shards else np.empty(0, np.int64))
         self._setup((b"".join(encoded), offsets), labels, transform, target_transform, decode,
                     on_error, max_pixels, loader=None, ranges=np.ascontiguousarray(ranges),
-                    cache=cache, cache_size=cache_size)
+                    cache=cache, cache_size=cache_size, cache_decoded=cache_decoded)
 
     def __getstate__(self):
         state = super().__getstate__()

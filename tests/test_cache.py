@@ -233,3 +233,93 @@ def test_webdataset_shards_use_the_cache(folder, tmp_path):
     ds = fastload.WebDataset(paths, transform=transform(), cache="memory")
     assert_same(epochs(ds), epochs(plain))
     assert (ds.cache.stats()["stored"], ds.cache.stats()["hits"]) == (N, N)
+
+
+# ------------------------------------------------------- decoded pixels
+
+DECODED_SIZE = 1 << 24  # room for the 12 images' pixels (about 9 MB)
+
+
+@pytest.fixture(scope="module")
+def exact_reference(folder):
+    pytest.importorskip("torch")
+    return epochs(fastload.ImageFolder(folder, transform=transform(), decode="exact"))
+
+
+@pytest.mark.parametrize("decode", ["fast", "exact"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_decoded_cache_gives_the_exact_decode_every_epoch(folder, exact_reference, decode,
+                                                          workers):
+    ds = fastload.ImageFolder(folder, transform=transform(), decode=decode, cache="memory",
+                              cache_size=DECODED_SIZE, cache_decoded=True)
+    assert_same(epochs(ds, num_workers=workers), exact_reference)
+    stats = ds.cache.stats()
+    assert (stats["stored"], stats["hits"]) == (N, N)
+    # Each entry is the image's pixels: 3 bytes a pixel and a 16-byte header.
+    pixels = sum(16 + 3 * w * h for w, h in (ds._raw.geometry(i, 0, 0)["size"]
+                                            for i in range(N)))
+    assert pixels <= stats["used"] < pixels + 8 * N
+
+
+def test_process_workers_share_the_decoded_cache(folder, exact_reference):
+    ds = fastload.ImageFolder(folder, transform=transform(), cache="memory",
+                              cache_size=DECODED_SIZE, cache_decoded=True)
+    assert_same(epochs(ds, num_workers=2, worker_mode="process"), exact_reference)
+    assert (ds.cache.stats()["stored"], ds.cache.stats()["hits"]) == (N, N)
+
+
+def test_python_transforms_get_the_cached_pixels(folder):
+    plain = fastload.ImageFolder(folder, transform=np.ascontiguousarray)
+    ds = fastload.ImageFolder(folder, transform=np.ascontiguousarray, cache="memory",
+                              cache_size=DECODED_SIZE, cache_decoded=True)
+    for _ in range(2):
+        np.testing.assert_array_equal(ds[7][0], plain[7][0])
+    assert (ds.cache.stats()["stored"], ds.cache.stats()["hits"]) == (1, 1)
+
+
+def test_png_and_webp_are_kept_decoded(tmp_path):
+    from PIL import Image
+
+    rng = np.random.default_rng(3)
+    paths = []
+    for i, fmt in enumerate(["PNG", "WEBP", "PNG"]):
+        paths.append(str(tmp_path / f"{i}.{fmt.lower()}"))
+        Image.fromarray(rng.integers(0, 256, (40 + i, 50, 3), np.uint8)).save(paths[-1], fmt)
+    plain = fastload.ImageFiles(paths, transform=transform())
+    ds = fastload.ImageFiles(paths, transform=transform(), cache="memory", cache_size=1 << 20,
+                             cache_decoded=True)
+    assert_same(epochs(ds), epochs(plain))
+    assert (ds.cache.stats()["stored"], ds.cache.stats()["hits"]) == (3, 3)
+
+
+def test_a_bytes_cache_file_is_not_read_as_pixels(folder, exact_reference, tmp_path):
+    path = str(tmp_path / "c.cache")
+    encoded = fastload.ImageFolder(folder, cache=path, cache_size=DECODED_SIZE)
+    for i in range(N):
+        encoded[i]
+    ds = fastload.ImageFolder(folder, transform=transform(), cache=path,
+                              cache_size=DECODED_SIZE, cache_decoded=True)
+    assert ds.cache.stats()["stored"] == 0  # another key: the file was replaced
+    assert_same(epochs(ds), exact_reference)
+
+
+def test_a_corrupt_decoded_entry_is_decoded_again(folder, tmp_path):
+    path = tmp_path / "c.cache"
+    ds = fastload.ImageFolder(folder, cache=str(path), cache_size=DECODED_SIZE,
+                              cache_decoded=True)
+    expected = fastload.ImageFolder(folder)[5][0]
+    np.testing.assert_array_equal(ds[5][0], expected)
+    where = ds.cache.file_offset(5)
+    with open(path, "r+b") as f:  # change pixels
+        f.seek(where + 1000)
+        f.write(b"\0" * 64)
+    np.testing.assert_array_equal(ds[5][0], expected)
+    stats = ds.cache.stats()
+    assert (stats["corrupt"], stats["hits"], stats["stored"]) == (1, 0, 2)
+
+
+def test_decoded_cache_arguments_are_clear(folder):
+    with pytest.raises(ValueError, match="needs cache_size"):
+        fastload.ImageFolder(folder, cache="memory", cache_decoded=True)
+    with pytest.raises(ValueError, match="cache is None"):
+        fastload.ImageFolder(folder, cache_decoded=True)

@@ -16,6 +16,14 @@ size_t fl_image_source_row_bytes(const fl_image_source *src)
     return (size_t)p->out_w * (size_t)p->out_h * 3 * item;
 }
 
+/* How a cache keeping pixels stores an image: this header, then the RGB
+ * rows packed (3 * width bytes each). */
+typedef struct cached_pixels {
+    uint32_t magic, width, height, reserved;
+} cached_pixels;
+
+#define CACHED_PIXELS_MAGIC 0x58504c46u /* "FLPX" */
+
 /* Sample `index` from the cache into the worker's file buffer: 1 when it
  * was there and its bytes checked out, else 0 (read the file instead). */
 static int read_cached(struct fl_sample_cache *cache, fl_image_worker *w, int64_t index,
@@ -50,10 +58,16 @@ int fl_image_source_read(const fl_image_source *src, fl_image_worker *w, int64_t
                              sizeof failure->msg);
     } else if (src->cache && read_cached(src->cache, w, index, file)) {
         rc = FL_OK;
+        if (src->cache_pixels) {
+            file->format = FL_FORMAT_PIXELS;
+            failure->status = rc;
+            fl_stage_end(&clock);
+            return rc;
+        }
     } else {
         rc = fl_read_range(w, fl_image_source_path(src, index), offset, length, &file->data,
                            &file->size, &failure->err, failure->msg, sizeof failure->msg);
-        if (rc == FL_OK && src->cache)
+        if (rc == FL_OK && src->cache && !src->cache_pixels)
             fl_sample_cache_put(src->cache, index, file->data, file->size);
     }
     /* An empty file goes to the JPEG decoder, which names the problem. */
@@ -68,6 +82,78 @@ int fl_image_source_read(const fl_image_source *src, fl_image_worker *w, int64_t
     return rc;
 }
 
+int fl_image_source_pixels(const fl_image_file *file, const unsigned char **rgb, int *width,
+                           int *height, size_t *stride, char *msg, size_t msg_size)
+{
+    cached_pixels head;
+    if (file->size >= sizeof head)
+        memcpy(&head, file->data, sizeof head);
+    if (file->size < sizeof head || head.magic != CACHED_PIXELS_MAGIC || head.width == 0 ||
+        head.height == 0 || head.width > INT32_MAX / 3 || head.height > INT32_MAX ||
+        (uint64_t)head.width * 3 * head.height != file->size - sizeof head) {
+        snprintf(msg, msg_size, "the cache's entry is not an image's pixels (%zu bytes)",
+                 file->size);
+        return FL_ERR_DECODE;
+    }
+    *rgb = file->data + sizeof head;
+    *width = (int)head.width;
+    *height = (int)head.height;
+    *stride = (size_t)head.width * 3;
+    return FL_OK;
+}
+
+/* Keeps an image's pixels in the cache, unless it holds them already or
+ * has no room. */
+static void keep_pixels(struct fl_sample_cache *cache, int64_t index, const unsigned char *rgb,
+                        int width, int height, size_t stride)
+{
+    size_t row = (size_t)width * 3, size = sizeof(cached_pixels) + row * (size_t)height;
+    unsigned char *at = fl_sample_cache_reserve(cache, index, size);
+    if (!at)
+        return;
+    cached_pixels head = {CACHED_PIXELS_MAGIC, (uint32_t)width, (uint32_t)height, 0};
+    memcpy(at, &head, sizeof head);
+    for (int y = 0; y < height; y++)
+        memcpy(at + sizeof head + (size_t)y * row, rgb + (size_t)y * stride, row);
+    fl_sample_cache_commit(cache, index, at, size);
+}
+
+/* fl_image_source_decode for a source whose cache keeps pixels: pixels
+ * from the cache are transformed; a file's image is decoded whole and kept
+ * first (when `dst` is NULL the header's size is all that is needed, and
+ * the plan is exact, so its geometry is the pixels' one). */
+static int pixels_to_row(const fl_image_source *src, fl_image_worker *w,
+                         const fl_image_file *file, const fl_sample_key *key, void *dst,
+                         fl_sample_geometry *geometry, fl_image_failure *failure)
+{
+    const unsigned char *rgb;
+    int width, height;
+    size_t stride;
+    char *msg = failure->msg;
+    size_t msg_size = sizeof failure->msg;
+    if (file->format != FL_FORMAT_PIXELS && !dst)
+        return fl_pipeline_image(w, file->format, &src->plan, key, file->data, file->size,
+                                 NULL, geometry, msg, msg_size);
+    fl_stage_clock clock;
+    int rc;
+    if (file->format == FL_FORMAT_PIXELS) {
+        fl_stage_begin(&clock, FL_STAGE_TRANSFORM);
+        rc = fl_image_source_pixels(file, &rgb, &width, &height, &stride, msg, msg_size);
+    } else {
+        fl_stage_begin(&clock, FL_STAGE_DECODE);
+        rc = fl_decode_full(w, file->data, file->size, src->plan.max_pixels, &rgb, &width,
+                            &height, &stride, msg, msg_size);
+        if (rc == FL_OK)
+            keep_pixels(src->cache, file->index, rgb, width, height, stride);
+        fl_stage_next(&clock, FL_STAGE_TRANSFORM);
+    }
+    if (rc == FL_OK)
+        rc = fl_pipeline_pixels(w, &src->plan, key, rgb, width, height, stride, dst, geometry,
+                                msg, msg_size);
+    fl_stage_end(&clock);
+    return rc;
+}
+
 int fl_image_source_decode(const fl_image_source *src, fl_image_worker *w,
                            const fl_image_file *file, const fl_sample_key *key, void *dst,
                            fl_sample_geometry *geometry, fl_image_failure *failure)
@@ -75,7 +161,9 @@ int fl_image_source_decode(const fl_image_source *src, fl_image_worker *w,
     int rc;
     failure->index = file->index;
     failure->err = 0;
-    if (file->format != FL_FORMAT_OTHER) {
+    if (src->cache_pixels && file->format != FL_FORMAT_OTHER) {
+        rc = pixels_to_row(src, w, file, key, dst, geometry, failure);
+    } else if (file->format != FL_FORMAT_OTHER) {
         rc = fl_pipeline_image(w, file->format, &src->plan, key, file->data, file->size, dst,
                                geometry, failure->msg, sizeof failure->msg);
     } else if (src->fallback) {

@@ -53,6 +53,11 @@ typedef struct fl_image_source {
     struct fl_sample_cache *cache; /* NULL, or the samples' bytes kept for
                                       later reads (sample_cache.h); owned by
                                       the binding */
+    int cache_pixels;        /* 1: the cache keeps each image decoded whole
+                                (its RGB pixels), so a cached sample is not
+                                decoded again; the plan is then run as
+                                decode="exact" always, so every epoch gives
+                                the same output */
     /* NULL: sample i is read from its file.  Else it gives sample i's bytes,
      * valid at least until w's next read, as a file's are: in w's read
      * buffer (an LMDB value), or where they lie in memory that outlives the
@@ -108,8 +113,9 @@ typedef struct fl_image_file {
 } fl_image_file;
 
 /* Reads sample `index` (from the source's cache when it holds the sample,
- * else from its file, then storing it in the cache).  Returns FL_OK, or
- * FL_ERR_IO with *failure filled. */
+ * else from its file, then storing it in the cache unless the cache keeps
+ * pixels: the decode stores those).  Returns FL_OK, or FL_ERR_IO with
+ * *failure filled. */
 int fl_image_source_read(const fl_image_source *src, fl_image_worker *w, int64_t index,
                          fl_image_file *file, fl_image_failure *failure);
 
@@ -120,5 +126,11 @@ int fl_image_source_read(const fl_image_source *src, fl_image_worker *w, int64_t
 int fl_image_source_decode(const fl_image_source *src, fl_image_worker *w,
                            const fl_image_file *file, const fl_sample_key *key, void *dst,
                            fl_sample_geometry *geometry, fl_image_failure *failure);
+
+/* The pixels of a file read as FL_FORMAT_PIXELS (from a cache keeping
+ * them): RGB rows `stride` bytes apart, valid as the file's bytes are.
+ * Returns FL_OK, or FL_ERR_DECODE with msg when the entry is malformed. */
+int fl_image_source_pixels(const fl_image_file *file, const unsigned char **rgb, int *width,
+                           int *height, size_t *stride, char *msg, size_t msg_size);
 
 #endif /* FL_IMAGE_SOURCE_H */

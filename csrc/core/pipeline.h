@@ -116,6 +116,8 @@ typedef enum fl_image_format {
     FL_FORMAT_JPEG,
     FL_FORMAT_PNG,
     FL_FORMAT_WEBP,
+    FL_FORMAT_PIXELS,  /* pixels decoded earlier, kept by a source's cache
+                          (image_source.h); never told by the bytes */
 } fl_image_format;
 
 /* The format of a file by its first bytes (magic numbers, not the name). */

@@ -413,6 +413,11 @@ void fl_sample_cache_close(fl_sample_cache *cache)
     free(cache);
 }
 
+int64_t fl_sample_cache_samples(const fl_sample_cache *cache)
+{
+    return cache->samples;
+}
+
 int fl_sample_cache_fd(const fl_sample_cache *cache)
 {
     return cache->fd;
@@ -454,40 +459,55 @@ int fl_sample_cache_copy(fl_sample_cache *c, int64_t index, const fl_cache_ref *
     return FL_ERR_DECODE;
 }
 
-int fl_sample_cache_put(fl_sample_cache *c, int64_t index, const unsigned char *data,
-                        size_t size)
+unsigned char *fl_sample_cache_reserve(fl_sample_cache *c, int64_t index, size_t size)
 {
     if (index < 0 || index >= c->samples)
-        return 0;
+        return NULL;
     cache_entry *e = &c->entries[index];
     cache_header *h = c->header;
     if (atomic_load_explicit(&e->state, memory_order_relaxed) != ENTRY_EMPTY)
-        return 0;
+        return NULL;
     uint64_t need = ((uint64_t)size + 7) & ~(uint64_t)7; /* keeps entries 8-byte aligned */
     uint64_t used = atomic_load_explicit(&h->used, memory_order_relaxed);
     if (need > c->data_bytes || used > c->data_bytes - need) {
         atomic_fetch_add_explicit(&h->rejected, 1, memory_order_relaxed);
-        return 0;
+        return NULL;
     }
     uint64_t empty = ENTRY_EMPTY;
     if (!atomic_compare_exchange_strong_explicit(&e->state, &empty, ENTRY_WRITING,
                                                  memory_order_acquire, memory_order_relaxed))
-        return 0; /* another writer has it */
+        return NULL; /* another writer has it */
     /* Reserve [used, used + need) without ever passing the region's end. */
     do {
         if (used > c->data_bytes || need > c->data_bytes - used) {
             atomic_store_explicit(&e->state, ENTRY_EMPTY, memory_order_release);
             atomic_fetch_add_explicit(&h->rejected, 1, memory_order_relaxed);
-            return 0;
+            return NULL;
         }
     } while (!atomic_compare_exchange_weak_explicit(&h->used, &used, used + need,
                                                     memory_order_relaxed, memory_order_relaxed));
-    memcpy(c->data + used, data, size);
-    atomic_store_explicit(&e->offset, used, memory_order_relaxed);
+    return c->data + used;
+}
+
+void fl_sample_cache_commit(fl_sample_cache *c, int64_t index, const unsigned char *at,
+                            size_t size)
+{
+    cache_entry *e = &c->entries[index];
+    atomic_store_explicit(&e->offset, (uint64_t)(at - c->data), memory_order_relaxed);
     atomic_store_explicit(&e->size, (uint64_t)size, memory_order_relaxed);
-    atomic_store_explicit(&e->checksum, fl_cache_checksum(data, size), memory_order_relaxed);
+    atomic_store_explicit(&e->checksum, fl_cache_checksum(at, size), memory_order_relaxed);
     atomic_store_explicit(&e->state, ENTRY_READY, memory_order_release);
-    atomic_fetch_add_explicit(&h->stored, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&c->header->stored, 1, memory_order_relaxed);
+}
+
+int fl_sample_cache_put(fl_sample_cache *c, int64_t index, const unsigned char *data,
+                        size_t size)
+{
+    unsigned char *at = fl_sample_cache_reserve(c, index, size);
+    if (!at)
+        return 0;
+    memcpy(at, data, size);
+    fl_sample_cache_commit(c, index, at, size);
     return 1;
 }
 

@@ -92,6 +92,9 @@ void fl_sample_cache_close(fl_sample_cache *cache);
  * process through /proc/<pid>/fd/<fd>). */
 int fl_sample_cache_fd(const fl_sample_cache *cache);
 
+/* The number of samples (index entries) the cache was opened for. */
+int64_t fl_sample_cache_samples(const fl_sample_cache *cache);
+
 /* 1 with *ref filled when sample `index` (in [0, samples)) is stored and
  * its entry lies inside the data region, else 0. */
 int fl_sample_cache_find(fl_sample_cache *cache, int64_t index, fl_cache_ref *ref);
@@ -107,6 +110,15 @@ int fl_sample_cache_copy(fl_sample_cache *cache, int64_t index, const fl_cache_r
  * there is no room left.  Returns 1 when stored, else 0. */
 int fl_sample_cache_put(fl_sample_cache *cache, int64_t index, const unsigned char *data,
                         size_t size);
+
+/* fl_sample_cache_put in two steps, for bytes made in place (decoded
+ * pixels): reserves `size` bytes for sample `index` and returns where to
+ * write them, or NULL when it is stored or being stored, or there is no room
+ * left.  The caller writes exactly `size` bytes there, then commits them,
+ * which makes the entry visible. */
+unsigned char *fl_sample_cache_reserve(fl_sample_cache *cache, int64_t index, size_t size);
+void fl_sample_cache_commit(fl_sample_cache *cache, int64_t index, const unsigned char *at,
+                            size_t size);
 
 /* The shared counters, read now. */
 void fl_sample_cache_stats(const fl_sample_cache *cache, fl_cache_stats *out);

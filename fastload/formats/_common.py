@@ -7,6 +7,7 @@ import os
 import numpy as np
 
 from .._native import SourceOwner
+from ..cache import SampleCache
 from ..arrays import _check_index, _index_array, _is_index_batch, _split_rows
 
 __all__ = ["require", "file_size", "index_array", "RowsDataset"]
@@ -112,6 +113,8 @@ class RowsDataset(SourceOwner):
 
     _native = False
     _gathered = ()  # positions of the columns _source serves, in its order
+    cache = None  # SampleCache of the rows read (not gathered), or None
+    _cache_first = {}  # position -> the cache entry of its row 0
 
     def _native_source(self, uint8=False):
         """The loader's batch path (fastload._native): the rows gathered in
@@ -133,8 +136,43 @@ class RowsDataset(SourceOwner):
                 out[position] = rows
         for position in range(len(out)):
             if out[position] is None:
-                out[position] = self._read_rows(position, indices)
+                out[position] = self._read_through_cache(position, indices)
         return out
+
+    def _open_cache(self, cache, cache_size, files):
+        """Sets ``cache``: the rows of the columns read (not gathered) kept,
+        as first read, in a SampleCache (``fastload.cache``), one entry a
+        row; ``files`` are what the data is read from (the key hashes their
+        size and modification time)."""
+        read = [p for p in range(len(self._names)) if p not in self._gathered]
+        if cache is not None and not read:
+            raise ValueError(f"cache= keeps the rows read and decoded, but every key of "
+                             f"{self!r} is memory-mapped: the page cache already keeps them")
+        layouts = [self._layouts[p] for p in read]
+        row_bytes = [layout.dtype.itemsize * int(np.prod(layout.shape[1:], dtype=np.int64))
+                     for layout in layouts]
+        described = repr([(type(self).__name__, layout.key, layout.dtype.str, layout.shape)
+                          for layout in layouts])
+        self.cache = SampleCache.for_rows(cache, cache_size, files, described,
+                                          len(read) * self._length,
+                                          sum(row_bytes) * self._length)
+        self._cache_first = {p: slot * self._length for slot, p in enumerate(read)}
+
+    def _read_through_cache(self, position, indices):
+        """``_read_rows`` with the cache: the rows it holds copied from it,
+        the others read and stored."""
+        if self.cache is None:
+            return self._read_rows(position, indices)
+        layout = self._layouts[position]
+        first = self._cache_first[position]
+        rows = np.empty((len(indices),) + layout.shape[1:], layout.dtype.newbyteorder("="))
+        found = self.cache._native.read_rows(first, indices, rows)
+        if not found.all():
+            missing = indices[~found]
+            read = np.ascontiguousarray(self._read_rows(position, missing), rows.dtype)
+            rows[~found] = read
+            self.cache._native.write_rows(first, missing, read)
+        return rows
 
     def __getitem__(self, index):
         if _is_index_batch(index):

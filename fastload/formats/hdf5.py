@@ -52,11 +52,17 @@ class HDF5Dataset(RowsDataset):
     under one lock, so for compressed data use worker processes
     (``worker_mode="process"``, the default for a dataset that is not all
     memory-mapped): each opens the file itself on its first read.
+
+    ``cache`` (None, ``"memory"`` or a file path) and ``cache_size`` keep
+    the rows read through h5py, decompressed, as first read, in a shared
+    cache (``fastload.cache``) that later epochs, worker processes and
+    other datasets naming the same path read instead of the file.
     """
 
     _sources = ("_source", "_arrays", "_open")
 
-    def __init__(self, path, keys=("images", "labels"), chunk_cache_bytes=_DEFAULT_CACHE_BYTES):
+    def __init__(self, path, keys=("images", "labels"), chunk_cache_bytes=_DEFAULT_CACHE_BYTES,
+                 *, cache=None, cache_size=None):
         h5py = require("h5py", "HDF5Dataset")
         self.path = os.fsdecode(os.fspath(path))
         self.keys = check_keys(keys, "HDF5Dataset")
@@ -74,6 +80,7 @@ class HDF5Dataset(RowsDataset):
         self._length = lengths[0]
         self._names = self.keys
         self._make_sources()
+        self._open_cache(cache, cache_size, [self.path])
 
     def _make_sources(self):
         arrays = []

@@ -52,11 +52,17 @@ class ZarrDataset(RowsDataset):
     zarr defines it.  ``worker_mode="auto"`` runs this dataset on worker
     threads (chunk reads and decodes release the GIL), or on processes when
     a key is read through zarr (sharded, filtered, remote).
+
+    ``cache`` (None, ``"memory"`` or a file path) and ``cache_size`` keep
+    the rows of the keys read chunk by chunk, decoded, as first read, in a
+    shared cache (``fastload.cache``) that later epochs, worker processes
+    and other datasets naming the same path read instead of the store (a
+    local store: the cache's key hashes its files' sizes and times).
     """
 
     _sources = ("_source", "_arrays", "_zarr", "_chunk_readers")
 
-    def __init__(self, store_or_group, keys=_DEFAULT_KEYS):
+    def __init__(self, store_or_group, keys=_DEFAULT_KEYS, *, cache=None, cache_size=None):
         zarr = require("zarr", "ZarrDataset")
         if int(zarr.__version__.split(".")[0]) < 3:
             raise ImportError(f"ZarrDataset needs zarr 3 or later (it reads format 2 and 3 "
@@ -81,6 +87,12 @@ class ZarrDataset(RowsDataset):
         self._length = lengths[0]
         self._names = self.keys
         self._make_sources(node)
+        files = []
+        if cache is not None:
+            for position, array in enumerate(self._zarr):
+                if position not in self._gathered:
+                    files.extend(_local_files(array, self.store))
+        self._open_cache(cache, cache_size, files)
 
     def _make_sources(self, node=None):
         zarr = require("zarr", "ZarrDataset")
@@ -166,6 +178,18 @@ def _open(zarr, store_or_group):
     except Exception as e:  # noqa: BLE001 (zarr raises many kinds for a bad store)
         raise ValueError(f"cannot open {path!r} as a Zarr group or array: "
                          f"{type(e).__name__}: {e}") from e
+
+
+def _local_files(array, store):
+    """The files of ``array`` in a local store, sorted (a cache's key hashes
+    them); ValueError for a store of another kind."""
+    root = getattr(array.store, "root", None)
+    if root is None:
+        raise ValueError(f"cache= needs a store on the local file system (its key hashes the "
+                         f"files' sizes and times); {store!r} is not one")
+    top = os.path.join(os.fspath(root), array.path)
+    return sorted(os.path.join(folder, name) for folder, _, names in os.walk(top)
+                  for name in names)
 
 
 def _node_name(node):
