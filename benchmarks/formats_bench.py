@@ -11,7 +11,10 @@ file, a Parquet file, a Zarr v3 group (zarr's default zstd, 64-row chunks)
 and an LMDB file (one 4 KiB value a row, key ``str(i)``), read in random
 batches and, for Zarr, also in batches of ``ChunkShuffleSampler``'s order
 (blocks of 4 chunks: a batch decodes a few chunks), and the HDF5 file of
-64-row chunks likewise.  Random batches of 256
+64-row chunks likewise.  The "-cached" kinds read the 64-row HDF5 file and
+the Zarr group with ``cache="memory"`` on fastload's side: the untimed
+first epoch stores the rows decoded, the timed ones read them back (torch's
+wrapper has no cache: it decodes every epoch).  Random batches of 256
 from a warm page cache, the same batches for every loader:
 
 * torch: torch's DataLoader, ``num_workers=2`` (persistent), over the
@@ -59,17 +62,17 @@ ROW = 1024
 BATCH = 256
 FULL = dict(rows=65536, batches=60, reps=5)
 QUICK = dict(rows=2048, batches=4, reps=1)
-KINDS = ("hdf5", "hdf5-chunked-4", "hdf5-chunked-64", "hdf5-chunk-shuffled", "arrow", "parquet",
-         "lmdb")
+KINDS = ("hdf5", "hdf5-chunked-4", "hdf5-chunked-64", "hdf5-chunk-shuffled",
+         "hdf5-chunked-64-cached", "arrow", "parquet", "lmdb")
 # Zarr v3 (zstd, 64-row chunks): random batches, and batches of
 # ChunkShuffleSampler's order (blocks of 4 chunks), the same order for both.
-ZARR_KINDS = ("zarr", "zarr-chunk-shuffled") if zarr is not None else ()
+ZARR_KINDS = ("zarr", "zarr-chunk-shuffled", "zarr-cached") if zarr is not None else ()
 KINDS += ZARR_KINDS
 ZARR_CHUNK_ROWS = 64
 # Rows a chunk of the files the "-chunk-shuffled" kinds read (hdf5-chunked-64's, zarr's).
 SHUFFLED = {"hdf5-chunk-shuffled": 64, "zarr-chunk-shuffled": ZARR_CHUNK_ROWS}
 # Fewer batches where torch takes minutes an epoch.
-BATCH_SHARE = {"hdf5-chunked-64": 3}
+BATCH_SHARE = {"hdf5-chunked-64": 3, "hdf5-chunked-64-cached": 3}
 
 
 def row_values(rows):
@@ -82,6 +85,7 @@ def make_files(root, n):
     for kind in ZARR_KINDS:
         paths[kind] = os.path.join(root, f"rows-{n}.zarr")
     paths["hdf5-chunk-shuffled"] = paths["hdf5-chunked-64"]
+    paths["hdf5-chunked-64-cached"] = paths["hdf5-chunked-64"]
     if all(os.path.exists(p) for p in paths.values()):
         return paths
     x = row_values(np.arange(n))
@@ -182,14 +186,17 @@ def torch_dataset(kind, path):
 
 
 def fastload_dataset(kind, path):
+    # "-cached": the rows decoded kept in a memory cache, filled by the
+    # untimed first epoch (the timed ones read the same rows: epoch 2 on).
+    cache = dict(cache="memory") if kind.endswith("-cached") else {}
     if kind.startswith("zarr"):
-        return fastload.ZarrDataset(path, ("x", "y"))
+        return fastload.ZarrDataset(path, ("x", "y"), **cache)
     if kind == "lmdb":
         labels = np.arange(TorchLMDB(path).n)  # the label of row i is i, as in the other files
         return fastload.LMDBDataset(path, decode="raw", dtype=np.float32, shape=ROW,
                                     labels=labels)
     if kind.startswith("hdf5"):
-        return fastload.HDF5Dataset(path, ("x", "y"))
+        return fastload.HDF5Dataset(path, ("x", "y"), **cache)
     if kind == "parquet":
         return fastload.ArrowDataset.from_parquet(path)
     return fastload.ArrowDataset(path)

@@ -349,6 +349,11 @@ static PyObject *ImageSource_new(PyTypeObject *type, PyObject *args, PyObject *k
         PyErr_SetString(PyExc_ValueError, "ImageSource: cache_pixels needs a cache");
         return NULL;
     }
+    if (core_cache && lmdb != Py_None && !cache_pixels) {
+        /* The values lie in the memory map already. */
+        PyErr_SetString(PyExc_ValueError, "ImageSource: an lmdb source caches pixels only");
+        return NULL;
+    }
     const struct fl_lmdb_source *lmdb_core = NULL;
     if (lmdb != Py_None && !(lmdb_core = fl__lmdb_core(lmdb)))
         return NULL;

@@ -49,10 +49,11 @@ class SampleCache:
         self._native = _C.SampleCache(_reopen or path, key, samples, capacity)
 
     @classmethod
-    def for_samples(cls, cache, cache_size, paths, offsets, ranges, decoded=False):
+    def for_samples(cls, cache, cache_size, paths, offsets, ranges, decoded=False, salt=b""):
         """The cache ``cache`` (None, "memory" or a path) of ``cache_size``
         bytes (None: room for every sample's bytes) for these samples, or
-        None; ``decoded``: it keeps their decoded pixels."""
+        None; ``decoded``: it keeps their decoded pixels; ``salt``: more
+        that names the samples, hashed into the key (an LMDB's keys)."""
         path = _where(cache, cache_size)
         if path is False:
             if decoded:
@@ -61,6 +62,9 @@ class SampleCache:
         key, total = _C.sample_cache_key(paths, offsets, ranges)
         if decoded:  # another key: a file of bytes is never read as pixels
             key = (key * _PIXELS_KEY_MULTIPLIER + 1) % 2**64
+        if salt:
+            digest = hashlib.blake2b(key.to_bytes(8, "little") + salt, digest_size=8)
+            key = int.from_bytes(digest.digest(), "little")
         if cache_size is None and decoded:
             raise ValueError("cache_decoded=True needs cache_size (bytes): the pixels' size is "
                              "not known before the images are decoded (3 bytes a pixel)")

@@ -232,8 +232,14 @@ class ImageFiles(SourceOwner):
         # The samples' bytes, shared by every source, loader and process
         # naming the same cache (fastload.cache).
         self.cache = SampleCache.for_samples(cache, cache_size, self._paths, self._offsets,
-                                             self._ranges, decoded=bool(cache_decoded))
+                                             self._ranges, decoded=bool(cache_decoded),
+                                             salt=self._cache_salt())
         self._make_sources()
+
+    def _cache_salt(self):
+        """What names the samples beyond their files' paths, sizes and
+        times, for the cache's key (a subclass reading keys of a store)."""
+        return b""
 
     def _make_sources(self):
         self._source = self._image_source(self._plan, skip=self.on_error == "skip")

@@ -230,3 +230,27 @@ def test_another_process_may_write_while_the_database_is_read(tmp_path):
         after = np.asarray(ds[i][0])
         assert np.array_equal(after, np.asarray(files[i][0]))
         assert not np.array_equal(after, before[i])
+
+
+def test_decoded_images_are_kept_in_a_cache(tmp_path, stores):
+    tf = T.Compose([T.RandomResizedCrop(8), T.ToTensor()])
+    plain = fastload.LMDBDataset(stores["png"], transform=tf)
+    ds = fastload.LMDBDataset(stores["png"], transform=tf, cache=str(tmp_path / "px.cache"),
+                              cache_size=1 << 20, cache_decoded=True)
+
+    def epochs(dataset):
+        loader = fastload.DataLoader(dataset, batch_size=5, shuffle=True, num_workers=2,
+                                     generator=torch.Generator().manual_seed(3))
+        return [np.asarray(x).copy() for _ in range(2) for x, _ in loader]
+
+    for got, want in zip(epochs(ds), epochs(plain)):
+        np.testing.assert_array_equal(got, want)
+    assert (ds.cache.stats()["stored"], ds.cache.stats()["hits"]) == (N, N)
+    # Other keys of the same database are other samples: another cache.
+    keys = [str(N - 1 - i) for i in range(N)]
+    reversed_keys = fastload.LMDBDataset(stores["png"], keys=keys, transform=tf,
+                                         cache=str(tmp_path / "px.cache"), cache_size=1 << 20,
+                                         cache_decoded=True)
+    assert reversed_keys.cache.stats()["stored"] == 0
+    with pytest.raises(ValueError, match="cache_decoded=True"):
+        fastload.LMDBDataset(stores["png"], cache="memory")

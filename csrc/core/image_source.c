@@ -53,10 +53,7 @@ int fl_image_source_read(const fl_image_source *src, fl_image_worker *w, int64_t
         length = (uint64_t)src->ranges[2 * index + 1];
     }
     int rc;
-    if (src->read_bytes) {
-        rc = src->read_bytes(src->bytes_ctx, w, index, &file->data, &file->size, failure->msg,
-                             sizeof failure->msg);
-    } else if (src->cache && read_cached(src->cache, w, index, file)) {
+    if (src->cache && read_cached(src->cache, w, index, file)) {
         rc = FL_OK;
         if (src->cache_pixels) {
             file->format = FL_FORMAT_PIXELS;
@@ -64,6 +61,9 @@ int fl_image_source_read(const fl_image_source *src, fl_image_worker *w, int64_t
             fl_stage_end(&clock);
             return rc;
         }
+    } else if (src->read_bytes) {
+        rc = src->read_bytes(src->bytes_ctx, w, index, &file->data, &file->size, failure->msg,
+                             sizeof failure->msg);
     } else {
         rc = fl_read_range(w, fl_image_source_path(src, index), offset, length, &file->data,
                            &file->size, &failure->err, failure->msg, sizeof failure->msg);

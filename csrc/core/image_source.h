@@ -52,7 +52,8 @@ typedef struct fl_image_source {
                                 compare decoders) */
     struct fl_sample_cache *cache; /* NULL, or the samples' bytes kept for
                                       later reads (sample_cache.h); owned by
-                                      the binding */
+                                      the binding; with read_bytes, only
+                                      their pixels (cache_pixels) */
     int cache_pixels;        /* 1: the cache keeps each image decoded whole
                                 (its RGB pixels), so a cached sample is not
                                 decoded again; the plan is then run as

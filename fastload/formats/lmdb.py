@@ -69,8 +69,9 @@ def LMDBDataset(path, keys=None, decode="jpeg", dtype=None, shape=None, labels=N
       * ``"jpeg"``: values are encoded images (JPEG, PNG, WebP; others
         through Pillow) decoded and transformed by the C pipeline straight
         from the memory map, as ``ImageFolder``'s files; ``transform`` and
-        ``image_options`` (decode, on_error, max_pixels) as for
-        ``fastload.ImageFiles``.
+        ``image_options`` (decode, on_error, max_pixels, and cache,
+        cache_size with cache_decoded=True: the images kept decoded) as
+        for ``fastload.ImageFiles``.
       * ``"raw"``: values are records of ``dtype`` and ``shape``, copied in
         C into the batch (one read transaction per batch, no GIL).
       * a callable: ``decode(value_bytes)`` gives the sample, called with
@@ -114,14 +115,26 @@ class _LMDBImages(_ReopenAfterFork, ImageFiles):
     _sources = ("_source", "_raw", "_lmdb")
 
     def __init__(self, path, keys, labels, transform, target_transform, db, length,
-                 decode="fast", on_error="raise", max_pixels=PILLOW_MAX_PIXELS):
+                 decode="fast", on_error="raise", max_pixels=PILLOW_MAX_PIXELS, cache=None,
+                 cache_size=None, cache_decoded=False):
         self.lmdb_path, self.db, self._keys = path, db, keys
         self._lmdb, self._pid = _open(path, db, keys, 0), os.getpid()
         n = _length(self._lmdb, keys, length, path)
-        # Every sample names the database in messages; the key is in the text.
-        paths = (os.fsencode(path) + b"\0", np.zeros(n, np.int64))
+        if cache is not None and not cache_decoded:
+            raise ValueError(f"{path!r}: an LMDB's values are memory-mapped already; its "
+                             "cache= keeps the decoded images only: pass cache_decoded=True")
+        # Every sample names the database in messages; the key is in the
+        # text.  The cache's key stats the data file (a directory's
+        # modification time does not follow its data).
+        data = os.path.join(path, "data.mdb") if os.path.isdir(path) else path
+        paths = (os.fsencode(data) + b"\0", np.zeros(n, np.int64))
         self._setup(paths, _labels(labels, n, path), transform, target_transform, decode,
-                    on_error, max_pixels, None)
+                    on_error, max_pixels, None, cache=cache, cache_size=cache_size,
+                    cache_decoded=cache_decoded)
+
+    def _cache_salt(self):
+        keys = b"" if self._keys is None else self._keys[0] + self._keys[1].tobytes()
+        return repr((self.db, len(self))).encode() + b"\0" + keys
 
     def _make_sources(self):
         if getattr(self, "_lmdb", None) is None or self._pid != os.getpid():
@@ -145,7 +158,9 @@ class _LMDBImages(_ReopenAfterFork, ImageFiles):
     def _image_source(self, plan, skip):
         return _C.ImageSource(self._paths, self._offsets, self._labels, plan,
                               exact=self.decode == "exact", max_pixels=self.max_pixels,
-                              skip=skip, fallback=_fallback(), lmdb=self._lmdb)
+                              skip=skip, fallback=_fallback(), lmdb=self._lmdb,
+                              cache=self.cache._native if self.cache is not None else None,
+                              cache_pixels=self.cache is not None)
 
 
 class _LMDBValues(_ReopenAfterFork, SourceOwner):
