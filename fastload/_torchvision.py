@@ -126,6 +126,10 @@ def _random_apply(t):
     ops = _fastload_ops(steps[0]) if len(steps) == 1 else None
     if ops is None or len(ops) != 1:
         return None
+    if isinstance(ops[0], (T.RandomGrayscale, T.Grayscale)):
+        # Gray with probability p times the step's own: one draw does it.
+        p = ops[0].p if isinstance(ops[0], T.RandomGrayscale) else 1.0
+        return [T.RandomGrayscale(t.p * p, pil=ops[0].pil)]
     return [T.RandomApply(ops, p=t.p)]
 def _random_erasing(t):
     value = t.value
@@ -252,10 +256,46 @@ def _steps(transform):
     return [transform]
 
 
+# Steps that convert to a tensor, and those of them that make it float:
+# torchvision's colour steps after a float conversion act on the float
+# tensor, with its tensor formulas.
+_TO_TENSOR = {"ToTensor", "PILToTensor", "ToImage", "ConvertImageDtype", "ToDtype",
+              "ToPureTensor"}
+_TO_FLOAT = {"ToTensor", "ConvertImageDtype", "ToDtype"}
+_FLOAT_COLOUR = {"ColorJitter", "RandomGrayscale", "Grayscale", "GaussianBlur", "RandomApply"}
+
+
+def _tensor_form(ops):
+    """``ops`` (colour ops or a blur) with torchvision's tensor formulas:
+    what fastload's float stage runs unless told ``pil``."""
+    for op in ops:
+        for inner in op.transforms if isinstance(op, T.RandomApply) else [op]:
+            if hasattr(inner, "pil"):
+                inner.pil = False
+    return ops
+
+
 def _compose(steps):
     """A fastload Compose doing ``steps`` (all mapped), or None if their
-    order does not fuse."""
-    ops = [op for t in steps for op in _fastload_ops(t)]
+    order does not fuse.  Colour steps and blurs right after the float
+    conversion run in fastload's float stage, before it: they are linear
+    in the scale (or scale-free), so on the image before ``/ 255`` they
+    give the same tensor."""
+    ops = []
+    converted_at = None  # where the tensor conversion's ops begin in ops
+    is_float = False  # it made a float tensor, and only colour steps followed
+    for t in steps:
+        name, mapped = _name(t), _fastload_ops(t)
+        if is_float and name in _FLOAT_COLOUR:
+            ops[converted_at:converted_at] = _tensor_form(mapped)
+            converted_at += len(mapped)
+            continue
+        if name in _TO_TENSOR:
+            converted_at = len(ops) if converted_at is None else converted_at
+            is_float = is_float or name in _TO_FLOAT
+        else:
+            converted_at, is_float = None, False
+        ops.extend(mapped)
     try:
         return T.Compose(ops)
     except (TypeError, ValueError):

@@ -377,3 +377,69 @@ def test_fastload_does_not_import_or_need_torchvision(png):
         out = subprocess.run([sys.executable, "-W", "error", "-c", script, torchvision],
                              capture_output=True, text=True, env=env, timeout=120)
         assert out.returncode == 0 and out.stdout.strip() == "ok", (torchvision, out.stderr)
+
+
+# ------------------------------------------- colour steps on the float tensor
+
+FLOAT_COLOUR_STEPS = {
+    "brightness": lambda m: m.ColorJitter(brightness=(1.3, 1.3)),
+    "contrast": lambda m: m.ColorJitter(contrast=(0.6, 0.6)),
+    "saturation": lambda m: m.ColorJitter(saturation=(1.6, 1.6)),
+    "hue": lambda m: m.ColorJitter(hue=(-0.25, -0.25)),
+    "grayscale": lambda m: m.Grayscale(3),
+    "random-grayscale": lambda m: m.RandomGrayscale(1.0),
+    "applied-grayscale": lambda m: m.RandomApply([m.Grayscale(3)], p=1.0),
+    "applied-jitter": lambda m: m.RandomApply([m.ColorJitter(saturation=(0.4, 0.4))], p=1.0),
+    "blur": lambda m: m.GaussianBlur(5, sigma=(1.2, 1.2)),
+}
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+@pytest.mark.parametrize("step", list(FLOAT_COLOUR_STEPS))
+def test_colour_after_the_float_conversion_runs_in_c_as_on_the_tensor(tv, png, version, step):
+    """No resampling (a crop of a PNG), so the C float stage sees the
+    tensor's values: equal within float rounding (the blur included)."""
+    m = tv[version]
+    tf = m.Compose([m.CenterCrop(48), *to_tensor_steps(version, tv),
+                    FLOAT_COLOUR_STEPS[step](m), m.Normalize(MEAN, STD)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ds = fastload.ImageFiles([png], transform=tf)
+    assert ds.transform_plan.python == ()
+    torch.testing.assert_close(torch.as_tensor(ds[0][0]), tf(pil_image(png)), rtol=0,
+                               atol=2e-5)
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_colour_after_the_float_conversion_compiles_to_the_tensor_formulas(tv, version):
+    m = tv[version]
+    tf = m.Compose([m.RandomResizedCrop(32), m.RandomHorizontalFlip(),
+                    *to_tensor_steps(version, tv),
+                    m.RandomApply([m.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8),
+                    m.RandomGrayscale(0.2), m.Normalize(MEAN, STD)])
+    ds = fastload.ImageFiles(["unused.jpg"], transform=tf)
+    ours = T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip(),
+                      T.RandomApply([T.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8),
+                      T.RandomGrayscale(0.2), T.ToTensor(), T.Normalize(MEAN, STD)])
+    assert vars(ds._plan) == vars(ours.plan)
+
+
+def test_colour_after_normalize_or_on_both_sides_stays_in_python(tv):
+    v1 = tv["v1"]
+    for tf in (v1.Compose([v1.CenterCrop(32), v1.ToTensor(), v1.Normalize(MEAN, STD),
+                           v1.ColorJitter(0.3)]),
+               v1.Compose([v1.CenterCrop(32), v1.ColorJitter(0.3), v1.ToTensor(),
+                           v1.RandomGrayscale(0.2)])):
+        with pytest.warns(UserWarning, match="does not fuse"):
+            ds = fastload.ImageFiles(["unused.jpg"], transform=tf)
+        assert [type(t).__name__ for t in ds.transform_plan.native] == ["CenterCrop"]
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_random_apply_of_a_grayscale_is_one_draw(tv, version):
+    m = tv[version]
+    for step, p in ((m.RandomGrayscale(0.5), 0.2), (m.Grayscale(3), 0.4)):
+        ds = fastload.ImageFiles(["unused.jpg"], transform=m.Compose(
+            [m.CenterCrop(32), m.RandomApply([step], p=0.4), m.PILToTensor()]))
+        ours = T.Compose([T.CenterCrop(32), T.RandomGrayscale(p, pil=True), T.PILToTensor()])
+        assert vars(ds._plan) == vars(ours.plan)
