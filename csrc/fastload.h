@@ -53,6 +53,7 @@ typedef struct fastload_state {
     PyTypeObject *DeviceArray_type;
     PyObject *tensor_type; /* torch.Tensor once registered, else NULL */
     PyTypeObject *SampleCache_type;
+    PyTypeObject *LMDBRows_type;
 } fastload_state;
 
 fastload_state *fl__state_of_module(PyObject *module);
@@ -220,12 +221,13 @@ extern PyType_Spec fl__WindowSource_spec;
  * image_plan.c: reading a fastload.transforms.Plan */
 extern PyType_Spec fl__ImageSource_spec;
 
-/* LMDBSource (csrc/lmdb_source.c): the type is added to the module by
- * fl__add_lmdb_type; fl__lmdb_core gives an LMDBSource's core source (NULL
+/* LMDBSource and LMDBRows (csrc/lmdb_source.c): LMDBSource is added to the
+ * module by fl__add_lmdb_type, LMDBRows (a native source) as the others; fl__lmdb_core gives an LMDBSource's core source (NULL
  * with TypeError for any other object), and fl__lmdb_read_bytes is the
  * image source byte provider over it. */
 struct fl_lmdb_source;
 int fl__add_lmdb_type(PyObject *module);
+extern PyType_Spec fl__LMDBRows_spec;
 const struct fl_lmdb_source *fl__lmdb_core(PyObject *obj);
 struct fl_image_worker;
 int fl__lmdb_read_bytes(const void *ctx, struct fl_image_worker *w, int64_t index,

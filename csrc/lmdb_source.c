@@ -1,15 +1,19 @@
 /* fastload._C: LMDBSource — an LMDB database opened read-only with liblmdb
- * (csrc/core/lmdb_source.h), read without the GIL.
+ * (csrc/core/lmdb_source.h), read without the GIL — and LMDBRows, the
+ * native source of an LMDBDataset of raw records.
  *
  * gather() copies fixed-size records straight into a batch; get() returns
  * one value as bytes (the Python-callable decode path); an ImageSource made
- * with lmdb=<LMDBSource> decodes its samples straight from the map.  The
- * environment is not pickled: a worker process makes its own source.
+ * with lmdb=<LMDBSource> decodes its samples straight from the map; an
+ * LMDBRows gives (records, labels) batches on the native batch path (see
+ * native_batch.c), no Python per batch.  The environment is not pickled: a
+ * worker process makes its own source.
  */
 #include "fastload.h"
 
 #include "core/lmdb_source.h"
 #include "core/pipeline.h"
+#include "core/stats.h"
 #include "core/status.h"
 
 #include <stdlib.h>
@@ -263,6 +267,169 @@ static PyType_Spec LMDBSource_spec = {
     .basicsize = sizeof(LMDBSourceObject),
     .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
     .slots = LMDBSource_slots,
+};
+
+/* --------------------------------------------------------------- LMDBRows */
+
+typedef struct lmdb_rows {
+    const fl_lmdb_source *src;
+    const int64_t *labels;
+} lmdb_rows;
+
+typedef struct LMDBRowsObject {
+    fl__native_source head;
+    lmdb_rows core;
+    PyObject *source;      /* the LMDBSource read */
+    PyObject *labels;      /* int64 ndarray, one label a sample */
+    PyArray_Descr *descr;  /* the records' dtype */
+    int ndim;              /* of a record */
+    npy_intp shape[NPY_MAXDIMS - 1];
+} LMDBRowsObject;
+
+static int lmdb_rows_plan(PyObject *source, fl__native_job *job)
+{
+    LMDBRowsObject *self = (LMDBRowsObject *)source;
+    job->n_out = 2;
+    job->descrs[0] = (PyArray_Descr *)Py_NewRef(self->descr);
+    job->ndims[0] = 1 + self->ndim;
+    job->dims[0][0] = (npy_intp)job->n;
+    memcpy(job->dims[0] + 1, self->shape, sizeof(npy_intp) * (size_t)self->ndim);
+    job->descrs[1] = PyArray_DescrFromType(NPY_INT64);
+    job->ndims[1] = 1;
+    job->dims[1][0] = (npy_intp)job->n;
+    return 0;
+}
+
+static void lmdb_rows_run(const void *core, fl__native_job *job)
+{
+    const lmdb_rows *rows = core;
+    fl_stage_clock clock;
+    fl_stage_begin(&clock, FL_STAGE_READ);
+    int64_t failed = -1;
+    int rc = fl_lmdb_gather(rows->src, job->indices, job->n, job->data[0], &failed, job->msg,
+                            sizeof job->msg);
+    if (rc != FL_OK) {
+        job->status = rc;
+        job->sample = failed;
+    } else {
+        int64_t *labels = (int64_t *)job->data[1];
+        for (size_t i = 0; i < job->n; i++)
+            labels[i] = rows->labels[job->indices[i]];
+    }
+    fl_stage_end(&clock);
+}
+
+static PyObject *lmdb_rows_failure(PyObject *source, const fl__native_job *job)
+{
+    PyObject *type = job->status == FL_ERR_DECODE
+                         ? fl__state_of_type(Py_TYPE(source))->DecodeError
+                     : job->status == FL_ERR_NOMEM ? PyExc_MemoryError
+                                                   : PyExc_OSError;
+    return PyObject_CallFunction(type, "s", job->msg);
+}
+
+static const fl__native_ops lmdb_rows_ops = {
+    .plan = lmdb_rows_plan,
+    .run = lmdb_rows_run,
+    .failure = lmdb_rows_failure,
+};
+
+static PyObject *LMDBRows_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"source", "labels", "dtype", "shape", NULL};
+    PyObject *source, *labels, *shape;
+    PyArray_Descr *descr;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO&O!:LMDBRows", kwlist, &source, &labels,
+                                     PyArray_DescrConverter, &descr, &PyTuple_Type, &shape))
+        return NULL;
+    const fl_lmdb_source *src = fl__lmdb_core(source);
+    PyArrayObject *l = (PyArrayObject *)labels;
+    Py_ssize_t ndim = PyTuple_GET_SIZE(shape);
+    if (!src || !PyArray_Check(labels) || PyArray_TYPE(l) != NPY_INT64 ||
+        PyArray_NDIM(l) != 1 || !PyArray_IS_C_CONTIGUOUS(l) || ndim >= NPY_MAXDIMS) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "LMDBRows(source, labels, dtype, shape): labels "
+                                             "must be a contiguous int64 vector and shape a "
+                                             "short tuple");
+        Py_DECREF(descr);
+        return NULL;
+    }
+    npy_intp dims[NPY_MAXDIMS];
+    size_t bytes = (size_t)PyDataType_ELSIZE(descr);
+    for (Py_ssize_t d = 0; d < ndim; d++) {
+        dims[d] = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d));
+        if (dims[d] < 0) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "LMDBRows: a dimension is negative");
+            Py_DECREF(descr);
+            return NULL;
+        }
+        bytes *= (size_t)dims[d];
+    }
+    int64_t n = PyArray_DIM(l, 0);
+    if (bytes == 0 || bytes != src->value_size || (src->length >= 0 && n > src->length)) {
+        PyErr_SetString(PyExc_ValueError, "LMDBRows: a record's dtype and shape must make the "
+                                          "source's value_size, and labels not outnumber its "
+                                          "keys");
+        Py_DECREF(descr);
+        return NULL;
+    }
+    LMDBRowsObject *self = (LMDBRowsObject *)type->tp_alloc(type, 0);
+    if (!self) {
+        Py_DECREF(descr);
+        return NULL;
+    }
+    self->source = Py_NewRef(source);
+    self->labels = Py_NewRef(labels);
+    self->descr = descr;
+    self->ndim = (int)ndim;
+    memcpy(self->shape, dims, sizeof(npy_intp) * (size_t)ndim);
+    self->core = (lmdb_rows){src, PyArray_DATA(l)};
+    self->head.ops = &lmdb_rows_ops;
+    self->head.core = &self->core;
+    self->head.length = n;
+    return (PyObject *)self;
+}
+
+static void LMDBRows_dealloc(LMDBRowsObject *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    Py_XDECREF(self->source);
+    Py_XDECREF(self->labels);
+    Py_XDECREF(self->descr);
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+PyDoc_STRVAR(rows_batch_doc,
+             "batch(indices, pool, convert, seed, epoch, /)\n--\n\n"
+             "The records of samples `indices` and their labels, copied with the GIL\n"
+             "released into one batch (a slot of `pool`, or fresh arrays when it is\n"
+             "None): returns ([records, labels] passed through `convert`, []).  A\n"
+             "missing key raises OSError, a value of the wrong size DecodeError, each\n"
+             "naming the key; seed and epoch are unused.");
+
+static PyMethodDef LMDBRows_methods[] = {
+    {"batch", (PyCFunction)(void (*)(void))fl__native_batch_method, METH_FASTCALL,
+     rows_batch_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot LMDBRows_slots[] = {
+    {Py_tp_doc, "LMDBRows(source, labels, dtype, shape)\n--\n\n"
+                "The raw records of an LMDBSource (value_size bytes each, read as `dtype`\n"
+                "of `shape`) with their labels: LMDBDataset(decode='raw')'s native source."},
+    {Py_tp_new, LMDBRows_new},
+    {Py_tp_dealloc, LMDBRows_dealloc},
+    {Py_tp_methods, LMDBRows_methods},
+    {0, NULL},
+};
+
+PyType_Spec fl__LMDBRows_spec = {
+    .name = "fastload._C.LMDBRows",
+    .basicsize = sizeof(LMDBRowsObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = LMDBRows_slots,
 };
 
 int fl__add_lmdb_type(PyObject *module)

@@ -174,7 +174,8 @@ static int module_exec(PyObject *module)
         add_type(module, &fl__CudaStream_spec, NULL, &state->CudaStream_type) < 0 ||
         add_type(module, &fl__CudaEvent_spec, NULL, &state->CudaEvent_type) < 0 ||
         add_type(module, &fl__DeviceArray_spec, NULL, &state->DeviceArray_type) < 0 ||
-        add_type(module, &fl__SampleCache_spec, NULL, &state->SampleCache_type) < 0)
+        add_type(module, &fl__SampleCache_spec, NULL, &state->SampleCache_type) < 0 ||
+        add_type(module, &fl__LMDBRows_spec, NULL, &state->LMDBRows_type) < 0)
         return -1;
     if (fl__add_lmdb_type(module) < 0)
         return -1;
@@ -206,6 +207,7 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(state->DeviceArray_type);
     Py_VISIT(state->tensor_type);
     Py_VISIT(state->SampleCache_type);
+    Py_VISIT(state->LMDBRows_type);
     return 0;
 }
 
@@ -225,6 +227,7 @@ static int module_clear(PyObject *module)
     Py_CLEAR(state->DeviceArray_type);
     Py_CLEAR(state->tensor_type);
     Py_CLEAR(state->SampleCache_type);
+    Py_CLEAR(state->LMDBRows_type);
     return 0;
 }
 

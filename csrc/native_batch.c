@@ -157,7 +157,7 @@ int fl__is_native_source(fastload_state *state, PyObject *obj)
 {
     PyTypeObject *t = Py_TYPE(obj);
     return t == state->ImageSource_type || t == state->RowSource_type ||
-           t == state->WindowSource_type;
+           t == state->WindowSource_type || t == state->LMDBRows_type;
 }
 
 void fl__native_job_free(fl__native_job *job)

@@ -155,6 +155,26 @@ def test_value_of_the_wrong_size_names_key_and_sizes(tmp_path):
         ds[1]
 
 
+def test_raw_records_take_the_native_batch_route(tmp_path, stores):
+    ds = fastload.LMDBDataset(stores["raw"], decode="raw", dtype=np.float32, shape=SHAPE,
+                              labels=stores["labels"])
+    assert type(ds._native_source()).__name__ == "LMDBRows"
+    with_transform = fastload.LMDBDataset(stores["raw"], decode="raw", dtype=np.float32,
+                                          shape=SHAPE, transform=np.negative)
+    assert with_transform._native_source() is None  # a transform needs Python a sample
+    # Errors on the route name the key and the sample, in the main thread.
+    missing = fastload.LMDBDataset(write_db(tmp_path / "short", [b"\0" * 48] * 3),
+                                   decode="raw", dtype=np.float32, shape=SHAPE, length=5)
+    wrong = fastload.LMDBDataset(write_db(tmp_path / "wrong", [b"\0" * 48, b"\0" * 40]),
+                                 decode="raw", dtype=np.float32, shape=SHAPE)
+    for dataset, error, message in ((missing, OSError, r"no key '3' \(sample 3\)"),
+                                    (wrong, fastload.DecodeError, "key '1' .* holds 40 bytes")):
+        for workers in (0, 2):
+            loader = fastload.DataLoader(dataset, batch_size=5, num_workers=workers)
+            with pytest.raises(error, match=message):
+                list(loader)
+
+
 def test_corrupt_image_value_names_the_key(tmp_path):
     path = write_db(tmp_path / "db", [b"\xff\xd8\xff\xe0 truncated"])
     ds = fastload.LMDBDataset(path, transform=T.Compose([T.CenterCrop(8), T.ToTensor()]))

@@ -47,7 +47,8 @@ def _length(source, keys, length, path):
 
 
 def _labels(labels, length, path):
-    labels = np.zeros(length, np.int64) if labels is None else np.asarray(labels, np.int64)
+    labels = (np.zeros(length, np.int64) if labels is None
+              else np.ascontiguousarray(labels, np.int64))
     if labels.shape != (length,):
         raise ValueError(f"{path!r}: {length} samples but labels of shape {labels.shape}")
     return labels
@@ -166,7 +167,7 @@ class _LMDBImages(_ReopenAfterFork, ImageFiles):
 class _LMDBValues(_ReopenAfterFork, SourceOwner):
     """Raw records or callable-decoded values of an LMDB."""
 
-    _sources = ("_source",)
+    _sources = ("_source", "_rows")
 
     def __init__(self, path, keys, decode, dtype, shape, labels, transform, target_transform,
                  db, length):
@@ -186,7 +187,19 @@ class _LMDBValues(_ReopenAfterFork, SourceOwner):
 
     def _make_sources(self):
         self._source = _open(self.lmdb_path, self.db, self._keys, self._value_size)
+        self._rows = None  # made on first use: the labels come after the source
         self._pid = os.getpid()
+
+    def _native_source(self, uint8=False):
+        """Raw records with no transform: the loader's batch path, the
+        records and labels copied in C (fastload._native)."""
+        if (self.decode != "raw" or uint8 or self.transform is not None
+                or self.target_transform is not None):
+            return None
+        self._in_this_process()
+        if self._rows is None:
+            self._rows = _C.LMDBRows(self._source, self._labels, self.dtype, self.shape)
+        return self._rows
 
     def __len__(self):
         return self._length
