@@ -1,7 +1,8 @@
 """The native batch path, in one place.
 
 fastload's own datasets (``ImageFiles``/``ImageFolder``, ``ArrayDataset``,
-``TokenDataset``) each hold a *native source*: a ``_C`` object that turns an
+``TokenDataset``, the format datasets over them, and ``LMDBDataset``'s raw
+records) each hold a *native source*: a ``_C`` object that turns an
 index array into a collated batch in plain C (``source.batch(indices, pool,
 convert, seed, epoch)``).  A dataset exposes it through one method::
 

@@ -154,6 +154,8 @@ class HDF5Dataset(RowsDataset):
         try:
             if is_run(unique):
                 return dataset[int(unique[0]):int(unique[-1]) + 1]  # one hyperslab
+            if layout.chunks is not None:
+                return _read_by_chunk(dataset, unique, layout.chunks[0])
             return dataset[unique]
         except Exception as e:  # noqa: BLE001 (h5py raises OSError, ValueError, RuntimeError)
             raise OSError(f"cannot read dataset {layout.key!r} of {self.path!r} "
@@ -162,6 +164,23 @@ class HDF5Dataset(RowsDataset):
     def __repr__(self):
         return (f"HDF5Dataset({self.path!r}, {self._length} rows of "
                 f"{describe_layouts(self._layouts)})")
+
+
+def _read_by_chunk(dataset, unique, chunk_rows):
+    """Rows ``unique`` (sorted, distinct) of a chunked dataset: one slice of
+    each chunk they touch, from its first row read to its last.  HDF5 reads
+    a chunk whole either way, but h5py's selection of scattered rows costs
+    far more than these reads (256 random rows in 4-row lzf chunks: 29 ms
+    against 4.3)."""
+    chunk = unique // chunk_rows
+    starts = np.flatnonzero(np.r_[True, chunk[1:] != chunk[:-1]])
+    ends = np.r_[starts[1:], len(unique)]
+    out = np.empty((len(unique),) + dataset.shape[1:], dataset.dtype)
+    for start, end in zip(starts.tolist(), ends.tolist()):
+        first = int(unique[start])
+        block = dataset[first:int(unique[end - 1]) + 1]
+        out[start:end] = block[unique[start:end] - first]
+    return out
 
 
 def _read_layouts(h5py, path, keys):
