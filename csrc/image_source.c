@@ -287,8 +287,10 @@ static int attach_memory(ImageSourceObject *self, PyObject *memory, PyArrayObjec
                         "ImageSource: memory needs ranges, and a buffer index per sample");
         return -1;
     }
-    if (self->core.read_bytes || self->core.cache) {
-        PyErr_SetString(PyExc_ValueError, "ImageSource: memory excludes lmdb and cache");
+    if (self->core.read_bytes || (self->core.cache && !self->core.cache_pixels)) {
+        /* The bytes lie in memory already: a cache keeps only pixels. */
+        PyErr_SetString(PyExc_ValueError,
+                        "ImageSource: memory excludes lmdb, and a cache of bytes");
         return -1;
     }
     Py_ssize_t n_buffers = PyTuple_GET_SIZE(buffers);

@@ -197,3 +197,58 @@ def test_arrow_dataset_follows_a_hf_indices_mapping():
     assert [float(ds[i][0]) for i in range(3)] == picked["x"]
     with pytest.raises(TypeError, match="datasets.Dataset"):
         ArrowImages(object())
+
+
+@pytest.mark.parametrize("kind", ["ipc", "parquet", "table", "hf-shuffled"])
+def test_decoded_images_are_kept_in_a_cache(tmp_path, kind):
+    paths, blobs = _images(tmp_path, N)
+    labels = list(range(N))
+    if kind == "ipc":
+        source = tmp_path / "t.arrow"
+        _write(source, blobs, labels)
+    elif kind == "parquet":
+        source = tmp_path / "t.parquet"
+        pq.write_table(_table(blobs, labels), source, row_group_size=4)
+    elif kind == "table":
+        source = _table(blobs, labels)
+    else:
+        source = _hf(blobs, labels).shuffle(seed=2)
+    tf = T.Compose([T.RandomResizedCrop(12), T.ToTensor()])
+    plain = ArrowImages(source, transform=tf, decode="exact")  # what decoded pixels give
+    ds = ArrowImages(source, transform=tf, cache="memory", cache_size=1 << 20,
+                     cache_decoded=True)
+
+    def epochs(dataset):
+        loader = fastload.DataLoader(dataset, batch_size=4, shuffle=True, num_workers=2,
+                                     generator=torch.Generator().manual_seed(1))
+        return [x.clone() for _ in range(2) for x, _ in loader]
+
+    for got, want in zip(epochs(ds), epochs(plain)):
+        assert torch.equal(got, want)
+    assert (ds.cache.stats()["stored"], ds.cache.stats()["hits"]) == (N, N)
+
+
+def test_a_shared_cache_needs_a_table_it_can_name(tmp_path):
+    _, blobs = _images(tmp_path, 4)
+    table = _table(blobs, [0, 1, 2, 3])
+    with pytest.raises(ValueError, match="cache_decoded=True"):
+        ArrowImages(table, cache="memory")
+    with pytest.raises(ValueError, match="no file a shared cache"):
+        ArrowImages(table, cache=str(tmp_path / "c.cache"), cache_size=1 << 20,
+                    cache_decoded=True)
+    # A Hugging Face dataset is named by its fingerprint and order: another
+    # order of the same table is another cache.
+    hf = _hf(blobs, [0, 1, 2, 3])
+    path = str(tmp_path / "hf.cache")
+    first = ArrowImages(hf, cache=path, cache_size=1 << 20, cache_decoded=True)
+    first[0]
+    again = ArrowImages(hf, cache=path, cache_size=1 << 20, cache_decoded=True)
+    assert again.cache.stats()["stored"] == 1
+    shuffled = ArrowImages(hf.shuffle(seed=0), cache=path, cache_size=1 << 20,
+                           cache_decoded=True)
+    assert shuffled.cache.stats()["stored"] == 0
+    # An IPC file is read as a file: its images' bytes may be kept too.
+    _write(tmp_path / "t.arrow", blobs, [0, 1, 2, 3])
+    ipc = ArrowImages(tmp_path / "t.arrow", cache="memory")
+    np.testing.assert_array_equal(ipc[2][0], ArrowImages(tmp_path / "t.arrow")[2][0])
+    assert ipc.cache.stats()["stored"] == 1

@@ -31,9 +31,13 @@ class ArrowImages(ImageFiles):
     options of :class:`fastload.ImageFiles`. ``source`` is an Arrow IPC file,
     a Parquet file (``.parquet``), a ``pyarrow.Table`` or a Hugging Face
     ``datasets.Dataset``. Compressed IPC files are refused: their buffers are
-    not byte ranges of the file."""
+    not byte ranges of the file.  ``cache``, ``cache_size`` and
+    ``cache_decoded`` as for ``ImageFiles``; a table in memory keeps decoded
+    images only (its bytes are in memory already), and a bare
+    ``pyarrow.Table`` only in ``cache="memory"``."""
 
     _memory = None  # (buffers, which): the images lie in these buffers
+    _identity = b""  # what names a table's contents in a cache's key
 
     def __init__(self, source, image_column="image", label_column="label", transform=None,
                  target_transform=None, decode="fast", on_error="raise", **kwargs):
@@ -41,7 +45,9 @@ class ArrowImages(ImageFiles):
 
         setup = dict(transform=transform, target_transform=target_transform, decode=decode,
                      on_error=on_error, max_pixels=kwargs.pop("max_pixels", PILLOW_MAX_PIXELS),
-                     loader=kwargs.pop("loader", None))
+                     loader=kwargs.pop("loader", None), cache=kwargs.pop("cache", None),
+                     cache_size=kwargs.pop("cache_size", None),
+                     cache_decoded=kwargs.pop("cache_decoded", False))
         if kwargs:
             raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
         indices = None
@@ -73,6 +79,8 @@ class ArrowImages(ImageFiles):
         buffers, which, ranges = _in_place(column, name, image_column)
         if indices is not None:
             which, ranges, labels = which[indices], ranges[indices], labels[indices]
+        if setup["cache"] is not None:
+            self._identity = _identity(source, indices, image_column, setup)
         self._memory = (buffers, np.ascontiguousarray(which))
         blob = os.fsencode(f"{name}, column {image_column!r}") + b"\0"
         self._setup((blob, np.zeros(len(which), np.int64)), labels,
@@ -106,6 +114,9 @@ class ArrowImages(ImageFiles):
                     _labels(table, label_column, repr(path)),
                     ranges=np.ascontiguousarray(ranges), **setup)
 
+    def _cache_salt(self):
+        return self._identity
+
     def _image_source(self, plan, skip):
         if self._memory is None:
             return super()._image_source(plan, skip)
@@ -114,7 +125,33 @@ class ArrowImages(ImageFiles):
         return _C.ImageSource(self._paths, self._offsets, self._labels, plan,
                               exact=self.decode == "exact", max_pixels=self.max_pixels,
                               skip=skip, fallback=_fallback(), ranges=self._ranges,
-                              fallback_all=self._fallback_all, memory=self._memory)
+                              fallback_all=self._fallback_all, memory=self._memory,
+                              cache=self.cache._native if self.cache is not None else None,
+                              cache_pixels=self.cache is not None)
+
+
+def _identity(source, indices, image_column, setup):
+    """What names the images of a table held in memory, for the key of a
+    cache (which keeps their pixels only: the bytes are in memory already):
+    a Parquet file's path, size and time; a Hugging Face dataset's
+    fingerprint and indices.  A bare table has none, so only a cache in
+    memory (the dataset's own) may keep it."""
+    if not setup["cache_decoded"]:
+        raise ValueError("the images of a table in memory are in memory already: its cache= "
+                         "keeps the decoded images only; pass cache_decoded=True")
+    if isinstance(source, (str, bytes, os.PathLike)):
+        path = os.path.abspath(os.fsdecode(os.fspath(source)))
+        st = os.stat(path)
+        name = f"parquet\0{path}\0{st.st_size}\0{st.st_mtime_ns}"
+    elif is_hf_dataset(source):
+        name = f"datasets\0{getattr(source, '_fingerprint', '')}"
+    elif setup["cache"] == "memory":
+        name = "table"
+    else:
+        raise ValueError("a pyarrow.Table has no file a shared cache's key could check: use "
+                         "cache='memory', or give ArrowImages the file")
+    order = b"" if indices is None else np.asarray(indices, np.int64).tobytes()
+    return f"{name}\0{image_column}\0".encode() + order
 
 
 def _read_parquet(path, image_column, label_column):
