@@ -2,6 +2,7 @@
 #include "mix.h"
 
 #include "resample.h"
+#include "simd.h"
 #include "status.h"
 
 #include <math.h>
@@ -104,6 +105,7 @@ static size_t element_size(int dtype)
 /* dst = src_other * (1 - lam) + dst * lam, rounded as torch rounds
  * `rolled.mul_(1 - lam).add_(image.mul(lam))`: each product to the dtype,
  * then their sum. */
+FL_SIMD_CLONES
 static void blend(void *dst, const void *other, size_t count, int dtype, float keep, float take)
 {
     if (dtype == FL_DTYPE_FLOAT32) {

@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include "pil_ops.h"
 
+#include "simd.h"
 #include "status.h"
 
 #include <limits.h>
@@ -155,7 +156,8 @@ static inline uint32_t load_rgb(const unsigned char *src, int at, int last)
     return src[at] | (uint32_t)src[at + 1] << 8 | (uint32_t)src[at + 2] << 16;
 }
 
-FL_NO_TRAPS static void bilinear_affine(const unsigned char *src, unsigned char *dst, int w, int h,
+FL_NO_TRAPS FL_SIMD_CLONES
+static void bilinear_affine(const unsigned char *src, unsigned char *dst, int w, int h,
                             const double a[6])
 {
     size_t stride = (size_t)w * 3;
@@ -445,7 +447,8 @@ static inline int luma(const unsigned char *p)
 /* blend1 over n values: out[i] = blend1(degenerate[i], image[i], alpha),
  * written so that the loops vectorise (float lanes compute exactly what
  * the scalar expression does).  out may be degenerate. */
-FL_NO_TRAPS static void blend_bytes(const unsigned char *degenerate, const unsigned char *image,
+FL_NO_TRAPS FL_SIMD_CLONES
+static void blend_bytes(const unsigned char *degenerate, const unsigned char *image,
                                     unsigned char *out, size_t n, float alpha)
 {
     if (alpha >= 0 && alpha <= 1.0) {
@@ -498,6 +501,7 @@ static void apply_lut(const unsigned char lut[3][256], const unsigned char *src,
  * image.  Where the degenerate image is one value (black, the mean gray)
  * each output value depends only on the input value: a lookup table made
  * with the same expression gives the same bytes for a 256th of the work. */
+FL_SIMD_CLONES
 static void enhance(int kind, float alpha, const unsigned char *src, unsigned char *dst, int w,
                     int h)
 {

@@ -27,6 +27,7 @@
  */
 #include "resample.h"
 
+#include "simd.h"
 #include "status.h"
 
 #include <math.h>
@@ -302,6 +303,7 @@ FL_INLINE void filter_row_body(const float *restrict px, const int *restrict fir
 /* One copy of the body per tap count up to 16 (a bilinear shrink by up to
  * 7.5 or a bicubic one by up to 3.75) and per clip; larger counts take the
  * generic loop, which gcc vectorises less well. */
+FL_SIMD_CLONES
 static void filter_row(const float *px, const int *first, const float *weights4, int taps,
                        int n, int clip, float *out)
 {
@@ -346,6 +348,7 @@ FL_INLINE void filter_column_body(const float *const *restrict rows,
     }
 }
 
+FL_SIMD_CLONES
 static void filter_column(const float *const *rows, const float *weights, int taps, int n,
                           float *acc)
 {
@@ -386,6 +389,7 @@ FL_INLINE void vertical_row_body(const unsigned char *const *restrict rows,
     px[hi] = 0.0f;
 }
 
+FL_SIMD_CLONES
 static void vertical_row(const unsigned char *const *rows, const float *weights, int taps,
                          size_t lo, size_t hi, int clip, float *px)
 {
@@ -532,6 +536,7 @@ static int plain_bytes(const fl_resample_target *t)
 }
 
 /* Output row y from acc (width RGB0 pixels). */
+FL_SIMD_CLONES
 static void store_row(const fl_resample_target *t, int y, const float *acc,
                       unsigned char *restrict bytes)
 {
@@ -659,6 +664,7 @@ static int vertical_first(int src_w, int src_h, int out_w, int out_h)
  * refused, as Pillow refuses it. */
 #define BOX_SLACK 1e-6
 
+FL_SIMD_CLONES
 int fl_resample(const unsigned char *src, int src_w, int src_h, size_t src_stride,
                 double box_x, double box_y, double box_w, double box_h,
                 const fl_resample_target *target, fl_resample_scratch *scratch)
