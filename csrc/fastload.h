@@ -222,9 +222,10 @@ extern PyType_Spec fl__WindowSource_spec;
 extern PyType_Spec fl__ImageSource_spec;
 
 /* LMDBSource and LMDBRows (csrc/lmdb_source.c): LMDBSource is added to the
- * module by fl__add_lmdb_type, LMDBRows (a native source) as the others; fl__lmdb_core gives an LMDBSource's core source (NULL
- * with TypeError for any other object), and fl__lmdb_read_bytes is the
- * image source byte provider over it. */
+ * module by fl__add_lmdb_type, LMDBRows (a native source) as the others;
+ * fl__lmdb_core gives an LMDBSource's core source (NULL with TypeError for
+ * any other object), and fl__lmdb_read_bytes is the image source byte
+ * provider over it. */
 struct fl_lmdb_source;
 int fl__add_lmdb_type(PyObject *module);
 extern PyType_Spec fl__LMDBRows_spec;

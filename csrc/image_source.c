@@ -287,10 +287,8 @@ static int attach_memory(ImageSourceObject *self, PyObject *memory, PyArrayObjec
                         "ImageSource: memory needs ranges, and a buffer index per sample");
         return -1;
     }
-    if (self->core.read_bytes || (self->core.cache && !self->core.cache_pixels)) {
-        /* The bytes lie in memory already: a cache keeps only pixels. */
-        PyErr_SetString(PyExc_ValueError,
-                        "ImageSource: memory excludes lmdb, and a cache of bytes");
+    if (self->core.read_bytes) {
+        PyErr_SetString(PyExc_ValueError, "ImageSource: memory excludes lmdb");
         return -1;
     }
     Py_ssize_t n_buffers = PyTuple_GET_SIZE(buffers);
@@ -351,9 +349,10 @@ static PyObject *ImageSource_new(PyTypeObject *type, PyObject *args, PyObject *k
         PyErr_SetString(PyExc_ValueError, "ImageSource: cache_pixels needs a cache");
         return NULL;
     }
-    if (core_cache && lmdb != Py_None && !cache_pixels) {
-        /* The values lie in the memory map already. */
-        PyErr_SetString(PyExc_ValueError, "ImageSource: an lmdb source caches pixels only");
+    if (core_cache && !cache_pixels && (lmdb != Py_None || memory != Py_None)) {
+        /* The bytes lie in memory (an LMDB map, a table) already. */
+        PyErr_SetString(PyExc_ValueError,
+                        "ImageSource: a source in memory (lmdb, memory) caches pixels only");
         return NULL;
     }
     const struct fl_lmdb_source *lmdb_core = NULL;

@@ -50,13 +50,19 @@ int fl__lmdb_read_bytes(const void *ctx, struct fl_image_worker *w, int64_t inde
     return fl_lmdb_read(ctx, index, worker_room, w, data, size, msg, msg_size);
 }
 
-/* OSError for a missing store or key, DecodeError (an OSError) for
- * corrupt data or a value of the wrong size. */
+/* The exception type of a failed read: OSError for a missing store or key,
+ * DecodeError (an OSError) for corrupt data or a value of the wrong size,
+ * MemoryError when out of memory. */
+static PyObject *status_type(PyTypeObject *type, int status)
+{
+    return status == FL_ERR_DECODE  ? fl__state_of_type(type)->DecodeError
+           : status == FL_ERR_NOMEM ? PyExc_MemoryError
+                                    : PyExc_OSError;
+}
+
 static void raise_status(PyTypeObject *type, int status, const char *msg)
 {
-    PyObject *exc = status == FL_ERR_DECODE ? fl__state_of_type(type)->DecodeError
-                                            : PyExc_OSError;
-    PyErr_SetString(exc, msg);
+    PyErr_SetString(status_type(type, status), msg);
 }
 
 static PyObject *LMDBSource_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
@@ -321,11 +327,7 @@ static void lmdb_rows_run(const void *core, fl__native_job *job)
 
 static PyObject *lmdb_rows_failure(PyObject *source, const fl__native_job *job)
 {
-    PyObject *type = job->status == FL_ERR_DECODE
-                         ? fl__state_of_type(Py_TYPE(source))->DecodeError
-                     : job->status == FL_ERR_NOMEM ? PyExc_MemoryError
-                                                   : PyExc_OSError;
-    return PyObject_CallFunction(type, "s", job->msg);
+    return PyObject_CallFunction(status_type(Py_TYPE(source), job->status), "s", job->msg);
 }
 
 static const fl__native_ops lmdb_rows_ops = {

@@ -15,7 +15,8 @@ file in a format decoded by the fallback (Pillow) is not kept then.
 
 ``cache_size`` bounds the whole file (header, index and data), in bytes;
 None makes it big enough for every sample's bytes (decoded pixels have no
-size known before the decode: ``cache_decoded`` needs ``cache_size``).  When full, samples read later
+size known before the decode: ``cache_decoded`` needs ``cache_size``).
+When full, samples read later
 are simply not stored (first come, no eviction; see
 csrc/core/sample_cache.h).  A file made for other data (the files' paths,
 sizes or modification times differ) or of another size is replaced.
@@ -26,10 +27,9 @@ import os
 
 from . import _C
 
-__all__ = ["SampleCache"]
+__all__ = ["SampleCache", "file_identity"]
 
 _ALIGNMENT_SLACK = 8  # each sample's bytes are placed 8-byte aligned
-_PIXELS_KEY_MULTIPLIER = 0x9E3779B97F4A7C15  # 2**64 / golden ratio, odd
 
 
 class SampleCache:
@@ -61,10 +61,9 @@ class SampleCache:
             return None
         key, total = _C.sample_cache_key(paths, offsets, ranges)
         if decoded:  # another key: a file of bytes is never read as pixels
-            key = (key * _PIXELS_KEY_MULTIPLIER + 1) % 2**64
+            salt = b"pixels\0" + salt
         if salt:
-            digest = hashlib.blake2b(key.to_bytes(8, "little") + salt, digest_size=8)
-            key = int.from_bytes(digest.digest(), "little")
+            key = _hash(key.to_bytes(8, "little") + salt)
         if cache_size is None and decoded:
             raise ValueError("cache_decoded=True needs cache_size (bytes): the pixels' size is "
                              "not known before the images are decoded (3 bytes a pixel)")
@@ -81,11 +80,7 @@ class SampleCache:
         path = _where(cache, cache_size)
         if path is False:
             return None
-        digest = hashlib.blake2b(layout.encode(), digest_size=8)
-        for name in files:
-            st = os.stat(name)
-            digest.update(f"\0{os.path.abspath(name)}\0{st.st_size}\0{st.st_mtime_ns}".encode())
-        key = int.from_bytes(digest.digest(), "little")
+        key = _hash(layout.encode() + b"".join(file_identity(name) for name in files))
         return cls(path, key, samples, _capacity(cache_size, samples, total))
 
     def stats(self):
@@ -105,6 +100,18 @@ class SampleCache:
         where = "memory" if self.path is None else repr(self.path)
         decoded = ", decoded" if self.decoded else ""
         return f"SampleCache({where}, capacity={self.capacity}{decoded})"
+
+
+def file_identity(path):
+    """What a cache's key takes of a file: its absolute path, size and
+    modification time (so a rewritten file gives another key)."""
+    st = os.stat(path)
+    return f"\0{os.path.abspath(path)}\0{st.st_size}\0{st.st_mtime_ns}".encode()
+
+
+def _hash(data):
+    """A 64-bit key of ``data``."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
 def _where(cache, cache_size):

@@ -20,6 +20,7 @@ import os
 
 import numpy as np
 
+from ..cache import file_identity
 from ..images import ImageFiles
 from ._common import hf_table, is_hf_dataset
 from ..transforms import PILLOW_MAX_PIXELS
@@ -140,18 +141,16 @@ def _identity(source, indices, image_column, setup):
         raise ValueError("the images of a table in memory are in memory already: its cache= "
                          "keeps the decoded images only; pass cache_decoded=True")
     if isinstance(source, (str, bytes, os.PathLike)):
-        path = os.path.abspath(os.fsdecode(os.fspath(source)))
-        st = os.stat(path)
-        name = f"parquet\0{path}\0{st.st_size}\0{st.st_mtime_ns}"
+        name = b"parquet" + file_identity(os.fsdecode(os.fspath(source)))
     elif is_hf_dataset(source):
-        name = f"datasets\0{getattr(source, '_fingerprint', '')}"
+        name = f"datasets\0{getattr(source, '_fingerprint', '')}".encode()
     elif setup["cache"] == "memory":
-        name = "table"
+        name = b"table"
     else:
         raise ValueError("a pyarrow.Table has no file a shared cache's key could check: use "
                          "cache='memory', or give ArrowImages the file")
     order = b"" if indices is None else np.asarray(indices, np.int64).tobytes()
-    return f"{name}\0{image_column}\0".encode() + order
+    return name + f"\0{image_column}\0".encode() + order
 
 
 def _read_parquet(path, image_column, label_column):

@@ -17,6 +17,7 @@ import numpy as np
 from .. import _C
 from .._native import SourceOwner
 from ..arrays import _check_index, _is_index_batch
+from ..cache import file_identity
 from ..images import ImageFiles, _fallback
 from ..transforms import PILLOW_MAX_PIXELS
 from ._common import index_array
@@ -124,18 +125,18 @@ class _LMDBImages(_ReopenAfterFork, ImageFiles):
         if cache is not None and not cache_decoded:
             raise ValueError(f"{path!r}: an LMDB's values are memory-mapped already; its "
                              "cache= keeps the decoded images only: pass cache_decoded=True")
-        # Every sample names the database in messages; the key is in the
-        # text.  The cache's key stats the data file (a directory's
-        # modification time does not follow its data).
-        data = os.path.join(path, "data.mdb") if os.path.isdir(path) else path
-        paths = (os.fsencode(data) + b"\0", np.zeros(n, np.int64))
+        # Every sample names the database in messages; the key is in the text.
+        paths = (os.fsencode(path) + b"\0", np.zeros(n, np.int64))
         self._setup(paths, _labels(labels, n, path), transform, target_transform, decode,
                     on_error, max_pixels, None, cache=cache, cache_size=cache_size,
                     cache_decoded=cache_decoded)
 
     def _cache_salt(self):
+        # The data file's size and time: a directory's do not follow its data.
+        path = self.lmdb_path
+        data = os.path.join(path, "data.mdb") if os.path.isdir(path) else path
         keys = b"" if self._keys is None else self._keys[0] + self._keys[1].tobytes()
-        return repr((self.db, len(self))).encode() + b"\0" + keys
+        return file_identity(data) + repr((self.db, len(self))).encode() + b"\0" + keys
 
     def _make_sources(self):
         if getattr(self, "_lmdb", None) is None or self._pid != os.getpid():
