@@ -193,18 +193,21 @@ def _flatten(batch):
     """(structure, array leaves): the structure rebuilds the batch around
     new leaves; anything that is not an array is kept as it is."""
     leaves = []
+    return _walk(batch, leaves), leaves
 
-    def walk(x):
-        if isinstance(x, np.ndarray) or is_tensor(x):
-            leaves.append(x)
-            return _LEAF
-        if isinstance(x, dict):
-            return (type(x), [(k, walk(v)) for k, v in x.items()])
-        if isinstance(x, (list, tuple)):
-            return (type(x), [walk(v) for v in x])
-        return (None, x)
 
-    return walk(batch), leaves
+def _walk(x, leaves):
+    # A module function, not a closure: a recursive closure is a reference
+    # cycle, and it would keep each batch's host slots out of the pool
+    # until the garbage collector ran.
+    if isinstance(x, np.ndarray) or is_tensor(x):
+        leaves.append(x)
+        return _LEAF
+    if isinstance(x, dict):
+        return (type(x), [(k, _walk(v, leaves)) for k, v in x.items()])
+    if isinstance(x, (list, tuple)):
+        return (type(x), [_walk(v, leaves) for v in x])
+    return (None, x)
 
 
 _LEAF = object()

@@ -219,6 +219,30 @@ def test_device_memory_stays_flat_over_100_epochs(fake_driver):  # noqa: F811
     """, fake_driver)
 
 
+def test_uploaded_host_slots_return_to_the_pool_without_the_garbage_collector(fake_driver):  # noqa: F811,E501
+    # Each page-locked slot costs a driver allocation: a host batch kept
+    # alive by a reference cycle after its upload would make the pool
+    # allocate a new slot for almost every batch until the collector ran.
+    run_case("""
+        import gc
+        gc.disable()
+        ds = fastload.ArrayDataset(ROWS, LABELS)
+        for structure in (None, lambda b: {"rows": b[0], "labels": (b[1], [b[1]])}):
+            kwargs = dict(collate_fn=lambda s: structure(fastload.default_collate(s))
+                          ) if structure else {}
+            loader = fastload.DataLoader(ds, batch_size=4, shuffle=True, num_workers=2,
+                                         persistent_workers=True, device="cuda",
+                                         output="numpy", worker_mode="thread", **kwargs)
+            allocations = []
+            for epoch in range(4):
+                for batch in loader:
+                    pass
+                del batch
+                allocations.append(loader._slot_pool.stats()["allocations"])
+            assert allocations[-1] == allocations[0] <= 8, allocations
+    """, fake_driver)
+
+
 def test_out_of_device_memory_names_the_bytes(fake_driver):  # noqa: F811
     run_case("""
         loader = fastload.DataLoader(fastload.ArrayDataset(ROWS), batch_size=40, device="cuda",
