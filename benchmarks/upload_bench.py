@@ -268,10 +268,12 @@ def run_throughput(data, sizes, workers):
             deliver_epoch(family, feed, data["row_sums"], limit=8)  # untimed: workers up
             times[family, w].append(deliver_epoch(family, feed, data["row_sums"]))
             gc.collect()
+    # Where fastload's time went, for the report: its stage timers over every epoch.
+    stats = {w: str(feeds["fastload", w].loader.stats()) for w in workers}
     del feeds
     gc.collect()
     epoch_bytes = n * ROW_VALUES * 4
-    return {key: epoch_bytes / statistics.median(ts) for key, ts in times.items()}
+    return {key: epoch_bytes / statistics.median(ts) for key, ts in times.items()}, stats
 
 
 # ------------------------------------------------ (b) training loop
@@ -395,7 +397,7 @@ def loader_name(family):
     return FASTLOAD_NAME if family == "fastload" else TORCH_NAME
 
 
-def report(sizes, workers, bandwidths, throughput, training):
+def report(sizes, workers, bandwidths, throughput, training, stats):
     h2d = statistics.median(bandwidths)
     props = torch.cuda.get_device_properties(DEVICE)
     print('## Batches to the GPU: fastload device="cuda" vs torch pin_memory + non_blocking\n')
@@ -440,6 +442,9 @@ def report(sizes, workers, bandwidths, throughput, training):
         b = training["fastload", w]["steps_s"] / training["torch", w]["steps_s"]
         ratios.append(f"{w} workers: throughput {a:.2f}x, training steps/s {b:.2f}x")
     print("fastload / torch: " + "; ".join(ratios))
+    for w in workers:
+        print(f"\n`loader.stats()` of fastload's (a) loader, {w} workers, every epoch:\n")
+        print("```\n" + stats[w] + "\n```")
 
 
 def main():
@@ -463,11 +468,11 @@ def main():
     sizes = QUICK if args.quick else FULL
     data = prepare_data(args.data, sizes)
     bandwidths = [pinned_h2d_bandwidth(sizes["bandwidth_bytes"])]
-    throughput = run_throughput(data, sizes, args.workers)
+    throughput, stats = run_throughput(data, sizes, args.workers)
     bandwidths.append(pinned_h2d_bandwidth(sizes["bandwidth_bytes"]))
     training = run_training(data, sizes, args.workers)
     log("done")
-    report(sizes, args.workers, bandwidths, throughput, training)
+    report(sizes, args.workers, bandwidths, throughput, training, stats)
 
 
 if __name__ == "__main__":
