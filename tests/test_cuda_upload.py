@@ -219,7 +219,7 @@ def test_device_memory_stays_flat_over_100_epochs(fake_driver):  # noqa: F811
     """, fake_driver)
 
 
-def test_uploaded_host_slots_return_to_the_pool_without_the_garbage_collector(fake_driver):  # noqa: F811,E501
+def test_uploaded_host_slots_return_to_the_pool_without_gc(fake_driver):  # noqa: F811
     # Each page-locked slot costs a driver allocation: a host batch kept
     # alive by a reference cycle after its upload would make the pool
     # allocate a new slot for almost every batch until the collector ran.
