@@ -124,11 +124,15 @@ class Pump:
         arrives first)."""
         self.stop.set()
         while self._thread.is_alive():
-            try:  # unblock a thread waiting to queue a batch
-                self.ready.get(timeout=_POLL_S)
+            self._discard_ready()  # a thread waiting to queue a batch goes on, then ends
+            self._thread.join(timeout=_POLL_S)  # returns as soon as it has ended
+
+    def _discard_ready(self):
+        while True:
+            try:
+                self.ready.get_nowait()
             except queue.Empty:
-                pass
-        self._thread.join()
+                return
 
     def _run(self):
         in_flight = collections.deque()  # (event, host batch) until the copy is done
@@ -142,7 +146,7 @@ class Pump:
                     self._timers.add_stage(self._row, UPLOAD, started, clock_ns())
                 in_flight.append((event, batch))
                 if not self._put(("batch", structure, list(zip(arrays, permutations))),
-                                 in_flight):
+                                 in_flight) or self.stop.is_set():
                     return
             self._put(("end",), in_flight)
         except BaseException as error:  # the consumer re-raises it
