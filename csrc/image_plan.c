@@ -55,6 +55,7 @@ static const plan_field PLAN_FIELDS[] = {
     FIELD("flip_p", F_DOUBLE, flip_p),
     FIELD("dtype", F_DTYPE, dtype),
     FIELD("layout", F_LAYOUT, layout),
+    FIELD("channels", F_INT, channels),
     PAIR("brightness", F_DOUBLE_PAIR, color.lo[FL_BRIGHTNESS], color.hi[FL_BRIGHTNESS]),
     PAIR("contrast", F_DOUBLE_PAIR, color.lo[FL_CONTRAST], color.hi[FL_CONTRAST]),
     PAIR("saturation", F_DOUBLE_PAIR, color.lo[FL_SATURATION], color.hi[FL_SATURATION]),
@@ -362,6 +363,11 @@ int fl__parse_plan(PyObject *plan, fl_image_plan *out)
         PyErr_SetString(PyExc_ValueError, "malformed transform plan: gray_p");
         return -1;
     }
+    if (p.channels != 3 && !(p.channels == 1 && p.color.gray_p == 1.0)) {
+        PyErr_SetString(PyExc_ValueError, "malformed transform plan: channels (1 only after "
+                                          "a grayscale conversion)");
+        return -1;
+    }
     if (check_crop_and_blur(&p) < 0)
         return -1;
     const fl_erase_plan *e = &p.erase;
@@ -414,9 +420,9 @@ PyArray_Descr *fl__plan_descr(const fl_image_plan *plan)
 void fl__image_dims(const fl_image_plan *plan, int width, int height, npy_intp *dims)
 {
     if (plan->layout == FL_LAYOUT_CHW) {
-        dims[0] = 3, dims[1] = height, dims[2] = width;
+        dims[0] = plan->channels, dims[1] = height, dims[2] = width;
     } else {
-        dims[0] = height, dims[1] = width, dims[2] = 3;
+        dims[0] = height, dims[1] = width, dims[2] = plan->channels;
     }
 }
 

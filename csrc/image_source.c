@@ -399,6 +399,7 @@ static PyObject *ImageSource_new(PyTypeObject *type, PyObject *args, PyObject *k
         .filter = FL_FILTER_BILINEAR,
         .dtype = FL_DTYPE_UINT8,
         .layout = FL_LAYOUT_HWC,
+        .channels = 3,
         .mul = {1.0f, 1.0f, 1.0f},
     };
     int tensor_output = 0;

@@ -126,6 +126,8 @@ def _random_apply(t):
     ops = _fastload_ops(steps[0]) if len(steps) == 1 else None
     if ops is None or len(ops) != 1:
         return None
+    if isinstance(ops[0], T.Grayscale) and ops[0].num_output_channels == 1:
+        return None  # one channel or three, image by image: no batch shape
     if isinstance(ops[0], (T.RandomGrayscale, T.Grayscale)):
         # Gray with probability p times the step's own: one draw does it.
         p = ops[0].p if isinstance(ops[0], T.RandomGrayscale) else 1.0
@@ -194,9 +196,9 @@ def _color_jitter(t):
 
 
 def _grayscale(t):
-    if t.num_output_channels != 3:  # one channel: not an RGB image
+    if t.num_output_channels not in (1, 3):
         return None
-    return [T.Grayscale(3, pil=True)]
+    return [T.Grayscale(t.num_output_channels, pil=True)]
 
 
 _TABLE = {

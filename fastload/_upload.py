@@ -173,11 +173,11 @@ def _release_done(in_flight):
 
 
 def _normalize(images, mul, add, dtype):
-    """uint8 (N, 3, H, W) images to ``images * mul + add`` per channel,
+    """uint8 (N, C, H, W) images to ``images * mul + add`` per channel,
     computed in float32 as the host pipeline computes it, then cast to
     ``dtype``; a channels_last batch keeps its memory format."""
-    mul = torch.tensor(mul, dtype=torch.float32, device=images.device).view(1, 3, 1, 1)
-    add = torch.tensor(add, dtype=torch.float32, device=images.device).view(1, 3, 1, 1)
+    mul = torch.tensor(mul, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
+    add = torch.tensor(add, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
     return images.to(torch.float32).mul_(mul).add_(add).to(getattr(torch, dtype))
 
 

@@ -325,7 +325,7 @@ class ImageFiles(SourceOwner):
         plan = self._plan
         if not self._native or not plan.tensor_output or plan.dtype == "uint8":
             return None
-        return plan.mul, plan.add, plan.dtype
+        return plan.mul[:plan.channels], plan.add[:plan.channels], plan.dtype
 
     def _record_skips(self, records):
         # The GIL is held: the two updates are not torn.

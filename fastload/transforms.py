@@ -300,19 +300,20 @@ class RandomGrayscale(_Transform):
 
 
 class Grayscale(_Transform):
-    """Grayscale always.  fastload's images keep 3 channels, so only
-    ``num_output_channels=3`` is supported.  ``pil=True``: Pillow's
-    weights, as ``RandomGrayscale``'s."""
+    """Grayscale always, as 1 channel (the default, as torchvision's) or 3
+    equal ones.  One channel needs a tensor conversion after it (ToTensor
+    or PILToTensor): the batches are then (N, 1, H, W).  ``pil=True``:
+    Pillow's weights, as ``RandomGrayscale``'s."""
 
     def __init__(self, num_output_channels=1, *, pil=False):
-        if num_output_channels != 3:
-            raise ValueError(f"Grayscale: fastload images have 3 channels; use "
-                             f"num_output_channels=3 (got {num_output_channels!r})")
-        self.num_output_channels = 3
+        if num_output_channels not in (1, 3):
+            raise ValueError("num_output_channels should be either 1 or 3")
+        self.num_output_channels = num_output_channels
         self.pil = bool(pil)
 
     def __repr__(self):
-        return f"Grayscale(num_output_channels=3{', pil=True' if self.pil else ''})"
+        return (f"Grayscale(num_output_channels={self.num_output_channels}"
+                f"{', pil=True' if self.pil else ''})")
 
 
 def _augment_fill(fill, name):
@@ -715,6 +716,7 @@ class Plan:
         self.gray_first = False
         self.dtype = "uint8"
         self.layout = "HWC"
+        self.channels = 3          # 1: Grayscale(1), the first of three equal channels
         self.mul = (1.0, 1.0, 1.0)
         self.add = (0.0, 0.0, 0.0)
         self.tensor_output = False
@@ -771,7 +773,8 @@ class Plan:
         """(C, H, W) or (H, W, C); None when it depends on the image."""
         if not self.out_h:
             return None
-        return (3, self.out_h, self.out_w) if self.layout == "CHW" else (self.out_h, self.out_w, 3)
+        c = self.channels
+        return (c, self.out_h, self.out_w) if self.layout == "CHW" else (self.out_h, self.out_w, c)
 
 
 def compile_plan(transforms, channels_last=False):
@@ -903,6 +906,8 @@ def compile_plan(transforms, channels_last=False):
             gray = t
             plan.gray_p = t.p if isinstance(t, RandomGrayscale) else 1.0
             plan.gray_first = jitter is None
+            if isinstance(t, Grayscale) and t.num_output_channels == 1:
+                plan.channels = 1
             stage = 2
         elif isinstance(t, (ToTensor, PILToTensor)):
             if stage >= 4:
@@ -935,6 +940,9 @@ def compile_plan(transforms, channels_last=False):
             if t.value == "random":
                 plan.erase_random = True
             else:
+                if len(t.value) > plan.channels:
+                    raise ValueError("If value is a sequence, it should have either a single "
+                                     f"value or {plan.channels} (got {len(t.value)})")
                 plan.erase_value = t.value * (3 // len(t.value))
             stage = 7
         else:
@@ -945,6 +953,9 @@ def compile_plan(transforms, channels_last=False):
         raise ValueError(f"fastload.transforms.Compose cannot fuse {jitter!r} with {gray!r}: "
                          "both use Pillow's arithmetic (pil=True) or neither does")
     plan.color_pil = any(t is not None and t.pil for t in (jitter, gray))
+    if plan.channels == 1 and not plan.tensor_output:
+        raise ValueError(f"fastload.transforms.Compose cannot fuse {gray!r} without ToTensor "
+                         "or PILToTensor after it: fastload's images are RGB until then")
     if jitter is not None:
         plan.brightness = jitter.brightness or plan.brightness
         plan.contrast = jitter.contrast or plan.contrast
@@ -956,6 +967,9 @@ def compile_plan(transforms, channels_last=False):
     plan.layout = "HWC" if (channels_last or not plan.tensor_output) else "CHW"
     unit = 1.0 / 255.0 if dtype != "uint8" else 1.0
     if normalize is not None:
+        if plan.channels == 1 and 3 in (len(normalize.mean), len(normalize.std)):
+            raise ValueError(f"{normalize!r} has 3 channels' statistics for the 1 channel of "
+                             f"{gray!r}")
         mean = normalize.mean * (3 // len(normalize.mean))
         std = normalize.std * (3 // len(normalize.std))
         plan.mul = tuple(unit / s for s in std)

@@ -209,11 +209,8 @@ static void plan_from(const uint8_t *p, fl_image_plan *plan, fl_sample_key *key)
     policy_from(fl__mix64(h ^ 2), plan);
     warp_from(fl__mix64(h ^ 3), plan);
     erasing_from(fl__mix64(h ^ 4), plan);
-}
-
-static size_t element_size(int dtype)
-{
-    return dtype == FL_DTYPE_FLOAT32 ? 4 : dtype == FL_DTYPE_FLOAT16 ? 2 : 1;
+    /* Grayscale(1): always gray, one channel stored; a quarter of those. */
+    plan->channels = plan->color.gray_p == 1.0 && (h >> 62) == 0 ? 1 : 3;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -240,7 +237,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     if (g.out_w < 1 || g.out_h < 1 || (uint64_t)g.out_w * g.out_h > MAX_PIXELS)
         return 0; /* a resize plan can ask for big outputs; not what is explored */
-    size_t bytes = (size_t)g.out_w * g.out_h * 3 * element_size(plan.dtype);
+    size_t bytes = (size_t)g.out_w * g.out_h * (size_t)plan.channels * fl_dtype_size(plan.dtype);
     unsigned char *out = malloc(bytes);
     if (!out)
         return 0;

@@ -292,8 +292,15 @@ def test_jitter_ranges_are_torchvisions():
 
 
 def test_grayscale_arguments():
-    with pytest.raises(ValueError, match="num_output_channels=3"):
-        T.Grayscale()
+    with pytest.raises(ValueError, match="num_output_channels should be either 1 or 3"):
+        T.Grayscale(2)
+    assert T.Grayscale().num_output_channels == 1  # torchvision's default
+    with pytest.raises(ValueError, match="without ToTensor or PILToTensor after it"):
+        T.Compose([T.CenterCrop(8), T.Grayscale()])
+    with pytest.raises(ValueError, match="3 channels' statistics for the 1 channel"):
+        T.Compose([T.Grayscale(), T.ToTensor(), T.Normalize((0.5, 0.5, 0.5), (0.2,) * 3)])
+    with pytest.raises(ValueError, match="either a single value or 1"):
+        T.Compose([T.Grayscale(), T.ToTensor(), T.RandomErasing(value=(0, 0, 0))])
     with pytest.raises(ValueError, match=r"p must be in \[0, 1\]"):
         T.RandomGrayscale(1.5)
 

@@ -379,6 +379,23 @@ def test_normalize_on_device_equals_the_uint8_host_path(image_folder):
     assert n == 5
 
 
+def test_normalize_on_device_of_one_channel(image_folder):
+    pytest.importorskip("PIL")
+    crop = [T.RandomResizedCrop(64), T.Grayscale(pil=True)]
+
+    def loader(tail, **kwargs):
+        ds = fastload.ImageFolder(image_folder, transform=T.Compose(crop + tail))
+        return fastload.DataLoader(ds, batch_size=8, num_workers=2,
+                                   generator=torch.Generator().manual_seed(11), **kwargs)
+
+    gpu = loader([T.ToTensor(), T.Normalize((0.5,), (0.25,))], device="cuda",
+                 normalize_on_device=True)
+    for (images, _), (u8, _) in zip(gpu, loader([T.PILToTensor()])):
+        assert images.shape == u8.shape == (8, 1, 64, 64)
+        torch.testing.assert_close(images.cpu(), u8.float() * (1 / (255 * 0.25)) - 2.0,
+                                   rtol=1e-6, atol=1e-6)
+
+
 # ------------------------------------------------------------------- fork
 
 

@@ -12,8 +12,7 @@
 size_t fl_image_source_row_bytes(const fl_image_source *src)
 {
     const fl_image_plan *p = &src->plan;
-    size_t item = p->dtype == FL_DTYPE_FLOAT32 ? 4 : p->dtype == FL_DTYPE_FLOAT16 ? 2 : 1;
-    return (size_t)p->out_w * (size_t)p->out_h * 3 * item;
+    return (size_t)p->out_w * (size_t)p->out_h * (size_t)p->channels * fl_dtype_size(p->dtype);
 }
 
 /* How a cache keeping pixels stores an image: this header, then the RGB

@@ -44,6 +44,8 @@ struct fl_image_worker {
     size_t columns_capacity;
     float *blur;            /* GaussianBlur's kernels and intermediate plane */
     size_t blur_capacity;
+    void *rgb_row;          /* a 1-channel plan's row, stored as 3 channels first */
+    size_t rgb_row_capacity;
 };
 
 /* ------------------------------------------------------ per-thread state */
@@ -68,6 +70,7 @@ static void worker_free(void *p)
     free(w->window);
     free(w->columns);
     free(w->blur);
+    free(w->rgb_row);
     free(w);
 }
 
@@ -440,6 +443,24 @@ static int augment_stage(fl_image_worker *w, const fl_image_plan *plan,
     return rc;
 }
 
+size_t fl_dtype_size(int dtype)
+{
+    return dtype == FL_DTYPE_FLOAT32 ? 4 : dtype == FL_DTYPE_FLOAT16 ? 2 : 1;
+}
+
+/* The first channel of a 3-channel row of `pixels` elements of `item` bytes. */
+static void first_channel(const void *row, void *dst, int layout, size_t pixels, size_t item)
+{
+    if (layout == FL_LAYOUT_CHW) {
+        memcpy(dst, row, pixels * item);
+        return;
+    }
+    const unsigned char *src = row;
+    unsigned char *out = dst;
+    for (size_t i = 0; i < pixels; i++)
+        memcpy(out + i * item, src + 3 * i * item, item);
+}
+
 /* Resamples box (bx, by, bw, bh; in the coordinates of `rgb`) into dst,
  * honouring a hard crop by hiding the pixels outside it. */
 static int resample_box(fl_image_worker *w, const fl_image_plan *plan,
@@ -467,6 +488,16 @@ static int resample_box(fl_image_worker *w, const fl_image_plan *plan,
             bw = width - bx;
         if (bh > height - by)
             bh = height - by;
+    }
+    /* One channel: the row is made as three equal ones, then the first kept. */
+    void *row = dst;
+    size_t pixels = (size_t)g->out_w * (size_t)g->out_h, item = fl_dtype_size(plan->dtype);
+    if (plan->channels == 1) {
+        if (grow(&w->rgb_row, &w->rgb_row_capacity, 3 * pixels, item) != FL_OK) {
+            snprintf(msg, msg_size, "cannot allocate the %d x %d image", g->out_w, g->out_h);
+            return FL_ERR_NOMEM;
+        }
+        row = w->rgb_row;
     }
     int filter = plan->filter, flip = g->flip;
     if (has_uint8_stage(plan)) {
@@ -496,7 +527,7 @@ static int resample_box(fl_image_worker *w, const fl_image_plan *plan,
         .flip = flip,
         .layout = plan->layout,
         .dtype = plan->dtype,
-        .dst = dst,
+        .dst = row,
     };
     for (int c = 0; c < 3; c++) {
         target.scale[c] = plan->mul[c];
@@ -508,8 +539,7 @@ static int resample_box(fl_image_worker *w, const fl_image_plan *plan,
         rc = fl_resample(rgb, width, height, stride, bx, by, bw, bh, &target, w->scratch);
     } else {
         /* Colour ops work on the resampled values before conversion: resample
-         * to float RGB planes in [0, 255], adjust, then convert into dst. */
-        size_t pixels = (size_t)g->out_w * (size_t)g->out_h;
+         * to float RGB planes in [0, 255], adjust, then convert into the row. */
         rc = grow((void **)&w->color, &w->color_capacity, 3 * pixels, sizeof(float));
         fl_resample_target floats = target;
         floats.layout = FL_LAYOUT_CHW;
@@ -531,12 +561,18 @@ static int resample_box(fl_image_worker *w, const fl_image_plan *plan,
             rc = fl_resample_store(w->color, &target);
         }
     }
-    if (rc != FL_OK)
+    if (rc != FL_OK) {
         snprintf(msg, msg_size, "resampling failed: %s", fl_status_str(rc));
-    else if (g->erase.on)
-        fl_erase_apply(&plan->erase, &g->erase, dst, plan->dtype, plan->layout, g->out_w,
+        return rc;
+    }
+    /* Erased with three channels too: the first gets what one channel would
+     * (the same value, or the first plane's draws). */
+    if (g->erase.on)
+        fl_erase_apply(&plan->erase, &g->erase, row, plan->dtype, plan->layout, g->out_w,
                        g->out_h);
-    return rc;
+    if (row != dst)
+        first_channel(row, dst, plan->layout, pixels, item);
+    return FL_OK;
 }
 
 /* RandomCrop's window where it reaches into the padding: built from the

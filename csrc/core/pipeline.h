@@ -39,6 +39,8 @@ typedef struct fl_image_plan {
     int filter, antialias;      /* FL_FILTER_*, and Pillow's antialiasing */
     double flip_p;              /* probability of a horizontal flip */
     int dtype, layout;          /* FL_DTYPE_*, FL_LAYOUT_* */
+    int channels;               /* stored: 3, or 1 after Grayscale(1) (gray_p 1: the
+                                   three channels are equal, the first is kept) */
     fl_color_plan color;        /* colour ops on the resampled image, before mul/add */
     float mul[3], add[3];       /* per channel: out = value_0_255 * mul + add */
     int exact;                  /* 1: never DCT-scale (decode="exact") */
@@ -128,7 +130,10 @@ fl_image_format fl_image_format_of(const unsigned char *data, size_t size);
 void fl_plan_geometry(const fl_image_plan *plan, const fl_sample_key *key, int width, int height,
                       fl_sample_geometry *out);
 
-/* JPEG bytes → the sample in `dst` (3 * out_w * out_h elements of the
+/* The bytes of one element of FL_DTYPE_* `dtype`. */
+size_t fl_dtype_size(int dtype);
+
+/* JPEG bytes → the sample in `dst` (channels * out_w * out_h elements of the
  * plan's dtype; out_w/out_h from the plan, or from *geometry when the plan
  * leaves them to the image: call with dst NULL first to learn them).
  * Returns FL_OK, FL_ERR_DECODE, FL_ERR_TOO_BIG, FL_ERR_NOMEM with msg. */
