@@ -56,6 +56,7 @@ static const plan_field PLAN_FIELDS[] = {
     FIELD("dtype", F_DTYPE, dtype),
     FIELD("layout", F_LAYOUT, layout),
     FIELD("channels", F_INT, channels),
+    FIELD("gray_at_decode", F_BOOL, gray_at_decode),
     PAIR("brightness", F_DOUBLE_PAIR, color.lo[FL_BRIGHTNESS], color.hi[FL_BRIGHTNESS]),
     PAIR("contrast", F_DOUBLE_PAIR, color.lo[FL_CONTRAST], color.hi[FL_CONTRAST]),
     PAIR("saturation", F_DOUBLE_PAIR, color.lo[FL_SATURATION], color.hi[FL_SATURATION]),
@@ -363,7 +364,7 @@ int fl__parse_plan(PyObject *plan, fl_image_plan *out)
         PyErr_SetString(PyExc_ValueError, "malformed transform plan: gray_p");
         return -1;
     }
-    if (p.channels != 3 && !(p.channels == 1 && p.color.gray_p == 1.0)) {
+    if (p.channels != 3 && !(p.channels == 1 && (p.color.gray_p == 1.0 || p.gray_at_decode))) {
         PyErr_SetString(PyExc_ValueError, "malformed transform plan: channels (1 only after "
                                           "a grayscale conversion)");
         return -1;

@@ -8,6 +8,7 @@ writing straight into the sample's row of the batch buffer.
 
 The chain must read as torchvision's usual pipelines do::
 
+    [Grayscale(pil=True)]           (first: convert("L") on the decoded pixels)
     [RandomResizedCrop | Resize [CenterCrop | RandomCrop] | CenterCrop | RandomCrop]
     [RandomHorizontalFlip]
     [RandomRotation | RandomAffine]
@@ -30,7 +31,11 @@ image after any warp or policy.  They are fused only
 after the geometry and before the tensor conversion, the usual recipe: in
 any other place they would not commute exactly with the crop and resize, so
 ``Compose`` refuses them there (ValueError); a torchvision ``Compose`` with
-them elsewhere runs in Python, per image, as any other callable does.
+them elsewhere runs in Python, per image, as any other callable does.  The
+one exception is a leading ``Grayscale(pil=True)``, torchvision's first step
+in grayscale recipes: Pillow's ops act on each band alike, so the geometry on
+three equal bands gives the one-band image's.  ``Grayscale(1)`` keeps one
+channel: the tensors are (1, H, W).
 
 RandomRotation, RandomAffine and the augmentation policies act on the
 resized image as uint8 RGB, with Pillow's arithmetic: torchvision's ops on a
@@ -717,6 +722,7 @@ class Plan:
         self.dtype = "uint8"
         self.layout = "HWC"
         self.channels = 3          # 1: Grayscale(1), the first of three equal channels
+        self.gray_at_decode = False  # a leading Grayscale(pil=True): on the decoded pixels
         self.mul = (1.0, 1.0, 1.0)
         self.add = (0.0, 0.0, 0.0)
         self.tensor_output = False
@@ -788,6 +794,7 @@ def compile_plan(transforms, channels_last=False):
     def out_of_place(t):
         raise ValueError(
             f"fastload.transforms.Compose cannot fuse {t!r} here: the order must be "
+            "[Grayscale(pil=True)], "
             "[RandomResizedCrop | Resize [CenterCrop | RandomCrop] | CenterCrop | RandomCrop], "
             "[RandomHorizontalFlip], [RandomRotation | RandomAffine], "
             "[RandAugment | TrivialAugmentWide | AutoAugment], "
@@ -900,6 +907,13 @@ def compile_plan(transforms, channels_last=False):
             blur = t
             plan.blur_kernel, plan.blur_sigma, plan.blur_p = t.kernel_size, t.sigma, applied
             stage = 3
+        elif (isinstance(t, Grayscale) and t.pil and stage == 0 and plan.crop == 0
+              and not plan.gray_at_decode):
+            # First of all, as torchvision converts the PIL image: the decoded
+            # pixels are made gray, then the geometry resamples them.
+            plan.gray_at_decode = True
+            if t.num_output_channels == 1:
+                plan.channels = 1
         elif isinstance(t, (RandomGrayscale, Grayscale)):
             if stage > 2 or gray is not None:
                 out_of_place(t)
@@ -954,8 +968,14 @@ def compile_plan(transforms, channels_last=False):
                          "both use Pillow's arithmetic (pil=True) or neither does")
     plan.color_pil = any(t is not None and t.pil for t in (jitter, gray))
     if plan.channels == 1 and not plan.tensor_output:
-        raise ValueError(f"fastload.transforms.Compose cannot fuse {gray!r} without ToTensor "
-                         "or PILToTensor after it: fastload's images are RGB until then")
+        raise ValueError("fastload.transforms.Compose cannot fuse Grayscale(num_output_channels"
+                         "=1) without ToTensor or PILToTensor after it: fastload's images are "
+                         "RGB until then")
+    if plan.gray_at_decode:
+        fills = [plan.pad_fill, plan.warp_fill, plan.augment_fill]
+        if any(len(set(fill)) > 1 for fill in fills):
+            raise ValueError("fastload.transforms.Compose cannot fuse a fill of three different "
+                             "values after a leading Grayscale: the image has one band there")
     if jitter is not None:
         plan.brightness = jitter.brightness or plan.brightness
         plan.contrast = jitter.contrast or plan.contrast
@@ -969,7 +989,7 @@ def compile_plan(transforms, channels_last=False):
     if normalize is not None:
         if plan.channels == 1 and 3 in (len(normalize.mean), len(normalize.std)):
             raise ValueError(f"{normalize!r} has 3 channels' statistics for the 1 channel of "
-                             f"{gray!r}")
+                             "Grayscale(num_output_channels=1)")
         mean = normalize.mean * (3 // len(normalize.mean))
         std = normalize.std * (3 // len(normalize.std))
         plan.mul = tuple(unit / s for s in std)

@@ -209,8 +209,11 @@ static void plan_from(const uint8_t *p, fl_image_plan *plan, fl_sample_key *key)
     policy_from(fl__mix64(h ^ 2), plan);
     warp_from(fl__mix64(h ^ 3), plan);
     erasing_from(fl__mix64(h ^ 4), plan);
-    /* Grayscale(1): always gray, one channel stored; a quarter of those. */
-    plan->channels = plan->color.gray_p == 1.0 && (h >> 62) == 0 ? 1 : 3;
+    /* A leading Grayscale on half the plans; one channel stored on a quarter of
+     * those always gray. */
+    plan->gray_at_decode = (int)((h >> 58) & 1);
+    int gray = plan->color.gray_p == 1.0 || plan->gray_at_decode;
+    plan->channels = gray && (h >> 62) == 0 ? 1 : 3;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -121,3 +121,58 @@ def test_torchvision_grayscale_one_channel_compiles(torchvision, folder, image):
                      v1.ToTensor()])
     with pytest.warns(UserWarning, match="RandomApply has no exact C equivalent"):
         ds = fastload.ImageFolder(folder, transform=tf)
+
+
+# ------------------------------------------- a leading Grayscale: on the decoded pixels
+
+LEADING = {
+    "resize": [T.Resize(40), T.CenterCrop(32), T.ToTensor(), T.Normalize((0.5,), (0.5,))],
+    "random-resized": [T.RandomResizedCrop(24), T.RandomHorizontalFlip(), T.PILToTensor()],
+    "padded-crop": [T.RandomCrop(32, padding=4, padding_mode="reflect"), T.ToTensor()],
+    "policy": [T.RandomResizedCrop(24), T.RandAugment(), T.ColorJitter(0.3, 0.3, pil=True),
+               T.ToTensor(), T.RandomErasing(0.5)],
+}
+
+
+@pytest.mark.parametrize("name", list(LEADING))
+@pytest.mark.parametrize("channels", [1, 3])
+def test_a_leading_grayscale_equals_the_chain_on_the_gray_image(image, name, channels):
+    """As torchvision on a PIL image: convert("L") first, then the chain on
+    the one-band image, whose every op (resampling, pads, the policy's
+    ops) gives, per band, what it gives on three equal bands."""
+    leading = T.Compose([T.Grayscale(channels, pil=True), *LEADING[name]])
+    assert leading.plan.gray_at_decode and leading.plan.channels == channels
+    rest = T.Compose(LEADING[name])
+    gray = np.repeat(np.asarray(Image.fromarray(image).convert("L"))[..., None], 3, axis=2)
+    for seed in range(6):
+        got = _C.transform_image(leading.plan, image, seed, T.PILLOW_MAX_PIXELS)
+        expected = _C.transform_image(rest.plan, gray, seed, T.PILLOW_MAX_PIXELS)
+        np.testing.assert_array_equal(got, expected[:channels])
+
+
+def test_a_leading_grayscale_refuses_what_a_one_band_image_refuses():
+    with pytest.raises(ValueError, match="three different values"):
+        T.Compose([T.Grayscale(3, pil=True), T.RandomCrop(8, padding=2, fill=(1, 2, 3)),
+                   T.ToTensor()])
+    # the tensor weights are for a tensor, after the geometry: not first
+    with pytest.raises(ValueError, match=r"the order must be \[Grayscale\(pil=True\)\]"):
+        T.Compose([T.Grayscale(3), T.CenterCrop(8), T.ToTensor()])
+
+
+def test_torchvision_leading_grayscale_compiles(torchvision, folder, image):
+    from torchvision import transforms as v1
+    from torchvision.transforms import v2
+
+    pil = Image.fromarray(image)
+    for m, tail in ((v1, [v1.ToTensor(), v1.Normalize((0.5,), (0.5,))]),
+                    (v2, [v2.ToImage(), v2.ToDtype(torch.float32, scale=True)])):
+        for channels in (1, 3):
+            tf = m.Compose([m.Grayscale(channels), m.CenterCrop(48), *tail])
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                ds = fastload.ImageFolder(folder, transform=tf)
+            assert ds.transform_plan.python == () and ds._plan.gray_at_decode
+            ours = _C.transform_image(ds._plan, image, 0, T.PILLOW_MAX_PIXELS)
+            theirs = tf(pil)
+            assert tuple(theirs.shape) == ours.shape == (channels, 48, 48)
+            torch.testing.assert_close(torch.as_tensor(ours), theirs, rtol=0, atol=2e-6)

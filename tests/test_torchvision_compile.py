@@ -280,8 +280,10 @@ def test_order_that_does_not_fuse_runs_whole_in_python(tv, png):
         ds = fastload.ImageFiles([png], transform=tf)
     assert ds.transform_plan.native == ()
     torch.testing.assert_close(ds[0][0], tf(pil_image(png)), rtol=0, atol=0)
-    # colour before the geometry: the plan runs colour after it, so nothing runs in C
-    tf = v1.Compose([v1.Grayscale(3), v1.Resize(40), v1.CenterCrop(32), v1.ToTensor()])
+    # colour (other than a leading Grayscale) before the geometry: the plan runs colour
+    # after it, so nothing runs in C
+    tf = v1.Compose([v1.ColorJitter(brightness=(1.3, 1.3)), v1.Resize(40), v1.CenterCrop(32),
+                     v1.ToTensor()])
     with pytest.warns(UserWarning, match="this order of steps does not fuse"):
         ds = fastload.ImageFiles([png], transform=tf)
     assert ds.transform_plan.native == ()

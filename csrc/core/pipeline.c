@@ -46,6 +46,8 @@ struct fl_image_worker {
     size_t blur_capacity;
     void *rgb_row;          /* a 1-channel plan's row, stored as 3 channels first */
     size_t rgb_row_capacity;
+    unsigned char *gray;    /* the decoded pixels made gray (gray_at_decode), RGB */
+    size_t gray_capacity;
 };
 
 /* ------------------------------------------------------ per-thread state */
@@ -71,6 +73,7 @@ static void worker_free(void *p)
     free(w->columns);
     free(w->blur);
     free(w->rgb_row);
+    free(w->gray);
     free(w);
 }
 
@@ -488,6 +491,20 @@ static int resample_box(fl_image_worker *w, const fl_image_plan *plan,
             bw = width - bx;
         if (bh > height - by)
             bh = height - by;
+    }
+    if (plan->gray_at_decode) {
+        /* A leading Grayscale: the pixels the geometry reads, as Pillow's "L"
+         * image in three equal channels (resampling each gives the "L" one's). */
+        if (grow((void **)&w->gray, &w->gray_capacity, (size_t)width * (size_t)height, 3) !=
+            FL_OK) {
+            snprintf(msg, msg_size, "cannot allocate the %d x %d gray image", width, height);
+            return FL_ERR_NOMEM;
+        }
+        for (int y = 0; y < height; y++)
+            fl_pil_grayscale(rgb + (size_t)y * stride, w->gray + (size_t)y * width * 3,
+                             (size_t)width);
+        rgb = w->gray;
+        stride = (size_t)width * 3;
     }
     /* One channel: the row is made as three equal ones, then the first kept. */
     void *row = dst;

@@ -39,8 +39,11 @@ typedef struct fl_image_plan {
     int filter, antialias;      /* FL_FILTER_*, and Pillow's antialiasing */
     double flip_p;              /* probability of a horizontal flip */
     int dtype, layout;          /* FL_DTYPE_*, FL_LAYOUT_* */
-    int channels;               /* stored: 3, or 1 after Grayscale(1) (gray_p 1: the
-                                   three channels are equal, the first is kept) */
+    int channels;               /* stored: 3, or 1 after Grayscale(1) (gray_p 1 or
+                                   gray_at_decode: the three channels are equal, the
+                                   first is kept) */
+    int gray_at_decode;         /* 1: Pillow's convert("L") on the decoded pixels, before
+                                   the geometry (a leading Grayscale, as on the PIL image) */
     fl_color_plan color;        /* colour ops on the resampled image, before mul/add */
     float mul[3], add[3];       /* per channel: out = value_0_255 * mul + add */
     int exact;                  /* 1: never DCT-scale (decode="exact") */
