@@ -73,6 +73,27 @@ def test_one_channel_is_the_first_of_three_equal_ones(image, name, channels_last
         np.testing.assert_array_equal(a, first)
 
 
+def test_one_thread_serves_one_channel_plans_of_every_dtype(image):
+    """The thread's scratch row is sized in bytes: a uint8 plan, then wider
+    elements of the same size (the sanitizer build checks the writes)."""
+    import threading
+
+    results = {}
+
+    def run():
+        for dtype in ("uint8", "float32", "float16"):
+            tail = [T.PILToTensor()] + ([] if dtype == "uint8" else [T.ConvertImageDtype(dtype)])
+            plan = T.Compose([T.CenterCrop(24), T.Grayscale(pil=True), *tail]).plan
+            results[dtype] = _C.transform_image(plan, image, 0, T.PILLOW_MAX_PIXELS)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    assert results["uint8"].shape == (1, 24, 24)
+    for dtype in ("float32", "float16"):
+        np.testing.assert_allclose(results[dtype], results["uint8"] / 255.0, rtol=0, atol=1e-3)
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_loader_batches_have_one_channel(folder, workers):
     def loader(channels, **kwargs):

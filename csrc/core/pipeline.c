@@ -45,7 +45,7 @@ struct fl_image_worker {
     float *blur;            /* GaussianBlur's kernels and intermediate plane */
     size_t blur_capacity;
     void *rgb_row;          /* a 1-channel plan's row, stored as 3 channels first */
-    size_t rgb_row_capacity;
+    size_t rgb_row_capacity; /* bytes */
     unsigned char *gray;    /* the decoded pixels made gray (gray_at_decode), RGB */
     size_t gray_capacity;
 };
@@ -510,7 +510,8 @@ static int resample_box(fl_image_worker *w, const fl_image_plan *plan,
     void *row = dst;
     size_t pixels = (size_t)g->out_w * (size_t)g->out_h, item = fl_dtype_size(plan->dtype);
     if (plan->channels == 1) {
-        if (grow(&w->rgb_row, &w->rgb_row_capacity, 3 * pixels, item) != FL_OK) {
+        /* In bytes: plans of other dtypes share the buffer. */
+        if (grow(&w->rgb_row, &w->rgb_row_capacity, 3 * pixels * item, 1) != FL_OK) {
             snprintf(msg, msg_size, "cannot allocate the %d x %d image", g->out_w, g->out_h);
             return FL_ERR_NOMEM;
         }
