@@ -76,8 +76,8 @@ class Setup:
     """One loader configuration over one workload, with the sampler's
     generator kept so that every epoch draws the same indices."""
 
-    def __init__(self, workload, path, name, samples):
-        family, workers = CONFIGS[name]
+    def __init__(self, workload, path, name, samples, config=None):
+        family, workers = config or CONFIGS[name]  # config: (family, workers) not in CONFIGS
         self.workload, self.name = workload, name
         self.generator = torch.Generator()
         if workload == "rows":

@@ -25,11 +25,11 @@ figure is a median.  Prints a Markdown report on stdout.
 """
 
 import argparse
+import functools
 import gc
 import os
 import statistics
 import sys
-import time
 import warnings
 
 # This checkout's fastload, even where another one is installed.
@@ -41,14 +41,14 @@ import torch
 
 import imagenet_like
 import pil_pipeline
-from array_workloads import (ROW_VALUES, TorchRowBatches, check_rows_batch, expected_rows,
-                             make_rows, warm_page_cache)
+from array_workloads import ROW_VALUES, make_rows, warm_page_cache
+from arrays_bench import BATCH as ROW_BATCH, Setup
 from fastload import transforms as T
 from image_timing import images_per_second
 from workloads import cpu_model
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
-IMAGE_BATCH, ROW_BATCH = 64, 256
+IMAGE_BATCH = 64
 FULL = dict(images=4096, images_per_worker=384, rows=(1 << 30) // (ROW_VALUES * 4),
             row_batches=1000, reps=3)
 QUICK = dict(images=128, images_per_worker=64, rows=(16 << 20) // (ROW_VALUES * 4),
@@ -74,41 +74,9 @@ def jpeg_loader(family, root, workers, samples):
     return fastload.DataLoader(ds, sampler=sampler, **kwargs)
 
 
-class RowsEpoch:
-    """An epoch of checked row batches, the same indices every epoch."""
-
-    def __init__(self, family, path, workers, batches):
-        self.generator = torch.Generator()
-        kwargs = dict(num_workers=workers, persistent_workers=True)
-        samples = batches * ROW_BATCH
-        if family == "torch":
-            tud = torch.utils.data
-            ds = TorchRowBatches(path)
-            sampler = tud.RandomSampler(ds, num_samples=samples, generator=self.generator)
-            self.loader = tud.DataLoader(ds, batch_size=None,
-                                         sampler=tud.BatchSampler(sampler, ROW_BATCH, False),
-                                         **kwargs)
-        else:
-            ds = fastload.ArrayDataset(path)
-            sampler = fastload.RandomSampler(ds, num_samples=samples, generator=self.generator)
-            self.loader = fastload.DataLoader(ds, batch_size=ROW_BATCH, sampler=sampler, **kwargs)
-        plan = np.asarray(list(torch.utils.data.RandomSampler(
-            range(len(ds)), num_samples=samples, generator=torch.Generator().manual_seed(0))))
-        self.expected = [expected_rows(plan[k:k + ROW_BATCH])
-                         for k in range(0, samples, ROW_BATCH)]
-
-    def __call__(self):
-        """Rows a second over one checked epoch."""
-        self.generator.manual_seed(0)
-        start = time.perf_counter()
-        n = 0
-        for k, batch in enumerate(self.loader):
-            check_rows_batch(batch, self.expected[k])
-            n += 1
-        elapsed = time.perf_counter() - start
-        if n != len(self.expected):
-            raise AssertionError(f"{n} batches, expected {len(self.expected)}")
-        return n * ROW_BATCH / elapsed
+def rows_per_second(setup):
+    """Rows a second over one checked epoch of an arrays_bench setup."""
+    return setup.samples / setup.epoch()
 
 
 def measure(workload, workers, sizes, data):
@@ -116,11 +84,15 @@ def measure(workload, workers, sizes, data):
     one untimed epoch each (workers up, page cache and slots warm)."""
     if workload == "jpeg":
         samples = sizes["images_per_worker"] * workers
-        epochs = {f: (lambda loader: lambda: images_per_second(loader))(
-            jpeg_loader(f, data["root"], workers, samples)) for f in FAMILIES}
-    else:
-        epochs = {f: RowsEpoch(f, data["rows"], workers, sizes["row_batches"])
+        epochs = {f: functools.partial(images_per_second,
+                                       jpeg_loader(f, data["root"], workers, samples))
                   for f in FAMILIES}
+    else:
+        # arrays_bench's checked epochs: torch's fastest setup (its family "b") and fastload
+        samples = sizes["row_batches"] * ROW_BATCH
+        epochs = {f: functools.partial(rows_per_second, Setup(
+            "rows", data["rows"], f"{f} w{workers}", samples,
+            config=("b" if f == "torch" else f, workers))) for f in FAMILIES}
     rates = {f: [] for f in FAMILIES}
     for f in FAMILIES:
         epochs[f]()

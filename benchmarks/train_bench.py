@@ -55,28 +55,19 @@ import torch
 import imagenet_like
 import pil_pipeline
 from fastload import transforms as T
+from upload_bench import SKIP_LINE, why_no_gpu
 from workloads import cpu_model
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 CLASSES = 1000
 FULL = dict(images=4096, folders=100, batch=256, warm=4, steps=48, reps=2, model="resnet50")
 QUICK = dict(images=96, folders=4, batch=16, warm=1, steps=3, reps=1, model="resnet18")
-SKIP_LINE = "skipped: needs a CUDA GPU and torch with CUDA"
 LOADERS = ("torch", "fastload", "fastload uint8")
 
 
 def log(msg):
     sys.stderr.write(f"\r\033[2K{msg}" if sys.stderr.isatty() else f"{msg}\n")
     sys.stderr.flush()
-
-
-def why_no_gpu():
-    """None when both loaders can deliver to a CUDA device, else why not."""
-    if not fastload.cuda.is_available():
-        return f"fastload: {fastload.cuda._status()['error']}"
-    if not torch.cuda.is_available():
-        return f"torch {torch.__version__} cannot use a CUDA device"
-    return None
 
 
 # ---------------------------------------------------------------- loaders

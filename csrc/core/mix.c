@@ -97,11 +97,6 @@ static float half_to_float(uint16_t h)
     return f;
 }
 
-static size_t element_size(int dtype)
-{
-    return dtype == FL_DTYPE_FLOAT32 ? 4 : dtype == FL_DTYPE_FLOAT16 ? 2 : 1;
-}
-
 /* dst = src_other * (1 - lam) + dst * lam, rounded as torch rounds
  * `rolled.mul_(1 - lam).add_(image.mul(lam))`: each product to the dtype,
  * then their sum. */
@@ -179,7 +174,7 @@ int fl_mix_apply(const fl_mix_params *params, int num_classes, fl_mix_batch *bat
 
     /* Images: i takes from i - 1, so go down from the last and keep the
      * last's original for image 0. */
-    size_t elem = element_size(batch->dtype);
+    size_t elem = fl_dtype_size(batch->dtype);
     size_t count = (size_t)batch->channels * (size_t)batch->height * (size_t)batch->width;
     size_t bytes = count * elem;
     if (params->kind == FL_MIX_CUTMIX && (params->x2 <= params->x1 || params->y2 <= params->y1))

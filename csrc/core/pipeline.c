@@ -446,11 +446,6 @@ static int augment_stage(fl_image_worker *w, const fl_image_plan *plan,
     return rc;
 }
 
-size_t fl_dtype_size(int dtype)
-{
-    return dtype == FL_DTYPE_FLOAT32 ? 4 : dtype == FL_DTYPE_FLOAT16 ? 2 : 1;
-}
-
 /* The first channel of a 3-channel row of `pixels` elements of `item` bytes. */
 static void first_channel(const void *row, void *dst, int layout, size_t pixels, size_t item)
 {

@@ -133,9 +133,6 @@ fl_image_format fl_image_format_of(const unsigned char *data, size_t size);
 void fl_plan_geometry(const fl_image_plan *plan, const fl_sample_key *key, int width, int height,
                       fl_sample_geometry *out);
 
-/* The bytes of one element of FL_DTYPE_* `dtype`. */
-size_t fl_dtype_size(int dtype);
-
 /* JPEG bytes → the sample in `dst` (channels * out_w * out_h elements of the
  * plan's dtype; out_w/out_h from the plan, or from *geometry when the plan
  * leaves them to the image: call with dst NULL first to learn them).

@@ -660,6 +660,11 @@ static int vertical_first(int src_w, int src_h, int out_w, int out_h)
     return out_h < src_h && (long long)src_h - out_h > 2 * ((long long)src_w - out_w);
 }
 
+size_t fl_dtype_size(int dtype)
+{
+    return dtype == FL_DTYPE_FLOAT32 ? 4 : dtype == FL_DTYPE_FLOAT16 ? 2 : 1;
+}
+
 /* The box may overshoot the image by a rounding error; a real overshoot is
  * refused, as Pillow refuses it. */
 #define BOX_SLACK 1e-6

@@ -25,6 +25,9 @@ enum { FL_FILTER_NEAREST, FL_FILTER_BILINEAR, FL_FILTER_BICUBIC };
 enum { FL_LAYOUT_CHW, FL_LAYOUT_HWC };
 enum { FL_DTYPE_UINT8, FL_DTYPE_FLOAT32, FL_DTYPE_FLOAT16 };
 
+/* The bytes of one element of FL_DTYPE_* `dtype`. */
+size_t fl_dtype_size(int dtype);
+
 /* Coefficient tables and row buffers, reused and grown across calls.  One
  * per worker thread. */
 typedef struct fl_resample_scratch fl_resample_scratch;
