@@ -1,9 +1,15 @@
 """fastload under the real torch.distributed (gloo, processes on localhost):
 every sample seen once per epoch across ranks, equal batch counts on every
-rank, and a DDP training loop that ends without a hang."""
+rank, and a DDP training loop that ends without a hang.
 
+The ranks meet through a file store rather than a TCP store: no port to pick
+(a free port found by the parent can be taken before rank 0 binds it) and no
+store server thread in rank 0 to outlive the process group.  Each rank drops
+its DDP model and destroys the group while the interpreter is whole, so no
+collective-library object is left for interpreter shutdown to destroy."""
+
+import gc
 import os
-import socket
 
 import numpy as np
 import pytest
@@ -22,12 +28,6 @@ N = 53  # not a multiple of any world size: padding and drop_last both matter
 EPOCHS = 2
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def make_dataset(kind, root):
     import fastload
 
@@ -42,11 +42,16 @@ def make_dataset(kind, root):
     return fastload.ImageFolder(root, transform=transform)
 
 
-def run_rank(rank, world, port, kind, root, drop_last, num_workers, out):
+def spawn(world, *args, out):
+    """Runs run_rank on `world` processes meeting at a store file beside `out`."""
+    store = f"{out}.store"
+    tmp.spawn(run_rank, args=(world, store, *args, str(out)), nprocs=world, join=True)
+
+
+def run_rank(rank, world, store, kind, root, drop_last, num_workers, out):
     import fastload
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
         ds = make_dataset(kind, root)
         labels = np.asarray(ds.targets if kind != "arrays" else np.arange(N))
@@ -75,6 +80,8 @@ def run_rank(rank, world, port, kind, root, drop_last, num_workers, out):
         if rank == 0:
             torch.save({"gathered": gathered, "labels": labels}, out)
         dist.barrier()
+        del model, optimizer, loss, loader  # DDP holds the group; gone before it is destroyed
+        gc.collect()
     finally:
         dist.destroy_process_group()
 
@@ -83,8 +90,7 @@ def run_rank(rank, world, port, kind, root, drop_last, num_workers, out):
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_ranks_see_each_sample_once_with_equal_batch_counts(tmp_path, world, drop_last):
     out = tmp_path / "result.pt"
-    tmp.spawn(run_rank, args=(world, free_port(), "arrays", None, drop_last, 0, str(out)),
-              nprocs=world, join=True)
+    spawn(world, "arrays", None, drop_last, 0, out=out)
     result = torch.load(out, weights_only=False)
     per_rank = result["gathered"]
     counts = [c for _, c in per_rank]
@@ -113,8 +119,7 @@ def test_image_folder_with_workers_under_ddp(tmp_path):
                 tmp_path / f"c{c}" / f"{i}.jpg")
     out = tmp_path / "result.pt"
     world = 2
-    tmp.spawn(run_rank, args=(world, free_port(), "images", str(tmp_path), False, 2, str(out)),
-              nprocs=world, join=True)
+    spawn(world, "images", str(tmp_path), False, 2, out=out)
     result = torch.load(out, weights_only=False)
     per_rank = result["gathered"]
     # 21 images: 11 a rank (one padded), 3 batches of at most 4, every epoch, on both ranks.
@@ -140,8 +145,7 @@ def test_shard_sampler_gives_every_rank_the_same_batch_count(tmp_path):
                     tf.addfile(info, io.BytesIO(data))
     out = tmp_path / "result.pt"
     world = 2
-    tmp.spawn(run_rank, args=(world, free_port(), "shards", str(tmp_path), False, 1, str(out)),
-              nprocs=world, join=True)
+    spawn(world, "shards", str(tmp_path), False, 1, out=out)
     per_rank = torch.load(out, weights_only=False)["gathered"]
     counts = [c for _, c in per_rank]
     assert counts[0] == counts[1]  # equal_length: DDP steps the same number of times
