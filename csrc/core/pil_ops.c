@@ -134,37 +134,95 @@ static int bilinear_at(const unsigned char *src, int w, int h, double xin, doubl
  *   below the image (y + 1 == h, where Pillow reuses the first row's
  *   value) is the clamped row y itself, which gives that same value.
  * - A row is done in chunks, one pass per step over arrays (positions and
- *   weights; the sixteen bytes gathered; the blends per band), so that the
- *   compiler vectorises the double arithmetic, which is exact whether done
- *   one value or several at a time.
- * - Pixels sampling outside the image keep the fill, as in Pillow. */
+ *   weights, four pixels a vector; the sixteen bytes gathered; the blends
+ *   per band, which the compiler vectorises), and the double arithmetic is
+ *   exact whether done one value or several at a time.
+ * - Pixels sampling outside the image take the fill, as in Pillow. */
 #define WARP_CHUNK 64
 
-/* The pixel at byte offset `at` as R | G << 8 | B << 16 (and whatever the
- * fourth byte holds at 24): one load, or three for the image's last pixel,
- * where a fourth byte would lie past the end. */
-static inline uint32_t load_rgb(const unsigned char *src, int at, int last)
+/* The pixel at p as R | G << 8 | B << 16, and whatever the fourth byte
+ * holds at 24: one load. */
+static inline uint32_t load_word(const unsigned char *p)
 {
     uint32_t v;
-    if (at < last) {
-        memcpy(&v, src + at, 4);
+    memcpy(&v, p, 4);
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-        v = __builtin_bswap32(v);
+    v = __builtin_bswap32(v);
 #endif
-        return v;
-    }
+    return v;
+}
+
+/* The pixel at byte offset `at` likewise, or with three loads for the
+ * image's last pixel, where a fourth byte would lie past the end. */
+static inline uint32_t load_rgb(const unsigned char *src, int at, int last)
+{
+    if (at < last)
+        return load_word(src + at);
     return src[at] | (uint32_t)src[at + 1] << 8 | (uint32_t)src[at + 2] << 16;
+}
+
+/* Four lanes of double, and of the int32 and int64 that go with them (gcc
+ * and clang vector extensions: SSE2 pairs in the baseline build, one AVX2
+ * register in the other).  Written out rather than left to the
+ * auto-vectoriser, which gives up on this loop's selects under AVX2. */
+typedef double fl_v4d __attribute__((vector_size(32)));
+typedef int64_t fl_v4l __attribute__((vector_size(32)));
+typedef int32_t fl_v4i __attribute__((vector_size(16)));
+
+/* The sampling positions of output pixels x0 .. x0 + n of one row: for each,
+ * whether it samples the image, its weights and the byte offsets of its four
+ * neighbours.  Per pixel, in Pillow's order: xin = x + 0.5, xx = a0 * xin +
+ * a1 * yin + a2 (the row's product a1 * yin given), inside when 0 <= xx < w
+ * and 0 <= yy < h; then xx - 0.5 is floored, which for values of at least
+ * -0.5 is the truncation, less one below zero.  Outside, the positions are
+ * made 0, which any later read accepts; their result is not kept.  Always
+ * inlined, so that it is built for each of the caller's targets. */
+static inline __attribute__((always_inline)) void warp_positions(
+    const double a[6], int x0, double row_x, double row_y, int w, int h, int n, double *inside,
+    double *dx, double *dy, int *off_top, int *off_bottom, int *step)
+{
+    const fl_v4d half = {0.5, 0.5, 0.5, 0.5}, one = {1.0, 1.0, 1.0, 1.0};
+    const fl_v4d lane = {0.0, 1.0, 2.0, 3.0}, zero = {0.0, 0.0, 0.0, 0.0};
+    const fl_v4d wd = zero + w, hd = zero + h;
+    const fl_v4i w1 = {w - 1, w - 1, w - 1, w - 1}, h1 = {h - 1, h - 1, h - 1, h - 1};
+    const int stride = 3 * w;
+    for (int i = 0; i < n; i += 4) {
+        fl_v4d xin = (zero + (double)(x0 + i) + lane) + half;
+        fl_v4d xx = a[0] * xin + row_x + a[2];
+        fl_v4d yy = a[3] * xin + row_y + a[5];
+        fl_v4l in = (xx >= zero) & (xx < wd) & (yy >= zero) & (yy < hd);
+        xx = (fl_v4d)((fl_v4l)(xx - half) & in);
+        yy = (fl_v4d)((fl_v4l)(yy - half) & in);
+        fl_v4i xi = __builtin_convertvector(xx, fl_v4i), yi = __builtin_convertvector(yy, fl_v4i);
+        fl_v4d fx = xx - __builtin_convertvector(xi, fl_v4d);
+        fl_v4d fy = yy - __builtin_convertvector(yi, fl_v4d);
+        fl_v4l below_x = fx < zero, below_y = fy < zero; /* xx in [-0.5, 0): floor is -1 */
+        fx += (fl_v4d)((fl_v4l)one & below_x); /* xx - (-1), as xx + 1 */
+        fy += (fl_v4d)((fl_v4l)one & below_y);
+        xi += __builtin_convertvector(below_x, fl_v4i); /* the masks are -1 */
+        yi += __builtin_convertvector(below_y, fl_v4i);
+        fl_v4i c0 = xi - (xi < 0), r0 = yi - (yi < 0);                   /* max(i, 0) */
+        fl_v4i c1 = xi + 1 + (xi + 1 > w1), r1 = yi + 1 + (yi + 1 > h1); /* min(i + 1, n - 1) */
+        fl_v4i top = r0 * stride + 3 * c0, bottom = r1 * stride + 3 * c0, s = 3 * (c1 - c0);
+        fl_v4d inside4 = (fl_v4d)((fl_v4l)one & in);
+        /* whole vectors: the arrays hold WARP_CHUNK, a multiple of 4 */
+        memcpy(inside + i, &inside4, sizeof inside4);
+        memcpy(dx + i, &fx, sizeof fx);
+        memcpy(dy + i, &fy, sizeof fy);
+        memcpy(off_top + i, &top, sizeof top);
+        memcpy(off_bottom + i, &bottom, sizeof bottom);
+        memcpy(step + i, &s, sizeof s);
+    }
 }
 
 FL_NO_TRAPS FL_SIMD_CLONES
 static void bilinear_affine(const unsigned char *src, unsigned char *dst, int w, int h,
-                            const double a[6])
+                            const double a[6], const unsigned char fill[3])
 {
     size_t stride = (size_t)w * 3;
-    const double wd = w, hd = h;
-    double dx[WARP_CHUNK], dy[WARP_CHUNK];
+    /* per chunk: 1 where the pixel samples the image, 0 where it takes the fill */
+    double inside[WARP_CHUNK], dx[WARP_CHUNK], dy[WARP_CHUNK];
     int off_top[WARP_CHUNK], off_bottom[WARP_CHUNK], step[WARP_CHUNK];
-    double inside[WARP_CHUNK]; /* 1: the pixel samples the image; 0: it keeps the fill */
     int last = (int)(stride * (size_t)h) - 3; /* offset of the last pixel */
     /* neighbours (top-left, top-right, bottom-left, -right), bands in bytes 0..2 */
     uint32_t q[4][WARP_CHUNK];
@@ -175,50 +233,44 @@ static void bilinear_affine(const unsigned char *src, unsigned char *dst, int w,
         unsigned char *out = dst + (size_t)y * stride;
         for (int x0 = 0; x0 < w; x0 += WARP_CHUNK) {
             int n = w - x0 < WARP_CHUNK ? w - x0 : WARP_CHUNK;
-            for (int i = 0; i < n; i++) {
-                double xin = (x0 + i) + 0.5;
-                double xx = a[0] * xin + row_x + a[2];
-                double yy = a[3] * xin + row_y + a[5];
-                /* Compares feed double selects only: the loop vectorises. */
-                double in = xx >= 0.0 ? 1.0 : 0.0;
-                in = xx < wd ? in : 0.0;
-                in = yy >= 0.0 ? in : 0.0;
-                in = yy < hd ? in : 0.0;
-                inside[i] = in;
-                /* outside: any position in range, the result is not kept */
-                xx -= 0.5;
-                yy -= 0.5;
-                xx = in != 0.0 ? xx : 0.0;
-                yy = in != 0.0 ? yy : 0.0;
-                /* floor, for values of at least -0.5 */
-                int xi = (int)(xx < 0.0 ? -1.0 : xx), yi = (int)(yy < 0.0 ? -1.0 : yy);
-                dx[i] = xx - xi;
-                dy[i] = yy - yi;
-                int c0 = xi < 0 ? 0 : xi, c1 = xi + 1 < w ? xi + 1 : w - 1;
-                int r0 = yi < 0 ? 0 : yi, r1 = yi + 1 < h ? yi + 1 : h - 1;
-                off_top[i] = r0 * (int)stride + 3 * c0;
-                off_bottom[i] = r1 * (int)stride + 3 * c0;
-                step[i] = 3 * (c1 - c0);
-            }
-            int any = 0;
-            for (int i = 0; i < n; i++)
-                any |= inside[i] != 0.0;
-            if (!any)
-                continue;
+            unsigned char *o = out + 3 * (size_t)x0;
+            warp_positions(a, x0, row_x, row_y, w, h, n, inside, dx, dy, off_top, off_bottom,
+                           step);
             /* Where every weight of a kind is 0 (ShearX keeps each row's
              * y, so dy is 0; ShearY keeps x), v + (w - v) * 0 is v exactly:
              * the neighbours that term would bring are not read. */
-            int flat_x = 1, flat_y = 1;
+            int any = 0, flat_x = 1, flat_y = 1;
             for (int i = 0; i < n; i++) {
+                any |= inside[i] != 0.0;
                 flat_x &= dx[i] == 0.0;
                 flat_y &= dy[i] == 0.0;
             }
-            for (int i = 0; i < n; i++) {
-                int t = off_top[i], b = off_bottom[i], s = step[i];
-                q[0][i] = load_rgb(src, t, last);
-                q[1][i] = flat_x ? 0 : load_rgb(src, t + s, last);
-                q[2][i] = flat_y ? 0 : load_rgb(src, b, last);
-                q[3][i] = flat_x || flat_y ? 0 : load_rgb(src, b + s, last);
+            if (!any) {
+                fill_image(o, n, fill);
+                continue;
+            }
+            /* The bottom-right neighbour is the furthest read; only a chunk
+             * that reaches the image's last pixel needs load_rgb's test. */
+            int furthest = 0;
+            for (int i = 0; i < n; i++)
+                if (off_bottom[i] + step[i] > furthest)
+                    furthest = off_bottom[i] + step[i];
+            if (furthest < last) {
+                for (int i = 0; i < n; i++) {
+                    int t = off_top[i], b = off_bottom[i], s = step[i];
+                    q[0][i] = load_word(src + t);
+                    q[1][i] = flat_x ? 0 : load_word(src + t + s);
+                    q[2][i] = flat_y ? 0 : load_word(src + b);
+                    q[3][i] = flat_x || flat_y ? 0 : load_word(src + b + s);
+                }
+            } else {
+                for (int i = 0; i < n; i++) {
+                    int t = off_top[i], b = off_bottom[i], s = step[i];
+                    q[0][i] = load_rgb(src, t, last);
+                    q[1][i] = flat_x ? 0 : load_rgb(src, t + s, last);
+                    q[2][i] = flat_y ? 0 : load_rgb(src, b, last);
+                    q[3][i] = flat_x || flat_y ? 0 : load_rgb(src, b + s, last);
+                }
             }
             for (int c = 0; c < 3; c++) {
                 int shift = 8 * c;
@@ -249,13 +301,11 @@ static void bilinear_affine(const unsigned char *src, unsigned char *dst, int w,
                     }
                 }
             }
-            unsigned char *o = out + 3 * (size_t)x0;
             for (int i = 0; i < n; i++) {
-                if (inside[i] != 0.0) {
-                    o[3 * i] = v[0][i];
-                    o[3 * i + 1] = v[1][i];
-                    o[3 * i + 2] = v[2][i];
-                }
+                int in = inside[i] != 0.0;
+                o[3 * i] = in ? v[0][i] : fill[0];
+                o[3 * i + 1] = in ? v[1][i] : fill[1];
+                o[3 * i + 2] = in ? v[2][i] : fill[2];
             }
         }
     }
@@ -289,13 +339,14 @@ static int is_translation(const double a[6], int w, int h)
 void fl_pil_affine(const unsigned char *src, unsigned char *dst, int w, int h, const double a[6],
                    int interpolation, const unsigned char fill[3])
 {
+    if (interpolation == FL_WARP_BILINEAR && !is_translation(a, w, h) &&
+        (size_t)w * h * 3 <= INT_MAX) {
+        bilinear_affine(src, dst, w, h, a, fill); /* writes every pixel */
+        return;
+    }
     fill_image(dst, (size_t)w * h, fill);
     if (is_translation(a, w, h)) {
         translate(src, dst, w, h, (int)a[2], (int)a[5]);
-        return;
-    }
-    if (interpolation == FL_WARP_BILINEAR && (size_t)w * h * 3 <= INT_MAX) {
-        bilinear_affine(src, dst, w, h, a);
         return;
     }
     if (interpolation == FL_WARP_BILINEAR) {
