@@ -2,8 +2,8 @@
 DataLoader over torchvision's ImageFolder against fastload's, given the same
 transform objects.
 
-    python benchmarks/recipe_bench.py              # 512 generated photos
-    python benchmarks/recipe_bench.py --images 2000
+    python benchmarks/recipe_bench.py              # 512 generated photos, 3 rounds
+    python benchmarks/recipe_bench.py --images 2048 --rounds 5
 
 Two recipes, batch 64, shuffled, for num_workers 0, 1 and 2:
 
@@ -19,13 +19,16 @@ reference scripts do.  torch mixes batches in a ``collate_fn``, as
 torchvision's documentation shows; fastload takes the same object as
 ``batch_transform=`` and runs it on the batch in C.  The fastload dataset
 gets the torchvision ``Compose`` itself: the run stops if any step would run
-in Python, so the table measures the compiled chain.  One untimed epoch,
-then one timed; prints Markdown on stdout.
+in Python, so the table measures the compiled chain.  One untimed epoch
+each, then ``--rounds`` timed epochs interleaved (torch, fastload, torch,
+...); each rate is the median, as one epoch's rate moves by a tenth from
+run to run on a shared machine.  Prints Markdown on stdout.
 """
 
 import argparse
 import importlib
 import os
+import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -104,6 +107,7 @@ def make_loaders(root, workers, tv, name):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=512)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--data", default=os.environ.get("FASTLOAD_BENCH_DATA",
                                                          "/tmp/fastload-bench"))
@@ -118,18 +122,21 @@ def main():
     for name in RECIPES:
         for workers in args.workers:
             loaders = make_loaders(root, workers, tv, name)
-            rates = {}
-            for kind, loader in loaders.items():
+            for loader in loaders.values():
                 images_per_second(loader)  # untimed: workers up, files in the page cache
-                rates[kind] = images_per_second(loader)
-                sys.stderr.write(f"{name}, num_workers={workers}, {kind}: "
-                                 f"{rates[kind]:,.0f} img/s\n")
-            rows.append((name, workers, rates))
+            rates = {kind: [] for kind in loaders}
+            for _ in range(args.rounds):
+                for kind, loader in loaders.items():
+                    rates[kind].append(images_per_second(loader))
+                    sys.stderr.write(f"{name}, num_workers={workers}, {kind}: "
+                                     f"{rates[kind][-1]:,.0f} img/s\n")
+            rows.append((name, workers, {k: statistics.median(r) for k, r in rates.items()}))
             del loaders
     print("## Training recipes: RandAugment / TrivialAugmentWide + RandomErasing + "
           "MixUp/CutMix\n")
     print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; {args.images} generated JPEGs, "
-          f"batch {BATCH}, shuffled; one timed epoch after one untimed; torchvision "
+          f"batch {BATCH}, shuffled; medians of {args.rounds} interleaved epochs after one "
+          f"untimed each; torchvision "
           f"{tv.__version__} on Pillow; the same torchvision objects given to both.\n")
     print("| recipe | workers | torch + torchvision img/s | fastload img/s | fastload vs torch |")
     print("|---|---:|---:|---:|---:|")

@@ -524,6 +524,7 @@ enum { DEGENERATE_BLACK, DEGENERATE_GRAY, DEGENERATE_MEAN, DEGENERATE_SMOOTH };
  * the filter leaves it): Pillow's float sum per value, rows below first.
  * Each value's sum is independent, so the row loop vectorises without
  * changing any sum. */
+FL_NO_TRAPS FL_SIMD_CLONES
 static void smooth(const unsigned char *src, unsigned char *dst, int w, int h)
 {
     const float k1 = 1.0f / 13.0f, k5 = 5.0f / 13.0f;
