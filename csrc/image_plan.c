@@ -64,6 +64,7 @@ static const plan_field PLAN_FIELDS[] = {
     FIELD("jitter_order", F_ORDER, color.order),
     FIELD("gray_p", F_DOUBLE, color.gray_p),
     FIELD("gray_first", F_BOOL, color.gray_first),
+    FIELD("color_uint8", F_BOOL, color.uint8),
     FIELD("mul", F_FLOAT3, mul),
     FIELD("add", F_FLOAT3, add),
     /* RandomCrop's padding, GaussianBlur, RandomApply */
@@ -249,6 +250,8 @@ static int check_crop_and_blur(const fl_image_plan *p)
         bad = "padding after a resize";
     else if (!(p->color.jitter_p >= 0.0 && p->color.jitter_p <= 1.0))
         bad = "jitter_p";
+    else if (p->color.uint8 && (p->color_pil || p->blur.kernel_w || p->blur.kernel_h))
+        bad = "color_uint8 (with Pillow's colour ops or a blur)";
     else if (!(p->blur.p >= 0.0 && p->blur.p <= 1.0))
         bad = "blur_p";
     else if (p->blur.kernel_w != 0 || p->blur.kernel_h != 0) {

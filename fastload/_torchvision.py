@@ -267,29 +267,38 @@ _TO_FLOAT = {"ToTensor", "ConvertImageDtype", "ToDtype"}
 _FLOAT_COLOUR = {"ColorJitter", "RandomGrayscale", "Grayscale", "GaussianBlur", "RandomApply"}
 
 
-def _tensor_form(ops):
+def _tensor_form(ops, uint8):
     """``ops`` (colour ops or a blur) with torchvision's tensor formulas:
-    what fastload's float stage runs unless told ``pil``."""
+    what fastload's float stage runs unless told ``pil``; with ``uint8``,
+    as on a uint8 tensor (each step's result truncated), or None where
+    fastload has no such form (a blur, which torchvision rounds there)."""
     for op in ops:
         for inner in op.transforms if isinstance(op, T.RandomApply) else [op]:
+            if uint8 and not hasattr(inner, "uint8"):
+                return None
             if hasattr(inner, "pil"):
                 inner.pil = False
+                inner.uint8 = uint8
     return ops
 
 
 def _compose(steps):
     """A fastload Compose doing ``steps`` (all mapped), or None if their
-    order does not fuse.  Colour steps and blurs right after the float
-    conversion run in fastload's float stage, before it: they are linear
-    in the scale (or scale-free), so on the image before ``/ 255`` they
-    give the same tensor."""
+    order does not fuse.  Colour steps and blurs right after the tensor
+    conversion run in fastload's float stage, before it: on a float tensor
+    they are linear in the scale (or scale-free), so on the image before
+    ``/ 255`` they give the same tensor; on a uint8 tensor (PILToTensor,
+    v2's ToImage) they run with its truncations (``uint8=True``)."""
     ops = []
     converted_at = None  # where the tensor conversion's ops begin in ops
     is_float = False  # it made a float tensor, and only colour steps followed
     for t in steps:
         name, mapped = _name(t), _fastload_ops(t)
-        if is_float and name in _FLOAT_COLOUR:
-            ops[converted_at:converted_at] = _tensor_form(mapped)
+        if converted_at is not None and name in _FLOAT_COLOUR:
+            mapped = _tensor_form(mapped, uint8=not is_float)
+            if mapped is None:
+                return None
+            ops[converted_at:converted_at] = mapped
             converted_at += len(mapped)
             continue
         if name in _TO_TENSOR:

@@ -27,7 +27,8 @@ takes no padding).
 The colour ops act on the resized image, with the formulas of torchvision's
 functions on float tensors (see ``ColorJitter``), or, with ``pil=True`` (what
 torchvision's classes compile to), with Pillow's arithmetic on the uint8
-image after any warp or policy.  They are fused only
+image after any warp or policy, or, with ``uint8=True``, as those functions
+go on a uint8 tensor (torchvision's classes after ``PILToTensor``).  They are fused only
 after the geometry and before the tensor conversion, the usual recipe: in
 any other place they would not commute exactly with the crop and resize, so
 ``Compose`` refuses them there (ValueError); a torchvision ``Compose`` with
@@ -272,10 +273,17 @@ class ColorJitter(_Transform):
     HSV, on the resized image as uint8 RGB after any RandomRotation,
     RandomAffine or augmentation policy: for the same factors and order,
     torchvision's output on the PIL image, bit for bit (torchvision's
-    ColorJitter in a Compose given to a dataset compiles to this)."""
+    ColorJitter in a Compose given to a dataset compiles to this).
 
-    def __init__(self, brightness=0, contrast=0, saturation=0, hue=0, *, pil=False):
-        self.pil = bool(pil)
+    ``uint8=True`` runs torchvision's tensor formulas as they go on a uint8
+    tensor (the jitter after ``PILToTensor`` or v2's ``ToImage``): each
+    adjustment's result truncated to a whole number, the grays that
+    contrast and saturation blend with floored first, and the hue shift
+    taken through [0, 1] and back with v2's ``ToDtype`` scaling."""
+
+    def __init__(self, brightness=0, contrast=0, saturation=0, hue=0, *, pil=False,
+                 uint8=False):
+        _one_arithmetic(self, pil, uint8)
         self.brightness = _jitter_range(brightness, "brightness")
         self.contrast = _jitter_range(contrast, "contrast")
         self.saturation = _jitter_range(saturation, "saturation")
@@ -284,41 +292,54 @@ class ColorJitter(_Transform):
 
     def __repr__(self):
         return (f"ColorJitter(brightness={self.brightness}, contrast={self.contrast}, "
-                f"saturation={self.saturation}, hue={self.hue}"
-                f"{', pil=True' if self.pil else ''})")
+                f"saturation={self.saturation}, hue={self.hue}{_arithmetic(self)})")
+
+
+def _arithmetic(t):
+    """The repr's tail for a colour op's arithmetic keyword, if not the default."""
+    return ", pil=True" if t.pil else ", uint8=True" if t.uint8 else ""
+
+
+def _one_arithmetic(t, pil, uint8):
+    t.pil, t.uint8 = bool(pil), bool(uint8)
+    if t.pil and t.uint8:
+        raise ValueError(f"{type(t).__name__}: pil=True and uint8=True are two different "
+                         "arithmetics; give one")
 
 
 class RandomGrayscale(_Transform):
     """Grayscale with probability ``p`` (torchvision's tensor weights
     0.2989, 0.587, 0.114), kept as 3 equal channels.  ``pil=True``:
     Pillow's ``convert("L")`` instead (its fixed-point 0.299, 0.587,
-    0.114), as torchvision on a PIL image, with ``ColorJitter(pil=True)``."""
+    0.114), as torchvision on a PIL image, with ``ColorJitter(pil=True)``.
+    ``uint8=True``: the tensor weights, truncated, as on a uint8 tensor
+    (with ``ColorJitter(uint8=True)``)."""
 
-    def __init__(self, p=0.1, *, pil=False):
+    def __init__(self, p=0.1, *, pil=False, uint8=False):
         if not 0.0 <= p <= 1.0:
             raise ValueError(f"RandomGrayscale: p must be in [0, 1], got {p}")
         self.p = float(p)
-        self.pil = bool(pil)
+        _one_arithmetic(self, pil, uint8)
 
     def __repr__(self):
-        return f"RandomGrayscale(p={self.p}{', pil=True' if self.pil else ''})"
+        return f"RandomGrayscale(p={self.p}{_arithmetic(self)})"
 
 
 class Grayscale(_Transform):
     """Grayscale always, as 1 channel (the default, as torchvision's) or 3
     equal ones.  One channel needs a tensor conversion after it (ToTensor
-    or PILToTensor): the batches are then (N, 1, H, W).  ``pil=True``:
-    Pillow's weights, as ``RandomGrayscale``'s."""
+    or PILToTensor): the batches are then (N, 1, H, W).  ``pil=True`` and
+    ``uint8=True``: as ``RandomGrayscale``'s."""
 
-    def __init__(self, num_output_channels=1, *, pil=False):
+    def __init__(self, num_output_channels=1, *, pil=False, uint8=False):
         if num_output_channels not in (1, 3):
             raise ValueError("num_output_channels should be either 1 or 3")
         self.num_output_channels = num_output_channels
-        self.pil = bool(pil)
+        _one_arithmetic(self, pil, uint8)
 
     def __repr__(self):
         return (f"Grayscale(num_output_channels={self.num_output_channels}"
-                f"{', pil=True' if self.pil else ''})")
+                f"{_arithmetic(self)})")
 
 
 def _augment_fill(fill, name):
@@ -687,7 +708,8 @@ class Plan:
     ((1, 1) and, for hue, (0, 0): off), ``jitter_order`` (None: a random
     order per image; a permutation of 0..3 fixes it, for tests),
     ``gray_p`` (grayscale probability), ``gray_first`` (grayscale before the
-    jitter); crop 3 is RandomCrop (``crop_hw`` its size, after a Resize or
+    jitter), ``color_uint8`` (those ops as on a uint8 tensor, each step
+    truncated); crop 3 is RandomCrop (``crop_hw`` its size, after a Resize or
     with ``pad_left_right``/``pad_top_bottom``, ``pad_if_needed``,
     ``pad_once`` (v2's one pad), ``pad_mode`` and ``pad_fill``, RGB);
     ``jitter_p`` (RandomApply of the jitter); ``blur_kernel`` (x, y; (0, 0):
@@ -770,6 +792,7 @@ class Plan:
         # The colour ops above with Pillow's arithmetic, on the uint8 image
         # after the policy (csrc/core/pil_color.h), instead of on floats.
         self.color_pil = False
+        self.color_uint8 = False  # colour ops as on a uint8 tensor (ColorJitter(uint8=True))
         # the policy's Solarize thresholds are torchvision.transforms.v2's
         self.augment_solarize_v2 = False
         # RandomAffine's matrix is torchvision.transforms.v2's
@@ -963,10 +986,16 @@ def compile_plan(transforms, channels_last=False):
             raise TypeError(
                 f"{type(t).__name__} is not a fastload transform; give the dataset a plain "
                 "callable instead (it then runs in Python on the decoded image)")
-    if jitter is not None and gray is not None and jitter.pil != gray.pil:
+    if jitter is not None and gray is not None and (jitter.pil, jitter.uint8) != (gray.pil,
+                                                                                gray.uint8):
         raise ValueError(f"fastload.transforms.Compose cannot fuse {jitter!r} with {gray!r}: "
-                         "both use Pillow's arithmetic (pil=True) or neither does")
+                         "both need the same arithmetic (pil=True, uint8=True or neither)")
     plan.color_pil = any(t is not None and t.pil for t in (jitter, gray))
+    plan.color_uint8 = any(t is not None and t.uint8 for t in (jitter, gray))
+    if plan.color_uint8 and blur is not None:
+        raise ValueError(f"fastload.transforms.Compose cannot fuse {blur!r} after uint8=True "
+                         "colour ops: torchvision rounds a uint8 blur, which fastload's float "
+                         "blur does not")
     if plan.channels == 1 and not plan.tensor_output:
         raise ValueError("fastload.transforms.Compose cannot fuse Grayscale(num_output_channels"
                          "=1) without ToTensor or PILToTensor after it: fastload's images are "

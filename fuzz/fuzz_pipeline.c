@@ -101,6 +101,7 @@ static void color_from(uint64_t h, fl_image_plan *plan)
     color->gray_p = take(&h, 2) / 3.0;
     color->gray_first = (int)take(&h, 1);
     color->jitter_p = take(&h, 1) ? take(&h, 2) / 3.0 : 1.0;
+    color->uint8 = (int)take(&h, 1); /* as on a uint8 tensor: truncated steps */
     fl_color_plan_from_ranges(color);
 }
 

@@ -333,3 +333,121 @@ def test_malformed_colour_plans_are_refused(images):
     plan.jitter_order = (0, 1, 1, 2)
     with pytest.raises(ValueError, match="jitter_order.*permutation"):
         _C.transform_image(plan, images[0], 0, T.PILLOW_MAX_PIXELS)
+    plan = T.compile_plan([T.ColorJitter(0.4, uint8=True)])
+    plan.color_pil = True
+    with pytest.raises(ValueError, match="color_uint8"):
+        _C.transform_image(plan, images[0], 0, T.PILLOW_MAX_PIXELS)
+
+
+# --------------------------------------------- on a uint8 tensor (uint8=True)
+
+
+def run_uint8(transforms, image, seed, order=None):
+    """The chain on one image as the CHW uint8 tensor PILToTensor gives."""
+    plan = T.compile_plan([*transforms, T.PILToTensor()])
+    plan.jitter_order = order
+    return _C.transform_image(plan, image, seed, T.PILLOW_MAX_PIXELS)
+
+
+def uint8_differences(ours, reference):
+    """(largest difference, share of values that differ) of two uint8 images."""
+    d = np.abs(np.asarray(ours, np.int32) - np.asarray(reference, np.int32))
+    return int(d.max()), float((d > 0).mean())
+
+
+@pytest.mark.parametrize("op, factors", [
+    (BRIGHTNESS, (0.0, 0.6, 1.4, 2.5)),
+    (CONTRAST, (0.0, 0.6, 1.4, 2.5)),
+    (SATURATION, (0.0, 0.6, 1.4, 2.5)),
+    (HUE, (-0.5, -0.1, 0.05, 0.3, 0.5)),
+])
+def test_each_op_on_a_uint8_tensor_is_torchvisions(images, op, factors):
+    """v1's tensor functions on the uint8 tensor, bit for bit, but for the
+    hue, whose HSV round trip fastload computes in fewer divisions (a value
+    moves by one level where the exact result is within float error of a
+    whole number); v2's likewise, and v2 also sums the gray that saturation
+    blends with in fused multiply-adds (torch's add with alpha), moving a
+    value by one level where the blend lands on a whole number."""
+    torch, F = torchvision_functional()
+    from torchvision.transforms.v2 import functional as F2
+    for seed, image in enumerate(images):
+        resized = torch.from_numpy(run_uint8(GEOMETRY, image, seed))
+        for factor in factors:
+            ours = run_uint8([*GEOMETRY, fixed_uint8(op, factor)], image, seed)
+            assert ours.dtype == np.uint8
+            for version, functions, inexact in (("v1", F, {HUE}), ("v2", F2, {HUE, SATURATION})):
+                reference = torchvision_colour(functions, resized, op, factor)
+                if op not in inexact:
+                    np.testing.assert_array_equal(ours, reference,
+                                                  err_msg=f"{version} {op} {factor} {seed}")
+                most, share = uint8_differences(ours, reference)
+                assert most <= 1 and share < 0.02, (version, op, factor, seed)
+
+
+def fixed_uint8(op, factor):
+    jitter = fixed(op, factor)
+    jitter.uint8 = True
+    return jitter
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_grayscale_of_a_uint8_tensor_is_torchvisions(images, channels):
+    torch, F = torchvision_functional()
+    for seed, image in enumerate(images):
+        resized = torch.from_numpy(run_uint8(GEOMETRY, image, seed))
+        reference = F.rgb_to_grayscale(resized, num_output_channels=channels).numpy()
+        grays = [T.Grayscale(channels, uint8=True)]
+        if channels == 3:
+            grays.append(T.RandomGrayscale(p=1.0, uint8=True))
+        for gray in grays:
+            np.testing.assert_array_equal(run_uint8([*GEOMETRY, gray], image, seed), reference)
+
+
+@pytest.mark.parametrize("order", [(0, 1, 2, 3), (3, 2, 1, 0), (1, 3, 0, 2), (2, 0, 3, 1)])
+@pytest.mark.parametrize("gray_first", [False, True])
+def test_the_uint8_chain_is_torchvisions_in_the_given_order(images, order, gray_first):
+    torch, F = torchvision_functional()
+    factors = (1.3, 0.7, 1.5, 0.12)
+    jitter = T.ColorJitter(*[(f, f) for f in factors], uint8=True)
+    gray = T.RandomGrayscale(p=1.0, uint8=True)
+    colour = [gray, jitter] if gray_first else [jitter, gray]
+    for seed, image in enumerate(images):
+        reference = torchvision_colour_chain(
+            F, torch.from_numpy(run_uint8(GEOMETRY, image, seed)), order, factors, gray_first)
+        ours = run_uint8([*GEOMETRY, *colour], image, seed, order=order)
+        # the hue's one-level differences, which a later contrast or
+        # saturation can stretch to two
+        most, share = uint8_differences(ours, reference.numpy())
+        assert most <= 2 and share < 0.01, (order, seed)
+
+
+def test_uint8_colour_ops_draw_as_the_float_ones_and_feed_the_float_conversion(images):
+    """The same draws as without uint8=True (only the arithmetic differs),
+    and ConvertImageDtype + Normalize after them see the uint8 values."""
+    jitter = dict(brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1)
+    fixed_geometry = [T.Resize(72), T.CenterCrop(72)]  # only the colour draws follow the seed
+    for seed, image in enumerate(images):
+        ours = run_uint8([*fixed_geometry, T.ColorJitter(**jitter, uint8=True)], image, seed)
+        floats = run([*fixed_geometry, T.ColorJitter(**jitter)], image, seed)
+        other_draws = run([*fixed_geometry, T.ColorJitter(**jitter)], image, seed + 100)
+        # the truncations, which contrast and saturation stretch, move
+        # values by a few levels; other draws move them by far more
+        assert np.abs(ours / 255.0 - floats).max() < 10 / 255
+        assert np.abs(ours / 255.0 - other_draws).max() > 40 / 255
+        plan = T.compile_plan([*fixed_geometry, T.ColorJitter(**jitter, uint8=True),
+                               T.PILToTensor(), T.ConvertImageDtype("float32"),
+                               T.Normalize((0.5,) * 3, (0.25,) * 3)])
+        normalized = _C.transform_image(plan, image, seed, T.PILLOW_MAX_PIXELS)
+        np.testing.assert_allclose(normalized, (ours / np.float32(255) - 0.5) / 0.25, atol=2e-6)
+
+
+def test_uint8_arithmetic_is_refused_where_it_has_no_meaning():
+    with pytest.raises(ValueError, match="two different arithmetics"):
+        T.ColorJitter(0.4, pil=True, uint8=True)
+    with pytest.raises(ValueError, match="two different arithmetics"):
+        T.RandomGrayscale(uint8=True, pil=True)
+    with pytest.raises(ValueError, match="same arithmetic"):
+        T.Compose([T.ColorJitter(0.4, uint8=True), T.RandomGrayscale()])
+    with pytest.raises(ValueError, match="rounds a uint8 blur"):
+        T.Compose([T.ColorJitter(0.4, uint8=True), T.GaussianBlur(3), T.PILToTensor()])
+    assert repr(T.Grayscale(3, uint8=True)) == "Grayscale(num_output_channels=3, uint8=True)"

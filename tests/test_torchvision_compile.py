@@ -426,6 +426,55 @@ def test_colour_after_the_float_conversion_compiles_to_the_tensor_formulas(tv, v
     assert vars(ds._plan) == vars(ours.plan)
 
 
+# ------------------------------------------- colour steps on the uint8 tensor
+
+UINT8_COLOUR_STEPS = {k: v for k, v in FLOAT_COLOUR_STEPS.items() if k != "blur"}
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+@pytest.mark.parametrize("step", list(UINT8_COLOUR_STEPS))
+def test_colour_on_the_uint8_tensor_runs_in_c_as_torchvision(tv, png, version, step):
+    """After PILToTensor (v2: ToImage), before the float conversion: the
+    C stage works as on the uint8 tensor, truncations and all.  Within one
+    level (the hue's HSV round trip, v2's fused gray sums), mostly exact."""
+    m = tv[version]
+    to_uint8 = m.ToImage() if version == "v2" else m.PILToTensor()
+    tf = m.Compose([m.CenterCrop(48), to_uint8, UINT8_COLOUR_STEPS[step](m)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ds = fastload.ImageFiles([png], transform=tf)
+    assert ds.transform_plan.python == ()
+    ours, reference = torch.as_tensor(ds[0][0]), tf(pil_image(png))
+    assert ours.dtype == reference.dtype == torch.uint8
+    difference = (ours.int() - reference.int()).abs()
+    assert difference.max() <= 1 and (difference > 0).float().mean() < 0.02
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_colour_on_the_uint8_tensor_compiles_to_the_uint8_formulas(tv, version):
+    m = tv[version]
+    to_uint8, to_float = ((m.ToImage(), m.ToDtype(torch.float32, scale=True)) if version == "v2"
+                          else (m.PILToTensor(), m.ConvertImageDtype(torch.float32)))
+    tf = m.Compose([m.RandomResizedCrop(32), m.RandomHorizontalFlip(), to_uint8,
+                    m.RandomApply([m.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8),
+                    m.RandomGrayscale(0.2), to_float, m.Normalize(MEAN, STD)])
+    ds = fastload.ImageFiles(["unused.jpg"], transform=tf)
+    ours = T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip(),
+                      T.RandomApply([T.ColorJitter(0.4, 0.4, 0.4, 0.1, uint8=True)], p=0.8),
+                      T.RandomGrayscale(0.2, uint8=True), T.ToTensor(),
+                      T.Normalize(MEAN, STD)])
+    assert vars(ds._plan) == vars(ours.plan)
+
+
+def test_a_blur_on_the_uint8_tensor_stays_in_python(tv, png):
+    v1 = tv["v1"]
+    tf = v1.Compose([v1.CenterCrop(32), v1.PILToTensor(), v1.GaussianBlur(3, sigma=(1.2, 1.2))])
+    with pytest.warns(UserWarning, match="does not fuse"):
+        ds = fastload.ImageFiles([png], transform=tf)
+    assert [type(t).__name__ for t in ds.transform_plan.native] == ["CenterCrop"]
+    torch.testing.assert_close(torch.as_tensor(ds[0][0]), tf(pil_image(png)), rtol=0, atol=0)
+
+
 def test_colour_after_normalize_or_on_both_sides_stays_in_python(tv):
     v1 = tv["v1"]
     for tf in (v1.Compose([v1.CenterCrop(32), v1.ToTensor(), v1.Normalize(MEAN, STD),

@@ -125,6 +125,7 @@ void fl_color_draw_for(const fl_color_plan *plan, fl_rng *rng, fl_color_draw *ou
     /* torch.rand(1) < p: p = 1 always, p = 0 never. */
     out->gray = plan->gray_p > 0.0 && fl_rng_uniform(rng) < plan->gray_p;
     out->gray_first = plan->gray_first;
+    out->uint8 = plan->uint8;
     /* Drawn last, so chains without RandomApply keep their numbers. */
     if (plan->jitter_p < 1.0 && !(fl_rng_uniform(rng) < plan->jitter_p))
         for (int op = 0; op < FL_COLOR_OPS; op++)
@@ -157,18 +158,46 @@ static inline float gray_of(float r, float g, float b)
     return GRAY_R * r + GRAY_G * g + GRAY_B * b;
 }
 
-/* torchvision's _blend: ratio * image + (1 - ratio) * other, clamped. */
-static void blend_constant(float *restrict v, size_t count, float ratio, float other)
+/* A value's integer part, for values of at least 0: what torchvision's
+ * .to(torch.uint8) and floor_() make of them.  A conversion, not floorf, a
+ * library call without SSE4.1 that would keep the loops scalar. */
+static inline float whole(float v)
 {
-    float rest = (1.0f - ratio) * other;
+    return (float)(int)v;
+}
+
+/* torchvision's _blend: ratio * image + (1 - ratio) * other, clamped (and
+ * truncated, on a uint8 image).  torch takes each Python number to float:
+ * ratio and 1 - ratio, the latter computed in double first (the float
+ * difference can differ from it by an ulp, which a uint8 result shows where
+ * the exact blend is a whole number). */
+static void blend_constant(float *restrict v, size_t count, float ratio, float ratio_rest,
+                           float other, int uint8)
+{
+    float rest = ratio_rest * other;
+    if (uint8) {
+        for (size_t i = 0; i < count; i++)
+            v[i] = whole(clamp255(ratio * v[i] + rest));
+        return;
+    }
     for (size_t i = 0; i < count; i++)
         v[i] = clamp255(ratio * v[i] + rest);
 }
 
+/* adjust_saturation: the blend with the image's gray, which a uint8 image
+ * has floored (v2 floors it; v1's rgb_to_grayscale truncates to uint8). */
 static void blend_gray(float *restrict r, float *restrict g, float *restrict b, size_t n,
-                       float ratio)
+                       float ratio, float rest, int uint8)
 {
-    float rest = 1.0f - ratio;
+    if (uint8) {
+        for (size_t i = 0; i < n; i++) {
+            float gray = rest * whole(gray_of(r[i], g[i], b[i]));
+            r[i] = whole(clamp255(ratio * r[i] + gray));
+            g[i] = whole(clamp255(ratio * g[i] + gray));
+            b[i] = whole(clamp255(ratio * b[i] + gray));
+        }
+        return;
+    }
     for (size_t i = 0; i < n; i++) {
         float gray = rest * gray_of(r[i], g[i], b[i]);
         r[i] = clamp255(ratio * r[i] + gray);
@@ -177,23 +206,33 @@ static void blend_gray(float *restrict r, float *restrict g, float *restrict b, 
     }
 }
 
-static void to_gray(float *restrict r, float *restrict g, float *restrict b, size_t n)
+static void to_gray(float *restrict r, float *restrict g, float *restrict b, size_t n, int uint8)
 {
+    if (uint8) {
+        for (size_t i = 0; i < n; i++)
+            r[i] = g[i] = b[i] = whole(gray_of(r[i], g[i], b[i]));
+        return;
+    }
     for (size_t i = 0; i < n; i++)
         r[i] = g[i] = b[i] = gray_of(r[i], g[i], b[i]);
 }
 
 /* The mean in double, a row of floats at a time: the sum stays exact
- * enough for any image size, and the inner loop vectorises. */
-static float mean_gray(const float *r, const float *g, const float *b, size_t n)
+ * enough for any image size, and the inner loop vectorises.  A uint8
+ * image's grays are floored first, as torchvision's are. */
+static float mean_gray(const float *r, const float *g, const float *b, size_t n, int uint8)
 {
     enum { CHUNK = 256 };
     double sum = 0.0;
     for (size_t start = 0; start < n; start += CHUNK) {
         size_t end = n - start < CHUNK ? n : start + CHUNK;
         float partial = 0.0f;
-        for (size_t i = start; i < end; i++)
-            partial += gray_of(r[i], g[i], b[i]);
+        if (uint8)
+            for (size_t i = start; i < end; i++)
+                partial += whole(gray_of(r[i], g[i], b[i]));
+        else
+            for (size_t i = start; i < end; i++)
+                partial += gray_of(r[i], g[i], b[i]);
         sum += partial;
     }
     return (float)(sum / (double)n);
@@ -249,25 +288,38 @@ static void shift_hue(float *restrict r, float *restrict g, float *restrict b, s
     }
 }
 
+/* adjust_hue on a uint8 image converts it to float in [0, 1] and back with
+ * torchvision's to_dtype: x * (255 + 1 - 1e-3), truncated.  Here the
+ * values stay in [0, 255], so the factor is divided by 255. */
+static void hue_to_uint8(float *restrict v, size_t count)
+{
+    const float to_uint8 = (255.0f + 1.0f - 1e-3f) / 255.0f;
+    for (size_t i = 0; i < count; i++)
+        v[i] = whole(v[i] * to_uint8);
+}
+
 static void jitter(const fl_color_draw *draw, float *r, float *g, float *b, size_t n)
 {
+    int uint8 = draw->uint8;
     for (int i = 0; i < FL_COLOR_OPS; i++) {
         int op = draw->order[i];
         if (!draw->on[op])
             continue;
-        float factor = (float)draw->factor[op];
+        float factor = (float)draw->factor[op], rest = (float)(1.0 - draw->factor[op]);
         switch (op) {
-        case FL_BRIGHTNESS:
-            blend_constant(r, 3 * n, factor, 0.0f); /* the three planes are contiguous */
+        case FL_BRIGHTNESS: /* the three planes are contiguous */
+            blend_constant(r, 3 * n, factor, rest, 0.0f, uint8);
             break;
         case FL_CONTRAST:
-            blend_constant(r, 3 * n, factor, mean_gray(r, g, b, n));
+            blend_constant(r, 3 * n, factor, rest, mean_gray(r, g, b, n, uint8), uint8);
             break;
         case FL_SATURATION:
-            blend_gray(r, g, b, n, factor);
+            blend_gray(r, g, b, n, factor, rest, uint8);
             break;
         default:
             shift_hue(r, g, b, n, factor);
+            if (uint8)
+                hue_to_uint8(r, 3 * n);
             break;
         }
     }
@@ -281,8 +333,8 @@ void fl_color_apply(const fl_color_draw *draw, float *planes, size_t n)
 {
     float *r = planes, *g = planes + n, *b = planes + 2 * n;
     if (draw->gray && draw->gray_first)
-        to_gray(r, g, b, n);
+        to_gray(r, g, b, n, draw->uint8);
     jitter(draw, r, g, b, n);
     if (draw->gray && !draw->gray_first)
-        to_gray(r, g, b, n);
+        to_gray(r, g, b, n, draw->uint8);
 }

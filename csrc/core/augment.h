@@ -61,6 +61,9 @@ typedef struct fl_color_plan {
     int gray_first;                            /* 1: grayscale comes before the jitter */
     double jitter_p;                           /* probability the jitter runs
                                                   (RandomApply); drawn only when < 1 */
+    int uint8;                                 /* 1: on a uint8 tensor, as torchvision
+                                                  after PILToTensor: each step's result
+                                                  truncated, grays floored */
 } fl_color_plan;
 
 /* What one sample gets. */
@@ -70,6 +73,7 @@ typedef struct fl_color_draw {
     double factor[FL_COLOR_OPS]; /* its factor, uniform in [lo, hi] */
     int gray;                    /* 1: the image becomes grayscale */
     int gray_first;
+    int uint8;                   /* the plan's */
 } fl_color_draw;
 
 /* Sets plan->on from the ranges: an adjustment whose range is its identity,
@@ -89,7 +93,9 @@ void fl_color_draw_for(const fl_color_plan *plan, fl_rng *rng, fl_color_draw *ou
 /* Applies a draw to an image of `n` pixels held as three float planes (R,
  * G, B, n values each, one after the other, in [0, 255]), in place; values
  * stay in [0, 255].  Contrast needs the mean gray level of the whole image,
- * so each contrast step reads the image twice. */
+ * so each contrast step reads the image twice.  With draw->uint8 the planes
+ * hold whole numbers (a uint8 image) and every step leaves whole numbers, as
+ * torchvision's tensor functions do on a uint8 tensor. */
 void fl_color_apply(const fl_color_draw *draw, float *planes, size_t n);
 
 #endif /* FL_AUGMENT_H */

@@ -396,12 +396,13 @@ static int has_pil_color(const fl_image_plan *plan)
     return plan->color_pil && fl_color_active(&plan->color);
 }
 
-/* Whether the plan has a uint8 stage: a rotation / affine, a policy or
- * Pillow's colour ops. */
+/* Whether the plan has a uint8 stage: a rotation / affine, a policy,
+ * Pillow's colour ops, or colour ops on a uint8 tensor (which start from
+ * the resampled image rounded to uint8, as torchvision's tensor is). */
 static int has_uint8_stage(const fl_image_plan *plan)
 {
     return plan->warp.kind != FL_RANDOM_WARP_NONE || plan->augment.policy != FL_AUGMENT_NONE ||
-           has_pil_color(plan);
+           has_pil_color(plan) || (plan->color.uint8 && fl_color_active(&plan->color));
 }
 
 /* The uint8 stage of a plan with a rotation / affine, an augmentation
