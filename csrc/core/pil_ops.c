@@ -183,9 +183,8 @@ static inline __attribute__((always_inline)) void warp_positions(
 {
     const fl_v4d half = {0.5, 0.5, 0.5, 0.5}, one = {1.0, 1.0, 1.0, 1.0};
     const fl_v4d lane = {0.0, 1.0, 2.0, 3.0}, zero = {0.0, 0.0, 0.0, 0.0};
-    const fl_v4d wd = zero + w, hd = zero + h;
-    const fl_v4i w1 = {w - 1, w - 1, w - 1, w - 1}, h1 = {h - 1, h - 1, h - 1, h - 1};
-    const int stride = 3 * w;
+    const fl_v4d wd = zero + w, hd = zero + h, last_x = wd - 1.0, last_y = hd - 1.0;
+    const double stride = 3.0 * w;
     for (int i = 0; i < n; i += 4) {
         fl_v4d xin = (zero + (double)(x0 + i) + lane) + half;
         fl_v4d xx = a[0] * xin + row_x + a[2];
@@ -193,17 +192,21 @@ static inline __attribute__((always_inline)) void warp_positions(
         fl_v4l in = (xx >= zero) & (xx < wd) & (yy >= zero) & (yy < hd);
         xx = (fl_v4d)((fl_v4l)(xx - half) & in);
         yy = (fl_v4d)((fl_v4l)(yy - half) & in);
-        fl_v4i xi = __builtin_convertvector(xx, fl_v4i), yi = __builtin_convertvector(yy, fl_v4i);
-        fl_v4d fx = xx - __builtin_convertvector(xi, fl_v4d);
-        fl_v4d fy = yy - __builtin_convertvector(yi, fl_v4d);
-        fl_v4l below_x = fx < zero, below_y = fy < zero; /* xx in [-0.5, 0): floor is -1 */
-        fx += (fl_v4d)((fl_v4l)one & below_x); /* xx - (-1), as xx + 1 */
-        fy += (fl_v4d)((fl_v4l)one & below_y);
-        xi += __builtin_convertvector(below_x, fl_v4i); /* the masks are -1 */
-        yi += __builtin_convertvector(below_y, fl_v4i);
-        fl_v4i c0 = xi - (xi < 0), r0 = yi - (yi < 0);                   /* max(i, 0) */
-        fl_v4i c1 = xi + 1 + (xi + 1 > w1), r1 = yi + 1 + (yi + 1 > h1); /* min(i + 1, n - 1) */
-        fl_v4i top = r0 * stride + 3 * c0, bottom = r1 * stride + 3 * c0, s = 3 * (c1 - c0);
+        /* floor, as whole doubles (exact): the truncation, less one below zero */
+        fl_v4d xf = __builtin_convertvector(__builtin_convertvector(xx, fl_v4i), fl_v4d);
+        fl_v4d yf = __builtin_convertvector(__builtin_convertvector(yy, fl_v4i), fl_v4d);
+        xf -= (fl_v4d)((fl_v4l)one & (xx < xf));
+        yf -= (fl_v4d)((fl_v4l)one & (yy < yf));
+        fl_v4d fx = xx - xf, fy = yy - yf; /* xx - (-1) below zero, as Pillow's */
+        /* neighbours clamped to the image; floor is at least -1 */
+        fl_v4d c0 = (fl_v4d)((fl_v4l)xf & ~(xf < zero)), r0 = (fl_v4d)((fl_v4l)yf & ~(yf < zero));
+        fl_v4d c1 = xf + 1.0, r1 = yf + 1.0;
+        c1 -= (fl_v4d)((fl_v4l)one & (c1 > last_x));
+        r1 -= (fl_v4d)((fl_v4l)one & (r1 > last_y));
+        /* byte offsets, whole doubles below 2^31 (the caller's bound) */
+        fl_v4i top = __builtin_convertvector(r0 * stride + 3.0 * c0, fl_v4i);
+        fl_v4i bottom = __builtin_convertvector(r1 * stride + 3.0 * c0, fl_v4i);
+        fl_v4i s = __builtin_convertvector(3.0 * (c1 - c0), fl_v4i);
         fl_v4d inside4 = (fl_v4d)((fl_v4l)one & in);
         /* whole vectors: the arrays hold WARP_CHUNK, a multiple of 4 */
         memcpy(inside + i, &inside4, sizeof inside4);
