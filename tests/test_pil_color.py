@@ -132,7 +132,7 @@ def test_random_draws_are_the_tensor_jitters(images):
 
 
 def test_one_arithmetic_per_chain_and_colour_after_the_policy():
-    with pytest.raises(ValueError, match="both use Pillow's arithmetic"):
+    with pytest.raises(ValueError, match="both need the same arithmetic"):
         T.compile_plan([T.ColorJitter(0.2, pil=True), T.RandomGrayscale()])
     with pytest.raises(ValueError, match="cannot fuse"):
         T.compile_plan([T.ColorJitter(0.2, pil=True), T.RandAugment()])
