@@ -218,6 +218,25 @@ static inline __attribute__((always_inline)) void warp_positions(
     }
 }
 
+/* The packed neighbours of n pixels into q (top-left, top-right,
+ * bottom-left, bottom-right), those a flat weight leaves unread as 0.
+ * `bounded`, a constant at each call, picks load_rgb's end-of-image test
+ * or plain loads. */
+static inline __attribute__((always_inline)) void gather_neighbours(
+    const unsigned char *src, const int *off_top, const int *off_bottom, const int *step, int n,
+    int flat_x, int flat_y, int bounded, int last, uint32_t q[4][WARP_CHUNK])
+{
+#define FL_NEIGHBOUR(at) (bounded ? load_rgb(src, (at), last) : load_word(src + (at)))
+    for (int i = 0; i < n; i++) {
+        int t = off_top[i], b = off_bottom[i], s = step[i];
+        q[0][i] = FL_NEIGHBOUR(t);
+        q[1][i] = flat_x ? 0 : FL_NEIGHBOUR(t + s);
+        q[2][i] = flat_y ? 0 : FL_NEIGHBOUR(b);
+        q[3][i] = flat_x || flat_y ? 0 : FL_NEIGHBOUR(b + s);
+    }
+#undef FL_NEIGHBOUR
+}
+
 FL_NO_TRAPS FL_SIMD_CLONES
 static void bilinear_affine(const unsigned char *src, unsigned char *dst, int w, int h,
                             const double a[6], const unsigned char fill[3])
@@ -258,23 +277,10 @@ static void bilinear_affine(const unsigned char *src, unsigned char *dst, int w,
             for (int i = 0; i < n; i++)
                 if (off_bottom[i] + step[i] > furthest)
                     furthest = off_bottom[i] + step[i];
-            if (furthest < last) {
-                for (int i = 0; i < n; i++) {
-                    int t = off_top[i], b = off_bottom[i], s = step[i];
-                    q[0][i] = load_word(src + t);
-                    q[1][i] = flat_x ? 0 : load_word(src + t + s);
-                    q[2][i] = flat_y ? 0 : load_word(src + b);
-                    q[3][i] = flat_x || flat_y ? 0 : load_word(src + b + s);
-                }
-            } else {
-                for (int i = 0; i < n; i++) {
-                    int t = off_top[i], b = off_bottom[i], s = step[i];
-                    q[0][i] = load_rgb(src, t, last);
-                    q[1][i] = flat_x ? 0 : load_rgb(src, t + s, last);
-                    q[2][i] = flat_y ? 0 : load_rgb(src, b, last);
-                    q[3][i] = flat_x || flat_y ? 0 : load_rgb(src, b + s, last);
-                }
-            }
+            if (furthest < last)
+                gather_neighbours(src, off_top, off_bottom, step, n, flat_x, flat_y, 0, 0, q);
+            else
+                gather_neighbours(src, off_top, off_bottom, step, n, flat_x, flat_y, 1, last, q);
             for (int c = 0; c < 3; c++) {
                 int shift = 8 * c;
                 if (flat_x && flat_y) {
@@ -342,13 +348,13 @@ static int is_translation(const double a[6], int w, int h)
 void fl_pil_affine(const unsigned char *src, unsigned char *dst, int w, int h, const double a[6],
                    int interpolation, const unsigned char fill[3])
 {
-    if (interpolation == FL_WARP_BILINEAR && !is_translation(a, w, h) &&
-        (size_t)w * h * 3 <= INT_MAX) {
+    int shift = is_translation(a, w, h);
+    if (interpolation == FL_WARP_BILINEAR && !shift && (size_t)w * h * 3 <= INT_MAX) {
         bilinear_affine(src, dst, w, h, a, fill); /* writes every pixel */
         return;
     }
     fill_image(dst, (size_t)w * h, fill);
-    if (is_translation(a, w, h)) {
+    if (shift) {
         translate(src, dst, w, h, (int)a[2], (int)a[5]);
         return;
     }
