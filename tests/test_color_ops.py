@@ -26,6 +26,13 @@ pytestmark = fastload_only
 
 BRIGHTNESS, CONTRAST, SATURATION, HUE = range(4)
 GEOMETRY = [T.RandomResizedCrop(72), T.RandomHorizontalFlip()]
+# each adjustment's factors: darkening, identity's neighbours, extrapolation; hue both ways
+OP_FACTORS = [
+    (BRIGHTNESS, (0.0, 0.6, 1.4, 2.5)),
+    (CONTRAST, (0.0, 0.6, 1.4, 2.5)),
+    (SATURATION, (0.0, 0.6, 1.4, 2.5)),
+    (HUE, (-0.5, -0.1, 0.05, 0.3, 0.5)),
+]
 
 
 def torchvision_functional():
@@ -75,12 +82,7 @@ def fixed(op, factor):
 # ------------------------------------------------------------------ fidelity
 
 
-@pytest.mark.parametrize("op, factors", [
-    (BRIGHTNESS, (0.0, 0.6, 1.4, 2.5)),
-    (CONTRAST, (0.0, 0.6, 1.4, 2.5)),
-    (SATURATION, (0.0, 0.6, 1.4, 2.5)),
-    (HUE, (-0.5, -0.1, 0.05, 0.3, 0.5)),
-])
+@pytest.mark.parametrize("op, factors", OP_FACTORS)
 def test_each_op_matches_torchvision_tensor_functions(images, op, factors):
     torch, F = torchvision_functional()
     for seed, image in enumerate(images):
@@ -355,12 +357,7 @@ def uint8_differences(ours, reference):
     return int(d.max()), float((d > 0).mean())
 
 
-@pytest.mark.parametrize("op, factors", [
-    (BRIGHTNESS, (0.0, 0.6, 1.4, 2.5)),
-    (CONTRAST, (0.0, 0.6, 1.4, 2.5)),
-    (SATURATION, (0.0, 0.6, 1.4, 2.5)),
-    (HUE, (-0.5, -0.1, 0.05, 0.3, 0.5)),
-])
+@pytest.mark.parametrize("op, factors", OP_FACTORS)
 def test_each_op_on_a_uint8_tensor_is_torchvisions(images, op, factors):
     """v1's tensor functions on the uint8 tensor, bit for bit, but for the
     hue, whose HSV round trip fastload computes in fewer divisions (a value
