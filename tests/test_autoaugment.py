@@ -74,16 +74,17 @@ def test_each_op_is_bit_exact_with_torchvision_on_pil(aa, images, op):
 def test_warps_and_blends_are_bit_exact_on_thin_and_chunk_edge_images(aa):
     """The bilinear warp works a row in chunks of 64 pixels and skips the
     neighbours a zero weight never uses (ShearX, ShearY); Color makes its
-    gray values 256 pixels at a time: one-pixel-wide and -high images,
-    widths just past a chunk, and rows that leave the image partway, against
-    Pillow."""
+    gray values 256 pixels at a time, and Sharpness filters rows 512 values
+    at a time: one-pixel-wide and -high images, widths just past a chunk,
+    and rows that leave the image partway, against Pillow."""
     from torchvision.transforms import InterpolationMode as IM
     rng = np.random.default_rng(3)
-    for w, h in ((1, 9), (9, 1), (65, 3), (129, 17)):
+    for w, h in ((1, 9), (9, 1), (2, 2), (3, 3), (65, 3), (129, 17), (173, 4), (345, 6)):
         image = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
         for op, magnitude in (("ShearX", 0.99), ("ShearX", -0.3), ("ShearY", 0.6),
                               ("ShearY", -0.99), ("Rotate", 7.3), ("Rotate", -135.0),
-                              ("Color", 0.4), ("Color", -0.9), ("Sharpness", 0.99)):
+                              ("Color", 0.4), ("Color", -0.9), ("Sharpness", 0.99),
+                              ("Sharpness", -0.6), ("Sharpness", -1.0)):
             ref = np.asarray(aa._apply_op(Image.fromarray(image), op, magnitude, IM.BILINEAR,
                                           [10, 200, 30]))
             ours = _C.pil_op(op, image, magnitude, 1, (10, 200, 30))

@@ -528,29 +528,61 @@ static void blend_bytes(const unsigned char *degenerate, const unsigned char *im
 
 enum { DEGENERATE_BLACK, DEGENERATE_GRAY, DEGENERATE_MEAN, DEGENERATE_SMOOTH };
 
-/* ImageFilter.SMOOTH (3x3, 1 1 1 / 1 5 1 / 1 1 1, divisor 13) of the
- * interior of `src` into `dst`, whose border keeps the image as it is (as
- * the filter leaves it): Pillow's float sum per value, rows below first.
- * Each value's sum is independent, so the row loop vectorises without
- * changing any sum. */
+#define SHARPEN_CHUNK 512 /* values of a row filtered at a time */
+
+/* ImageEnhance.Sharpness: Image.blend(image.filter(SMOOTH), image, alpha),
+ * in one pass.  SMOOTH is the 3x3 kernel 1 1 1 / 1 5 1 / 1 1 1 with divisor
+ * 13, and leaves the border as it is, so the border blends with itself and
+ * is copied.  Pillow's float sum per value adds the rows below first, each
+ * row's three products left to right:
+ *
+ *     ss = 0.5 + ((b[-3] k1 + b[0] k1) + b[3] k1)       row below
+ *             + ((h[-3] k1 + h[0] k5) + h[3] k1)        this row
+ *             + ((a[-3] k1 + a[0] k1) + a[3] k1)        row above
+ *
+ * The products v * k1 and the three-product sum of a row (the bracket of
+ * the rows below and above) are the same for every output row that reads
+ * them, so each is made once per source row and kept in a ring of three
+ * rows; the sums are the same floats in the same order.  Columns go by
+ * chunks, so the rings live on the stack whatever the width. */
 FL_NO_TRAPS FL_SIMD_CLONES
-static void smooth(const unsigned char *src, unsigned char *dst, int w, int h)
+static void sharpen(const unsigned char *src, unsigned char *dst, int w, int h, float alpha)
 {
     const float k1 = 1.0f / 13.0f, k5 = 5.0f / 13.0f;
     size_t row = (size_t)w * 3;
     memcpy(dst, src, row * (size_t)h);
-    for (int y = 1; y < h - 1; y++) {
-        const unsigned char *above = src + (size_t)(y - 1) * row;
-        const unsigned char *here = above + row, *below = here + row;
-        unsigned char *out = dst + (size_t)y * row;
-        for (size_t i = 3; i + 3 < row; i++) {
-            float ss = 0.5f;
-            ss += (float)below[i - 3] * k1 + (float)below[i] * k1 + (float)below[i + 3] * k1;
-            ss += (float)here[i - 3] * k1 + (float)here[i] * k5 + (float)here[i + 3] * k1;
-            ss += (float)above[i - 3] * k1 + (float)above[i] * k1 + (float)above[i + 3] * k1;
-            ss = ss < 0.0f ? 0.0f : ss;
-            ss = ss > 255.0f ? 255.0f : ss;
-            out[i] = (unsigned char)ss;
+    if (w < 3 || h < 3)
+        return;
+    float products[3][SHARPEN_CHUNK + 6]; /* v * k1 of a row, 3 values each side extra */
+    float sums[3][SHARPEN_CHUNK];         /* a row's three-product bracket */
+    unsigned char smoothed[SHARPEN_CHUNK];
+    for (size_t lo = 3; lo < row - 3; lo += SHARPEN_CHUNK) {
+        size_t n = row - 3 - lo < SHARPEN_CHUNK ? row - 3 - lo : SHARPEN_CHUNK;
+        for (int r = 0; r < h; r++) {
+            /* row r's products and bracket, into ring slot r % 3 */
+            const unsigned char *in = src + (size_t)r * row + lo - 3;
+            float *restrict p = products[r % 3], *restrict t = sums[r % 3];
+            for (size_t j = 0; j < n + 6; j++)
+                p[j] = (float)in[j] * k1;
+            for (size_t i = 0; i < n; i++)
+                t[i] = (p[i] + p[i + 3]) + p[i + 6];
+            if (r < 2)
+                continue;
+            /* output row y = r - 1: below is row r, above row r - 2 */
+            int y = r - 1;
+            const float *restrict below = sums[r % 3], *restrict above = sums[(r + 1) % 3];
+            const float *restrict hp = products[y % 3];
+            const unsigned char *here = src + (size_t)y * row + lo;
+            for (size_t i = 0; i < n; i++) {
+                float v = 0.5f;
+                v += below[i];
+                v += (hp[i] + (float)here[i] * k5) + hp[i + 6];
+                v += above[i];
+                /* Pillow clips to 0..255 first; with these weights v lies
+                 * in 0.5 .. 255.5 plus rounding, which truncates in range. */
+                smoothed[i] = (unsigned char)v;
+            }
+            blend_bytes(smoothed, here, dst + (size_t)y * row + lo, n, alpha);
         }
     }
 }
@@ -599,11 +631,7 @@ static void enhance(int kind, float alpha, const unsigned char *src, unsigned ch
         }
         return;
     }
-    /* SMOOTH: the filtered image into dst, then blended with the image in place. */
-    smooth(src, dst, w, h);
-    if (alpha == 0.0f)
-        return;
-    blend_bytes(dst, src, dst, 3 * pixels, alpha);
+    sharpen(src, dst, w, h, alpha);
 }
 
 static void apply_lut(const unsigned char lut[3][256], const unsigned char *src,
