@@ -168,18 +168,18 @@ static inline uint32_t load_rgb(const unsigned char *src, int at, int last)
 typedef double fl_v4d __attribute__((vector_size(32)));
 typedef int64_t fl_v4l __attribute__((vector_size(32)));
 typedef int32_t fl_v4i __attribute__((vector_size(16)));
-typedef signed char fl_v4c __attribute__((vector_size(4)));
 
 /* What a chunk's positions say about all its pixels (lanes past the row's
  * end included, which only makes each answer more cautious): whether any
  * samples the image, whether every horizontal or every vertical weight is
- * 0, and the furthest byte offset read (the bottom-right neighbour's). */
+ * 0, and whether any reads the image's last pixel (its bottom-right
+ * neighbour, the furthest read, is at byte offset `last`). */
 typedef struct fl_chunk_flags {
-    int any, flat_x, flat_y, furthest;
+    int any, flat_x, flat_y, reaches_end;
 } fl_chunk_flags;
 
 /* The sampling positions of output pixels x0 .. x0 + n of one row: for each,
- * whether it samples the image (keep: 0xff, or 0 where it takes the fill),
+ * whether it samples the image (keep: -1, or 0 where it takes the fill),
  * its weights and the byte offsets of its four neighbours.  Per pixel, in Pillow's order: xin = x + 0.5, xx = a0 * xin +
  * a1 * yin + a2 (the row's product a1 * yin given), inside when 0 <= xx < w
  * and 0 <= yy < h; then xx - 0.5 is floored, which for values of at least
@@ -187,11 +187,11 @@ typedef struct fl_chunk_flags {
  * made 0, which any later read accepts; their result is not kept.  Always
  * inlined, so that it is built for each of the caller's targets. */
 static inline __attribute__((always_inline)) fl_chunk_flags warp_positions(
-    const double a[6], int x0, double row_x, double row_y, int w, int h, int n,
-    unsigned char *keep, double *dx, double *dy, int *off_top, int *off_bottom, int *step)
+    const double a[6], int x0, double row_x, double row_y, int w, int h, int n, int last,
+    int32_t *keep, double *dx, double *dy, int *off_top, int *off_bottom, int *step)
 {
     fl_v4l any = {0}, moves_x = {0}, moves_y = {0};
-    fl_v4i furthest = {0};
+    fl_v4i reaches_end = {0};
     const fl_v4d half = {0.5, 0.5, 0.5, 0.5}, one = {1.0, 1.0, 1.0, 1.0};
     const fl_v4d lane = {0.0, 1.0, 2.0, 3.0}, zero = {0.0, 0.0, 0.0, 0.0};
     const fl_v4d wd = zero + w, hd = zero + h, last_x = wd - 1.0, last_y = hd - 1.0;
@@ -218,12 +218,11 @@ static inline __attribute__((always_inline)) fl_chunk_flags warp_positions(
         fl_v4i top = __builtin_convertvector(r0 * stride + 3.0 * c0, fl_v4i);
         fl_v4i bottom = __builtin_convertvector(r1 * stride + 3.0 * c0, fl_v4i);
         fl_v4i s = __builtin_convertvector(3.0 * (c1 - c0), fl_v4i);
-        fl_v4c keep4 = __builtin_convertvector(in, fl_v4c); /* -1 (0xff) or 0 */
+        fl_v4i keep4 = __builtin_convertvector(in, fl_v4i); /* -1 or 0 */
         any |= in;
         moves_x |= fx != zero;
         moves_y |= fy != zero;
-        fl_v4i far = bottom + s, further = far > furthest;
-        furthest = (furthest & ~further) | (far & further);
+        reaches_end |= bottom + s >= last;
         /* whole vectors: the arrays hold WARP_CHUNK, a multiple of 4 */
         memcpy(keep + i, &keep4, sizeof keep4);
         memcpy(dx + i, &fx, sizeof fx);
@@ -237,7 +236,7 @@ static inline __attribute__((always_inline)) fl_chunk_flags warp_positions(
         flags.any |= any[k] != 0;
         flags.flat_x &= moves_x[k] == 0;
         flags.flat_y &= moves_y[k] == 0;
-        flags.furthest = furthest[k] > flags.furthest ? furthest[k] : flags.furthest;
+        flags.reaches_end |= reaches_end[k] != 0;
     }
     return flags;
 }
@@ -266,8 +265,8 @@ static void bilinear_affine(const unsigned char *src, unsigned char *dst, int w,
                             const double a[6], const unsigned char fill[3])
 {
     size_t stride = (size_t)w * 3;
-    /* per chunk: 0xff where the pixel samples the image, 0 where it takes the fill */
-    unsigned char keep[WARP_CHUNK];
+    /* per chunk: -1 where the pixel samples the image, 0 where it takes the fill */
+    int32_t keep[WARP_CHUNK];
     double dx[WARP_CHUNK], dy[WARP_CHUNK];
     int off_top[WARP_CHUNK], off_bottom[WARP_CHUNK], step[WARP_CHUNK];
     int last = (int)(stride * (size_t)h) - 3; /* offset of the last pixel */
@@ -281,7 +280,7 @@ static void bilinear_affine(const unsigned char *src, unsigned char *dst, int w,
         for (int x0 = 0; x0 < w; x0 += WARP_CHUNK) {
             int n = w - x0 < WARP_CHUNK ? w - x0 : WARP_CHUNK;
             unsigned char *o = out + 3 * (size_t)x0;
-            fl_chunk_flags f = warp_positions(a, x0, row_x, row_y, w, h, n, keep, dx, dy,
+            fl_chunk_flags f = warp_positions(a, x0, row_x, row_y, w, h, n, last, keep, dx, dy,
                                               off_top, off_bottom, step);
             /* Where every weight of a kind is 0 (ShearX keeps each row's
              * y, so dy is 0; ShearY keeps x), v + (w - v) * 0 is v exactly:
@@ -293,7 +292,7 @@ static void bilinear_affine(const unsigned char *src, unsigned char *dst, int w,
             }
             /* Only a chunk that reaches the image's last pixel needs
              * load_rgb's test. */
-            if (f.furthest < last)
+            if (!f.reaches_end)
                 gather_neighbours(src, off_top, off_bottom, step, n, flat_x, flat_y, 0, 0, q);
             else
                 gather_neighbours(src, off_top, off_bottom, step, n, flat_x, flat_y, 1, last, q);
@@ -327,7 +326,7 @@ static void bilinear_affine(const unsigned char *src, unsigned char *dst, int w,
                 }
             }
             for (size_t i = 0; i < (size_t)n; i++) {
-                unsigned char k = keep[i];
+                unsigned char k = (unsigned char)keep[i];
                 o[3 * i] = (unsigned char)((v[0][i] & k) | (fill[0] & ~k));
                 o[3 * i + 1] = (unsigned char)((v[1][i] & k) | (fill[1] & ~k));
                 o[3 * i + 2] = (unsigned char)((v[2][i] & k) | (fill[2] & ~k));
