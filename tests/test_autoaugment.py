@@ -91,6 +91,19 @@ def test_warps_and_blends_are_bit_exact_on_thin_and_chunk_edge_images(aa):
             np.testing.assert_array_equal(ours, ref, err_msg=f"{op} {magnitude} {w}x{h}")
 
 
+def test_blends_clip_like_pillow_at_extreme_factors(aa, images):
+    """Extrapolating blends clip each value: large factors (integer clipping)
+    and factors past 2^22 (float clipping) give Pillow's bytes."""
+    from torchvision.transforms import InterpolationMode as IM
+    for image in images[:3]:
+        for op in ("Color", "Sharpness", "Contrast", "Brightness"):
+            for magnitude in (40.0, -40.0, 5e6, -5e6, 3e9):
+                ref = np.asarray(aa._apply_op(Image.fromarray(image), op, magnitude,
+                                              IM.NEAREST, None))
+                ours = _C.pil_op(op, image, magnitude, 0, (0, 0, 0))
+                np.testing.assert_array_equal(ours, ref, err_msg=f"{op} {magnitude}")
+
+
 def test_pil_op_refuses_what_pillow_refuses():
     image = np.zeros((4, 4, 3), np.uint8)
     with pytest.raises(ValueError, match="unknown op"):

@@ -664,8 +664,8 @@ FL_INLINE void store_run_pixels(const unsigned char *restrict p, size_t n, const
 }
 
 /* Output row y copied 1:1 from consecutive RGB pixels at p into float32:
- * the same values store_picked's table gives, computed where the table
- * reads (gathers) cannot vectorise; three times as fast. */
+ * the values store_picked's table gives, computed in loops that vectorise,
+ * where the table reads (gathers) do not. */
 FL_SIMD_CLONES
 static void store_run(const fl_resample_target *t, int y, const unsigned char *p)
 {
