@@ -69,12 +69,23 @@ static double py_round15(double x)
 #define COORD(v) ((v) < 0.0 ? -1 : ((int)(v)))
 #define FLOOR(v) ((v) < 0.0 ? ((int)floor(v)) : ((int)(v)))
 
+/* Every pixel the fill: one memset for a gray, else the first pixel's
+ * bytes repeated by copying what is filled already (in steps that stay in
+ * cache), instead of three single-byte stores a pixel. */
 static void fill_image(unsigned char *dst, size_t pixels, const unsigned char fill[3])
 {
-    for (size_t i = 0; i < pixels; i++) {
-        dst[3 * i] = fill[0];
-        dst[3 * i + 1] = fill[1];
-        dst[3 * i + 2] = fill[2];
+    if (pixels == 0)
+        return;
+    if (fill[0] == fill[1] && fill[1] == fill[2]) {
+        memset(dst, fill[0], 3 * pixels);
+        return;
+    }
+    memcpy(dst, fill, 3);
+    for (size_t done = 1; done < pixels;) {
+        size_t k = pixels - done < done ? pixels - done : done;
+        k = k < 4096 ? k : 4096;
+        memcpy(dst + 3 * done, dst, 3 * k);
+        done += k;
     }
 }
 
