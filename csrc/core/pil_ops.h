@@ -48,8 +48,8 @@ extern const char *const fl_pil_op_names[FL_PIL_OPS];
 enum { FL_WARP_NEAREST = 0, FL_WARP_BILINEAR = 1 };
 
 /* torchvision's _apply_op(img, op, magnitude, interpolation, fill) on a PIL
- * image: src (w x h) into dst.  `fill` colours the pixels a warp brings in
- * from outside.  Returns FL_OK, or FL_ERR_INVALID for an unknown op or a
+ * image: src (w x h) into dst, which must not overlap.  `fill` colours the
+ * pixels a warp brings in from outside.  Returns FL_OK, or FL_ERR_INVALID for an unknown op or a
  * magnitude Pillow refuses (posterize bits outside 1..8). */
 int fl_pil_apply(int op, double magnitude, int interpolation, const unsigned char fill[3],
                  const unsigned char *src, unsigned char *dst, int w, int h);
