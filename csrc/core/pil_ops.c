@@ -515,16 +515,6 @@ void fl_pil_rotate(const unsigned char *src, unsigned char *dst, int w, int h, d
 
 /* ---------------------------------------------------------------- colour */
 
-/* Image.blend(degenerate, image, alpha) for one value: Pillow's float
- * expression, truncated, clipped only when extrapolating. */
-static inline unsigned char blend1(int degenerate, int value, float alpha)
-{
-    if (alpha >= 0 && alpha <= 1.0) /* interpolation: stays in range */
-        return (unsigned char)(degenerate + alpha * (value - degenerate));
-    float t = (float)(degenerate + alpha * (value - degenerate));
-    return t <= 0.0 ? 0 : t >= 255.0 ? 255 : (unsigned char)t;
-}
-
 /* Pillow's RGB -> L: ITU-R 601-2 luma in 16-bit fixed point. */
 static inline int luma(const unsigned char *p)
 {
@@ -535,16 +525,20 @@ static inline int luma(const unsigned char *p)
  * |t| <= 255 + 2^22 * 255 < 2^31. */
 #define BLEND_INT_ALPHA 4194304.0f
 
-/* blend1 over n values: out[i] = blend1(degenerate[i], image[i], alpha),
- * written so that the loops vectorise (float lanes compute exactly what
- * the scalar expression does).  out may be degenerate. */
-FL_NO_TRAPS FL_SIMD_CLONES
-static void blend_bytes(const unsigned char *degenerate, const unsigned char *image,
-                                    unsigned char *out, size_t n, float alpha)
+/* Image.blend(degenerate, image, alpha) over n values: Pillow's float
+ * expression per value, truncated, clipped only when extrapolating.  The
+ * degenerate values are degenerate[i], or `fixed` where `uniform` (a
+ * constant at each call).  Written so that the loops vectorise (float lanes
+ * compute exactly what the scalar expression does).  out may be
+ * degenerate. */
+static inline __attribute__((always_inline)) void blend_values(
+    const unsigned char *degenerate, int fixed, int uniform, const unsigned char *image,
+    unsigned char *out, size_t n, float alpha)
 {
+#define FL_DEGENERATE(i) (uniform ? fixed : degenerate[i])
     if (alpha >= 0 && alpha <= 1.0) {
         for (size_t i = 0; i < n; i++)
-            out[i] = (unsigned char)(degenerate[i] + alpha * (image[i] - degenerate[i]));
+            out[i] = (unsigned char)(FL_DEGENERATE(i) + alpha * (image[i] - FL_DEGENERATE(i)));
         return;
     }
     if (fabsf(alpha) <= BLEND_INT_ALPHA) {
@@ -552,18 +546,36 @@ static void blend_bytes(const unsigned char *degenerate, const unsigned char *im
          * gives the same byte; gcc vectorises a float clip into compares
          * and blends per byte lane, several times slower. */
         for (size_t i = 0; i < n; i++) {
-            int32_t t = (int32_t)(degenerate[i] + alpha * (image[i] - degenerate[i]));
+            int32_t t = (int32_t)(FL_DEGENERATE(i) + alpha * (image[i] - FL_DEGENERATE(i)));
             t = t < 0 ? 0 : t;
             out[i] = (unsigned char)(t > 255 ? 255 : t);
         }
         return;
     }
     for (size_t i = 0; i < n; i++) {
-        float t = (float)(degenerate[i] + alpha * (image[i] - degenerate[i]));
+        float t = (float)(FL_DEGENERATE(i) + alpha * (image[i] - FL_DEGENERATE(i)));
         t = t <= 0.0f ? 0.0f : t;
         t = t >= 255.0f ? 255.0f : t;
         out[i] = (unsigned char)t;
     }
+#undef FL_DEGENERATE
+}
+
+FL_NO_TRAPS FL_SIMD_CLONES
+static void blend_bytes(const unsigned char *degenerate, const unsigned char *image,
+                        unsigned char *out, size_t n, float alpha)
+{
+    blend_values(degenerate, 0, 0, image, out, n, alpha);
+}
+
+/* Image.blend of a one-colour image (Brightness's black, Contrast's mean
+ * gray) with the image, computed rather than looked up in a table: the
+ * table's reads do not vectorise. */
+FL_NO_TRAPS FL_SIMD_CLONES
+static void blend_fixed(int degenerate, const unsigned char *restrict image,
+                        unsigned char *restrict out, size_t n, float alpha)
+{
+    blend_values(NULL, degenerate, 1, image, out, n, alpha);
 }
 
 #define BLEND_CHUNK 256 /* pixels whose gray values are made at a time */
@@ -629,13 +641,9 @@ static void sharpen(const unsigned char *src, unsigned char *dst, int w, int h, 
     }
 }
 
-static void apply_lut(const unsigned char lut[3][256], const unsigned char *src,
-                      unsigned char *dst, size_t pixels);
-
 /* An ImageEnhance class: Image.blend of its degenerate image with the
  * image.  Where the degenerate image is one value (black, the mean gray)
- * each output value depends only on the input value: a lookup table made
- * with the same expression gives the same bytes for a 256th of the work. */
+ * it is blended as that value. */
 FL_SIMD_CLONES
 static void enhance(int kind, float alpha, const unsigned char *src, unsigned char *dst, int w,
                     int h)
@@ -650,12 +658,7 @@ static void enhance(int kind, float alpha, const unsigned char *src, unsigned ch
                 sum += (unsigned long long)luma(src + 3 * i);
             degenerate = (int)((double)sum / (double)pixels + 0.5);
         }
-        unsigned char lut[3][256];
-        for (int v = 0; v < 256; v++)
-            lut[0][v] = lut[1][v] = lut[2][v] = alpha == 0.0f   ? (unsigned char)degenerate
-                                                : alpha == 1.0f ? (unsigned char)v
-                                                                : blend1(degenerate, v, alpha);
-        apply_lut((const unsigned char(*)[256])lut, src, dst, pixels);
+        blend_fixed(degenerate, src, dst, 3 * pixels, alpha);
         return;
     }
     if (kind == DEGENERATE_GRAY) {
