@@ -93,7 +93,8 @@ def compare(old, new, rounds=25):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("old", help="a fastload tree with its extension built")
+    parser.add_argument("old", help="a fastload tree with its extension built, or the "
+                        "folder holding an installed fastload package")
     parser.add_argument("new", nargs="?", default=os.path.dirname(HERE))
     parser.add_argument("--rounds", type=int, default=25)
     args = parser.parse_args()

@@ -11,7 +11,11 @@ pytest.importorskip("PIL")
 
 import builds_bench  # noqa: E402
 
-TREE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import fastload._C  # noqa: E402
+
+# the folder holding the fastload package in use: the checkout with an
+# in-place build, or site-packages under a wheel
+TREE = os.path.dirname(os.path.dirname(os.path.abspath(fastload._C.__file__)))
 
 
 def test_this_tree_against_itself():
