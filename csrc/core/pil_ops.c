@@ -759,7 +759,8 @@ static void posterize(const unsigned char *restrict src, unsigned char *restrict
         dst[i] = src[i] & mask;
 }
 
-/* Values below `threshold` (0 .. 256) are kept, the others inverted. */
+/* Values below `threshold` (0 .. 256) are kept, the others inverted: at 0,
+ * ImageOps.invert. */
 FL_SIMD_CLONES
 static void solarize(const unsigned char *restrict src, unsigned char *restrict dst, size_t n,
                      int threshold)
@@ -827,10 +828,9 @@ int fl_pil_apply(int op, double magnitude, int interpolation, const unsigned cha
         solarize(src, dst, 3 * pixels, !(t >= 0.0) ? 0 : t > 256.0 ? 256 : (int)t);
         return FL_OK;
     }
-    case FL_OP_INVERT:
-        for (int i = 0; i < 256; i++)
-            lut[0][i] = lut[1][i] = lut[2][i] = (unsigned char)(255 - i);
-        break;
+    case FL_OP_INVERT: /* a solarize whose threshold no value is below */
+        solarize(src, dst, 3 * pixels, 0);
+        return FL_OK;
     case FL_OP_AUTOCONTRAST:
         histogram(src, pixels, hist);
         autocontrast_lut((const unsigned long long(*)[256])hist, lut);
