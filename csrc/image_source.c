@@ -19,6 +19,8 @@
  *
  * Errors name the file and the sample index: OSError (the errno's subclass)
  * for a file that cannot be read, MemoryError, else fastload.DecodeError.
+ * A thread whose decoders cannot be made names no file: MemoryError, or
+ * RuntimeError with libjpeg's own message (a library of another ABI).
  */
 #include "fastload.h"
 

@@ -6,8 +6,9 @@
  * libpng's.  libpng's structs for the image live in the decoder (not in
  * locals that a longjmp could leave stale), and png_destroy_read_struct
  * frees everything libpng allocated; our own buffers belong to the decoder
- * and are kept.  Warnings (benign errors included) are ignored, and nothing
- * is ever printed.
+ * and are kept.  Warnings (benign errors included) are ignored, except the
+ * one libpng gives as it refuses to make a read struct for headers of
+ * another version, which becomes the message; nothing is ever printed.
  *
  * libpng is asked for the image's own samples (depth < 8 unpacked to a byte
  * each, nothing else transformed), and each row is then turned into RGB by
