@@ -3,6 +3,24 @@
 #include "fastload.h"
 
 #include "core/build_info.h"
+#include "core/status.h"
+
+#include <string.h>
+
+int fl__check_image_libraries(void)
+{
+    char msg[2048];
+    int rc = fl_check_image_libraries(msg, sizeof msg);
+    if (rc == FL_OK)
+        return 0;
+    /* The message holds a file name: undecodable bytes survive as os.fsdecode keeps them. */
+    PyObject *text = PyUnicode_DecodeUTF8(msg, (Py_ssize_t)strlen(msg), "surrogateescape");
+    if (text) {
+        PyErr_SetObject(rc == FL_ERR_NOMEM ? PyExc_MemoryError : PyExc_ImportError, text);
+        Py_DECREF(text);
+    }
+    return -1;
+}
 
 PyObject *fl__build_info(PyObject *module, PyObject *unused)
 {

@@ -583,9 +583,10 @@ static PyObject *Engine_next(EngineObject *self, PyObject *const *args, Py_ssize
     fl_engine *e = self->engine;
     if (self->shared->stats && fl_stats_current_enabled()) {
         /* The queue as the loop asks (loader.stats()). */
-        int in_flight, done;
-        fl_engine_depth(e, &in_flight, &done);
-        fl_stats_note_depth(self->shared->stats, (uint64_t)in_flight, (uint64_t)done);
+        fl_engine_depth_info depth;
+        fl_engine_depth(e, &depth);
+        fl_stats_note_depth(self->shared->stats, (uint64_t)depth.in_flight,
+                            (uint64_t)depth.done, depth.deliverable, depth.idle_at_cap);
     }
     fl_delivery d;
     double waited = 0.0;

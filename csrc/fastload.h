@@ -233,6 +233,10 @@ const struct fl_lmdb_source *fl__lmdb_core(PyObject *obj);
 struct fl_image_worker;
 int fl__lmdb_read_bytes(const void *ctx, struct fl_image_worker *w, int64_t index,
                         const unsigned char **data, size_t *size, char *msg, size_t msg_size);
+/* The calling thread's image worker (fl_image_worker_get), or NULL with
+ * MemoryError (out of memory) or RuntimeError (libjpeg refused to make a
+ * decoder) set, carrying the core's message.  Needs the GIL. */
+struct fl_image_worker *fl__image_worker(void);
 struct fl_image_plan;
 int fl__parse_plan(PyObject *plan, struct fl_image_plan *out);
 /* The arguments `(plan, seed, epoch, index, ...)` of the test hooks that
@@ -267,6 +271,10 @@ PyObject *fl__cuda_driver(PyObject *module, PyObject *unused);
 /* build_info.c: the libjpeg fastload was built with and loaded, and the
  * CPU's SIMD features, as a dict (python -m fastload prints it). */
 PyObject *fl__build_info(PyObject *module, PyObject *unused);
+/* At import: 0 when libjpeg, libpng and libwebp take the ABI of the headers
+ * built with; else -1 with ImportError set (fl_check_image_libraries says
+ * why: which library, the file loaded, what to do), or MemoryError. */
+int fl__check_image_libraries(void);
 
 /* The loaded driver, or NULL with RuntimeError "CUDA is not available: ..."
  * set. */

@@ -453,9 +453,9 @@ PyObject *fl__transform_image(PyObject *module, PyObject *const *args, Py_ssize_
     plan.max_pixels = PyLong_AsUnsignedLongLong(args[3]);
     if (PyErr_Occurred())
         return NULL;
-    fl_image_worker *w = fl_image_worker_get();
+    fl_image_worker *w = fl__image_worker();
     if (!w)
-        return PyErr_NoMemory();
+        return NULL;
     const unsigned char *rgb = PyArray_DATA(image);
     int width = (int)PyArray_DIM(image, 1), height = (int)PyArray_DIM(image, 0);
     size_t stride = (size_t)PyArray_STRIDE(image, 0);

@@ -19,6 +19,8 @@
  *
  * Errors name the file and the sample index: OSError (the errno's subclass)
  * for a file that cannot be read, MemoryError, else fastload.DecodeError.
+ * A thread whose decoders cannot be made names no file: MemoryError, or
+ * RuntimeError with libjpeg's own message (a library of another ABI).
  */
 #include "fastload.h"
 
@@ -157,6 +159,27 @@ static void raise_sample_error(ImageSourceObject *self, const fl_image_failure *
         fl__raise_exception(exc);
 }
 
+/* A worker that cannot be made is not a sample's fault: no file is named. */
+static PyObject *worker_error(int status, const char *msg)
+{
+    return PyObject_CallFunction(status == FL_ERR_NOMEM ? PyExc_MemoryError : PyExc_RuntimeError,
+                                 "N", msg_object(msg));
+}
+
+fl_image_worker *fl__image_worker(void)
+{
+    fl_image_worker *w;
+    char msg[FL__MSG_SIZE];
+    int rc = fl_image_worker_get(&w, msg, sizeof msg);
+    if (rc != FL_OK) {
+        PyObject *exc = worker_error(rc, msg);
+        if (exc)
+            fl__raise_exception(exc);
+        return NULL;
+    }
+    return w;
+}
+
 /* ----------------------------------------------------------- native ops */
 
 static int image_plan(PyObject *source, fl__native_job *job)
@@ -190,10 +213,10 @@ static int image_plan(PyObject *source, fl__native_job *job)
 static void image_run(const void *core, fl__native_job *job)
 {
     const fl_image_source *src = core;
-    fl_image_worker *w = fl_image_worker_get();
-    if (!w) {
-        job->status = FL_ERR_NOMEM;
-        snprintf(job->msg, sizeof job->msg, "no memory for this thread's decoder");
+    fl_image_worker *w;
+    int status = fl_image_worker_get(&w, job->msg, sizeof job->msg);
+    if (status != FL_OK) {
+        job->status = status; /* job->sample stays -1: no sample failed */
         return;
     }
     fl_image_batch_report report = {
@@ -214,7 +237,7 @@ static void image_run(const void *core, fl__native_job *job)
 static PyObject *image_failure(PyObject *source, const fl__native_job *job)
 {
     if (job->sample < 0)
-        return PyObject_CallFunction(PyExc_MemoryError, "s", job->msg);
+        return worker_error(job->status, job->msg);
     fl_image_failure f = {.index = job->sample, .status = job->status, .err = job->err};
     memcpy(f.msg, job->msg, sizeof f.msg);
     return sample_error((ImageSourceObject *)source, &f);
@@ -543,9 +566,9 @@ static PyObject *ImageSource_sample(ImageSourceObject *self, PyObject *const *ar
     fl_sample_key key;
     if (sample_key(self, args, nargs, "sample", &key) < 0)
         return NULL;
-    fl_image_worker *w = fl_image_worker_get();
+    fl_image_worker *w = fl__image_worker();
     if (!w)
-        return PyErr_NoMemory();
+        return NULL;
     fl_image_file file;
     fl_sample_geometry g;
     if (prepare_sample(self, w, &key, &file, &g) < 0)
@@ -583,9 +606,9 @@ static PyObject *ImageSource_geometry(ImageSourceObject *self, PyObject *const *
     fl_sample_key key;
     if (sample_key(self, args, nargs, "geometry", &key) < 0)
         return NULL;
-    fl_image_worker *w = fl_image_worker_get();
+    fl_image_worker *w = fl__image_worker();
     if (!w)
-        return PyErr_NoMemory();
+        return NULL;
     fl_image_file file;
     fl_sample_geometry g;
     if (prepare_sample(self, w, &key, &file, &g) < 0)
@@ -612,10 +635,10 @@ static PyObject *ImageSource_decode_only(ImageSourceObject *self, PyObject *indi
     Py_ssize_t n;
     if (fl__convert_indices(indices, self->core.length, &idx, &n) < 0)
         return NULL;
-    fl_image_worker *w = fl_image_worker_get();
+    fl_image_worker *w = fl__image_worker();
     if (!w) {
         PyMem_RawFree(idx);
-        return PyErr_NoMemory();
+        return NULL;
     }
     fl_image_failure f = {.status = FL_OK};
     Py_ssize_t done = 0;

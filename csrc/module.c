@@ -163,6 +163,9 @@ static int module_exec(PyObject *module)
 {
     if (_import_array() < 0)
         return -1;
+    /* A library that refuses every image is refused here, once, in its own words. */
+    if (fl__check_image_libraries() < 0)
+        return -1;
     fastload_state *state = fl__state_of_module(module);
     if (add_type(module, &fl__SlotPool_spec, NULL, &state->SlotPool_type) < 0 ||
         add_type(module, &fl__SlotOwner_spec, NULL, &state->SlotOwner_type) < 0 ||

@@ -139,13 +139,14 @@ static PyObject *Timers_snapshot(TimersObject *self, PyObject *unused)
         }
         Py_DECREF(item);
     }
-    result = Py_BuildValue("{sOs{sKsKsKsKsKsKsO}}", "rows", rows, "consumer", "batches",
-                           (unsigned long long)c->batches, "wait_ns",
-                           (unsigned long long)c->wait_ns, "period_ns",
-                           (unsigned long long)c->period_ns, "depth_samples",
-                           (unsigned long long)c->depth_samples, "in_flight_sum",
-                           (unsigned long long)c->in_flight_sum, "ready_sum",
-                           (unsigned long long)c->ready_sum, "wait_hist", hist);
+    result = Py_BuildValue(
+        "{sOs{sKsKsKsKsKsKsKsKsKsO}}", "rows", rows, "consumer", "batches",
+        (unsigned long long)c->batches, "wait_ns", (unsigned long long)c->wait_ns, "period_ns",
+        (unsigned long long)c->period_ns, "depth_samples", (unsigned long long)c->depth_samples,
+        "in_flight_sum", (unsigned long long)c->in_flight_sum, "ready_sum",
+        (unsigned long long)c->ready_sum, "empty_asks", (unsigned long long)c->empty_asks,
+        "idle_at_cap_asks", (unsigned long long)c->idle_at_cap_asks, "starved_wait_ns",
+        (unsigned long long)c->starved_wait_ns, "wait_hist", hist);
 done:
     Py_XDECREF(rows);
     Py_XDECREF(hist);
@@ -183,15 +184,22 @@ static PyObject *Timers_record_next(TimersObject *self, PyObject *const *args, P
 
 static PyObject *Timers_note_depth(TimersObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "note_depth(in_flight, ready) takes 2 arguments");
+    if (nargs < 2 || nargs > 4) {
+        PyErr_SetString(PyExc_TypeError,
+                        "note_depth(in_flight, ready, deliverable=None, idle_at_cap=False) takes "
+                        "2 to 4 arguments");
         return NULL;
     }
     unsigned long long in_flight = PyLong_AsUnsignedLongLong(args[0]);
     unsigned long long ready = PyLong_AsUnsignedLongLong(args[1]);
     if (PyErr_Occurred())
         return NULL;
-    fl_stats_note_depth(self->stats, in_flight, ready);
+    int deliverable = ready > 0, idle_at_cap = 0;
+    if (nargs > 2 && args[2] != Py_None && (deliverable = PyObject_IsTrue(args[2])) < 0)
+        return NULL;
+    if (nargs > 3 && (idle_at_cap = PyObject_IsTrue(args[3])) < 0)
+        return NULL;
+    fl_stats_note_depth(self->stats, in_flight, ready, deliverable, idle_at_cap);
     Py_RETURN_NONE;
 }
 
@@ -324,9 +332,11 @@ static PyMethodDef Timers_methods[] = {
      "return, or 0 for the first of an epoch).  Returns now, the next call's\n"
      "`last`."},
     {"note_depth", (PyCFunction)(void (*)(void))Timers_note_depth, METH_FASTCALL,
-     "note_depth(in_flight, ready, /)\n--\n\n"
+     "note_depth(in_flight, ready, deliverable=None, idle_at_cap=False, /)\n--\n\n"
      "As the loop asks for a batch: in_flight batches are in flight, `ready`\n"
-     "of them done (a thread Engine notes this itself)."},
+     "of them done; `deliverable`: the next one to deliver is done (None:\n"
+     "ready > 0); `idle_at_cap`: none is, and a worker has nothing to do\n"
+     "because in_flight is at the cap.  A thread Engine notes this itself."},
     {"take", (PyCFunction)Timers_take, METH_O,
      "take(row, /)\n--\n\n"
      "Row `row` as a tuple (see snapshot), zeroed after.  Only for the thread\n"

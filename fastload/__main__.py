@@ -17,6 +17,38 @@ def _version_of(distribution):
         return None
 
 
+# The optional packages that change what fastload does or what a user's
+# pipeline hands it, as (name printed, distributions to look for: the first
+# installed counts).
+OPTIONAL_PACKAGES = (
+    ("torch", ("torch",)),                  # tensors, torch datasets, samplers, process workers
+    ("torchvision", ("torchvision",)),      # its transforms run in C where they map
+    ("Pillow", ("Pillow", "Pillow-SIMD")),  # fallback decoder, PIL transforms, write_shards
+    ("h5py", ("h5py",)),                    # HDF5Dataset
+    ("pyarrow", ("pyarrow",)),              # ArrowDataset, ArrowImages
+    ("zarr", ("zarr",)),                    # ZarrDataset
+    ("lmdb", ("lmdb",)),                    # databases written with it, read by LMDBDataset
+    ("webdataset", ("webdataset",)),        # shards written with it, read by WebDataset
+)
+
+
+def _optional_packages(version_of=None):
+    """One "name: version" line per optional package, "not installed" when
+    it is not; `version_of(distribution)` gives a version or None (the
+    installed metadata by default: nothing is imported)."""
+    version_of = version_of or _version_of
+    lines = []
+    for name, distributions in OPTIONAL_PACKAGES:
+        found = next(((d, v) for d in distributions if (v := version_of(d))), None)
+        if found is None:
+            lines.append(f"{name}: not installed")
+        elif found[0] == distributions[0]:
+            lines.append(f"{name}: {found[1]}")
+        else:
+            lines.append(f"{name}: {found[1]} ({found[0]})")
+    return lines
+
+
 def _turbo_version(number):
     """2001005 -> '2.1.5' (LIBJPEG_TURBO_VERSION_NUMBER is MMMmmmppp)."""
     return f"{number // 1000000}.{number // 1000 % 1000}.{number % 1000}"
@@ -58,7 +90,7 @@ def report(environ=os.environ):
         f"Python: {platform.python_version()} ({platform.python_implementation()}, "
         f"{sys.executable})",
         f"NumPy: {numpy.__version__}",
-        f"torch: {_version_of('torch') or 'not installed'}",
+        *_optional_packages(),
     ]
     if info["libjpeg_turbo_version"]:
         built = f"libjpeg-turbo {_turbo_version(info['libjpeg_turbo_version'])}"

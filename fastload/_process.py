@@ -610,6 +610,22 @@ class ProcessWorkers:
     def in_flight(self):
         return sum(channel.outstanding for channel in self.channels) + len(self.results)
 
+    def depth(self):
+        """(in_flight, ready, deliverable, idle_at_cap) as the loop asks
+        (loader.stats(); fl_engine_depth is the thread Engine's twin): the
+        results received, whether the next one to deliver is among them,
+        and, when it is not, whether a live worker has nothing to do only
+        because max_in_flight tasks are out."""
+        in_flight = self.in_flight
+        if self.in_order:
+            deliverable = self.delivered in self.results
+        else:
+            deliverable = bool(self.results)
+        idle_at_cap = (not deliverable and in_flight >= self.max_in_flight
+                       and any(c.live and c.outstanding == 0
+                               for c in self.channels[:self._active]))
+        return in_flight, len(self.results), deliverable, idle_at_cap
+
     def submit(self, request):
         """Sends `request` to the next live active worker; False when none is."""
         candidates = self.channels[:self._active]

@@ -1123,7 +1123,7 @@ class _ProcessIter(_ThreadedIter):
                                        on_times=self._timers.add)
 
     def _note_depth(self):
-        self._timers.note_depth(self._engine.in_flight, len(self._engine.results))
+        self._timers.note_depth(*self._engine.depth())
 
     def _already_pinned(self, tensor):
         # The slot tensors page-locked in place; torch's pin_memory() would

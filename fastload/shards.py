@@ -388,6 +388,15 @@ class _Shard:
         if os.path.isdir(path):
             raise IsADirectoryError(f"cannot write shard {path!r}: it is a directory")
         self.temp_path = os.path.join(directory, f".{name}.{secrets.token_hex(4)}.tmp")
+        if directory:
+            # Missing folders are made, as writers do ("shards/train-%06d.tar").
+            try:
+                os.makedirs(directory, exist_ok=True)
+            except FileExistsError:
+                pass  # something that is not a folder: the open below says what
+            except OSError as e:
+                raise type(e)(e.errno, f"cannot write shard {path!r}: cannot create its "
+                              f"folder: {e.strerror}", e.filename) from None
         try:
             # O_EXCL: never clobber another writer's file; mode 0o666 less the
             # umask, as an ordinary open() would give the shard.
@@ -515,8 +524,8 @@ def write_shards(samples, pattern, maxcount=100_000, maxsize=3_000_000_000, *,
 
     Raises ValueError or TypeError naming the sample and field for input
     that cannot be written, and OSError naming the shard when it cannot
-    be created.  Shards completed before an error stay; the one being
-    written is removed.
+    be created.  Missing folders on a shard's path are created.  Shards
+    completed before an error stay; the one being written is removed.
     """
     pattern = os.fspath(pattern)
     maxcount = _positive_int("maxcount", maxcount)

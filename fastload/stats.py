@@ -47,6 +47,12 @@ _TAKING_TURNS = 0.75
 # Threads waiting for a CPU more than this share of the time: the machine is
 # oversubscribed, and a waiting worker waits for a CPU, not for I/O.
 _CONTENDED = 0.50
+# Below this share of the loop's wait spent on batches it found none of
+# ready, the wait is the hand-off (taking a finished batch), not the workers.
+_STARVED = 0.50
+# At least this share of the loop's empty asks found a worker idle only
+# because the in-flight cap was reached: a larger prefetch_factor would help.
+_CAP_BOUND = 0.50
 
 clock_ns = _C.clock_ns  # the clock of every timer and trace event
 
@@ -134,9 +140,16 @@ class LoaderStats:
         self.wait_s = consumer["wait_ns"] / 1e9
         self.wait_fraction = self.wait_s / self.elapsed_s if self.elapsed_s > 0 else 0.0
         n = max(self.batches, 1)
-        looks = max(consumer["depth_samples"], 1)
+        self.asks = consumer["depth_samples"]
+        looks = max(self.asks, 1)
         self.mean_in_flight = consumer["in_flight_sum"] / looks
         self.mean_done = consumer["ready_sum"] / looks
+        # What the loop found as it asked: no batch to deliver at once (and
+        # then, a worker idle only because the in-flight cap was reached),
+        # and how much of its wait went to such batches.
+        self.empty_asks = consumer["empty_asks"]
+        self.idle_at_cap_asks = consumer["idle_at_cap_asks"]
+        self.starved_wait_s = consumer["starved_wait_ns"] / 1e9
         hist = consumer["wait_hist"]
         self.wait_ms = {
             "mean": self.wait_s * 1e3 / n,
@@ -193,25 +206,43 @@ class LoaderStats:
         if together is not None:
             return (f"the thread workers run Python one at a time (the GIL): busy, they used "
                     f"{together:.1f} CPUs together: worker_mode='process' would help")
-        if self.busy_fraction >= _SATURATED:
-            if self.cpu_fraction < _MOSTLY_WAITING:
-                contention = self._contention
-                if contention is None:
-                    contention = self._contention = cpu_contention()
-                if contention is not None and contention > _CONTENDED:
-                    return (f"the workers use a CPU only {self.cpu_fraction:.0%} of their busy "
-                            f"time, and threads waited for a CPU {contention:.0%} of the last "
-                            "seconds: the machine is oversubscribed, so fewer competing "
-                            "processes would help, not more workers")
-                return (f"the workers use a CPU only {self.cpu_fraction:.0%} of their busy time "
-                        "(they wait for I/O or sleep): more workers would help, even beyond "
-                        "the core count")
+        # Advice on workers or prefetch needs evidence that the loop waited
+        # for them: that it found no batch ready as it asked.
+        if self.asks and self.starved_wait_s < _STARVED * self.wait_s:
+            ready = 1 - self.empty_asks / self.asks
+            return (f"a batch was ready at {ready:.0%} of the loop's asks, yet it waited "
+                    f"{self.wait_ms['mean']:.2f} ms a batch: that is handing batches over, not "
+                    "making them; adding workers or raising prefetch_factor would not shorten "
+                    "it (larger batches would spread the cost)")
+        if self.empty_asks and self.idle_at_cap_asks >= _CAP_BOUND * self.empty_asks:
+            return (f"at {self.idle_at_cap_asks / self.empty_asks:.0%} of the loop's asks that "
+                    "found no batch ready, a worker sat idle because num_workers x "
+                    f"prefetch_factor = {self.num_workers * (self.prefetch_factor or 1)} batches "
+                    "were already in flight: a larger prefetch_factor would help")
+        if self.busy_fraction >= _SATURATED and self.cpu_fraction < _MOSTLY_WAITING:
+            contention = self._contention
+            if contention is None:
+                contention = self._contention = cpu_contention()
+            if contention is not None and contention > _CONTENDED:
+                return (f"the workers use a CPU only {self.cpu_fraction:.0%} of their busy "
+                        f"time, and threads waited for a CPU {contention:.0%} of the last "
+                        "seconds: the machine is oversubscribed, so fewer competing "
+                        "processes would help, not more workers")
+            return (f"the workers use a CPU only {self.cpu_fraction:.0%} of their busy time "
+                    "(they wait for I/O or sleep): more workers would help, even beyond "
+                    "the core count")
+        if self.busy_fraction >= _SATURATED or self.asks:
+            # Saturated, or the loop found no batch ready with every worker
+            # busy: the workers are too slow for the loop.
             if self.num_workers < self.cpus:
                 return "more workers would help"
-            return ("the workers keep every core busy: cheaper transforms, smaller stored "
-                    "images or a cache would help")
+            if self.busy_fraction >= _SATURATED:
+                return ("the workers keep every core busy: cheaper transforms, smaller stored "
+                        "images or a cache would help")
+            return ("there are as many workers as cores, all busy when the loop found no batch "
+                    "ready: cheaper transforms, smaller stored images or a cache would help")
         return (f"the workers are idle {1 - self.busy_fraction:.0%} of the time while the loop "
-                "waits: a larger prefetch_factor would help")
+                "waits, with no record of what the loop found as it asked")
 
     def _python_threads_in_turn(self):
         """The CPUs thread workers running Python used together while the
@@ -242,6 +273,10 @@ class LoaderStats:
             "wait_ms": dict(self.wait_ms),
             "mean_in_flight": self.mean_in_flight,
             "mean_ready": self.mean_done,
+            "asks": self.asks,
+            "empty_asks": self.empty_asks,
+            "idle_at_cap_asks": self.idle_at_cap_asks,
+            "starved_wait_s": self.starved_wait_s,
             "stages": {name: dict(stage) for name, stage in self.stages.items()},
             "workers": [dict(w) for w in self.workers],
             "busy_fraction": self.busy_fraction,

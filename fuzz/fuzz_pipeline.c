@@ -227,10 +227,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     data += PARAM_BYTES;
     size -= PARAM_BYTES;
 
-    fl_image_worker *w = fl_image_worker_get();
-    if (!w)
-        abort(); /* out of memory before anything ran: not the input's doing */
     char msg[256];
+    fl_image_worker *w;
+    if (fl_image_worker_get(&w, msg, sizeof msg) != FL_OK)
+        abort(); /* no decoder before anything ran: not the input's doing */
     fl_sample_geometry g;
     /* Bytes of no known format go to the JPEG path, whose parser sees them. */
     fl_image_format format = fl_image_format_of(data, size);

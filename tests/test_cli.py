@@ -13,7 +13,7 @@ import pytest
 import fastload
 from fastload import _C
 from proc_info import mapped_files
-from fastload.__main__ import _simd_in_use, _turbo_version
+from fastload.__main__ import OPTIONAL_PACKAGES, _optional_packages, _simd_in_use, _turbo_version
 
 
 def run_cli(**env):
@@ -22,7 +22,7 @@ def run_cli(**env):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     fields = dict(line.split(": ", 1) for line in lines)
-    assert len(fields) == len(lines) == 10, lines
+    assert len(fields) == len(lines) == 17, lines
     return fields
 
 
@@ -99,3 +99,42 @@ def test_cuda_driver_and_cpu_count(fields):
     else:
         assert fields["CUDA driver"].startswith("not found (")
     assert fields["CPUs"] == f"{len(os.sched_getaffinity(0))} usable of {os.cpu_count()}"
+
+
+def test_optional_packages_that_change_behaviour(fields):
+    from importlib import metadata
+
+    def installed(distribution):
+        try:
+            return metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            return None
+
+    names = ["torch", "torchvision", "Pillow", "h5py", "pyarrow", "zarr", "lmdb", "webdataset"]
+    assert [name for name, _ in OPTIONAL_PACKAGES] == names
+    for name in names:
+        version = installed(name)
+        if name == "Pillow" and version is None and installed("Pillow-SIMD"):
+            assert fields[name] == f"{installed('Pillow-SIMD')} (Pillow-SIMD)"
+        else:
+            assert fields[name] == (version or "not installed"), (name, fields)
+
+
+def test_optional_packages_not_installed_and_pillow_simd():
+    versions = {"torch": "2.13.0", "Pillow-SIMD": "9.0.0.post1"}
+    assert _optional_packages(versions.get) == [
+        "torch: 2.13.0", "torchvision: not installed", "Pillow: 9.0.0.post1 (Pillow-SIMD)",
+        "h5py: not installed", "pyarrow: not installed", "zarr: not installed",
+        "lmdb: not installed", "webdataset: not installed"]
+
+
+def test_the_report_imports_no_optional_package():
+    # Versions come from the packages' metadata: importing torchvision or
+    # pyarrow would take seconds (and torchvision may not import at all).
+    code = ("import runpy, sys; runpy.run_module('fastload', run_name='__main__'); "
+            "print(sorted(m for m in ('torchvision', 'PIL', 'h5py', 'pyarrow', 'zarr', 'lmdb', "
+            "'webdataset') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "[]", result.stdout

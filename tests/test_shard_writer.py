@@ -353,12 +353,26 @@ def test_bad_arguments(tmp_path):
         write_shards(3, target)
 
 
+def test_missing_folders_are_created(tmp_path):
+    # As writers do (webdataset's ShardWriter opens its files only; a user
+    # writing "shards/train-%06d.tar" expects the folder to appear).
+    paths = write_shards([{"cls": i} for i in range(3)],
+                         str(tmp_path / "new" / "deeper" / "train-%06d.tar"), maxcount=2)
+    assert paths == [str(tmp_path / "new" / "deeper" / f"train-{n:06d}.tar") for n in (0, 1)]
+    assert [len(members(p)) for p in paths] == [2, 1]
+    assert leftovers(tmp_path / "new" / "deeper") == ["train-000000.tar", "train-000001.tar"]
+    # A pattern that puts each shard in a folder of its own.
+    paths = write_shards([{"cls": i} for i in range(2)], str(tmp_path / "per" / "%d" / "s.tar"),
+                         maxcount=1)
+    assert paths == [str(tmp_path / "per" / str(n) / "s.tar") for n in (0, 1)]
+
+
 def test_unwritable_destination(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"cannot write shard '.*missing/s-0\.tar'"):
-        write_shards([{"cls": 1}], str(tmp_path / "missing" / "s-%d.tar"))
     (tmp_path / "file").write_bytes(b"")
     with pytest.raises(NotADirectoryError, match="cannot write shard"):
         write_shards([{"cls": 1}], str(tmp_path / "file" / "s-%d.tar"))
+    with pytest.raises(NotADirectoryError, match=r"cannot write shard '.*file/sub/s-0\.tar'"):
+        write_shards([{"cls": 1}], str(tmp_path / "file" / "sub" / "s-%d.tar"))
     (tmp_path / "dir-0.tar").mkdir()
     with pytest.raises(IsADirectoryError, match="is a directory"):
         write_shards([{"cls": 1}], str(tmp_path / "dir-%d.tar"))

@@ -195,8 +195,12 @@ def test_uploads_are_timed_and_the_loop_waits_on_the_device_iterator(fake_driver
 # ------------------------------------------------------------- the verdict
 
 
-def snapshot(wait_s, elapsed_s, workers=(), stage_s=None, batches=100):
-    """A Timers snapshot by hand: workers as (busy, idle, gil, cpu) seconds."""
+def snapshot(wait_s, elapsed_s, workers=(), stage_s=None, batches=100, asks=None):
+    """A Timers snapshot by hand: workers as (busy, idle, gil, cpu) seconds;
+    asks as (asks, empty, idle_at_cap, starved_wait_s): how often the loop
+    asked, found no batch deliverable, and found that with a worker idle at
+    the in-flight cap, and how long it waited for batches it found none of
+    (by default every ask found none, and the workers busy)."""
     rows = []
     for busy, idle, gil, cpu in workers:
         row = [0] * ROW_FIELDS
@@ -207,15 +211,18 @@ def snapshot(wait_s, elapsed_s, workers=(), stage_s=None, batches=100):
         extra[STAGES.index(name)] = int(seconds * 1e9)
         extra[len(STAGES) + STAGES.index(name)] = 1
     rows.append(tuple(extra))
+    n_asks, empty, idle_at_cap, starved_s = asks or (batches, batches, 0, wait_s)
     consumer = {"batches": batches, "wait_ns": int(wait_s * 1e9),
-                "period_ns": int(elapsed_s * 1e9), "depth_samples": 0, "in_flight_sum": 0,
-                "ready_sum": 0, "wait_hist": [(1000, 1100, batches)]}
+                "period_ns": int(elapsed_s * 1e9), "depth_samples": n_asks, "in_flight_sum": 0,
+                "ready_sum": 0, "empty_asks": empty, "idle_at_cap_asks": idle_at_cap,
+                "starved_wait_ns": int(starved_s * 1e9), "wait_hist": [(1000, 1100, batches)]}
     return {"rows": rows, "consumer": consumer}
 
 
-def verdict(wait_s, workers=(), stage_s=None, cpus=8, contention=0.0):
-    snap = snapshot(wait_s, 10.0, workers, stage_s)
-    return LoaderStats(snap, len(workers), "thread", 2, cpus=cpus,
+def verdict(wait_s, workers=(), stage_s=None, cpus=8, contention=0.0, asks=None,
+            prefetch_factor=2):
+    snap = snapshot(wait_s, 10.0, workers, stage_s, asks=asks)
+    return LoaderStats(snap, len(workers), "thread", prefetch_factor, cpus=cpus,
                        contention=contention).verdict
 
 
@@ -236,12 +243,79 @@ def test_verdicts():
     assert "the GIL" not in verdict(4, [(9.5, 0.5, 0, 0.2)] * 2, {"dataset": 17})
     assert "even beyond the core count" in verdict(4, [(9.5, 0.5, 0, 1)] * 2, cpus=2)
     assert "oversubscribed" in verdict(4, [(9.5, 0.5, 0, 1)] * 2, contention=0.9)
-    assert "larger prefetch_factor" in verdict(4, [(3, 7, 0, 3)] * 2)
+    # Workers idle 70 %, and at most of the loop's empty asks one of them sat
+    # idle because the in-flight cap was reached: prefetch would help.
+    assert "larger prefetch_factor would help" in verdict(4, [(3, 7, 0, 3)] * 2,
+                                                          asks=(100, 60, 50, 3.8))
     none = LoaderStats(snapshot(6, 10.0, (), {"dataset": 5}), 0, None, None, cpus=4)
     assert none.verdict == ("input-bound: the loop waited 60% of the time; dataset is 83% of "
                             "loading time; workers would help (num_workers > 0)")
     empty = LoaderStats(snapshot(0, 0, (), batches=0), 0, None, None)
     assert empty.verdict == "no batches yet"
+
+
+@pytest.mark.parametrize("prefetch_factor", [2, 8])
+def test_a_wait_with_batches_ready_is_the_hand_off_not_a_call_for_prefetch(prefetch_factor):
+    # A cheap in-memory dataset: the loop waits 0.3 ms a batch (13 %), yet a
+    # batch was ready at every ask; idle workers are no evidence that more
+    # prefetch would help, at any prefetch_factor.
+    idle = [(2, 8, 0, 2)] * 2
+    v = verdict(1.3, idle, {"collate": 3}, asks=(100, 0, 0, 0), prefetch_factor=prefetch_factor)
+    assert v.startswith("input-bound: the loop waited 13% of the time"), v
+    assert "prefetch_factor would help" not in v and "more workers would help" not in v, v
+    assert "a batch was ready at 100% of the loop's asks" in v, v
+    assert "handing batches over" in v, v
+    # Mostly ready: a few empty asks with little of the wait behind them.
+    v = verdict(1.3, idle, asks=(100, 5, 5, 0.1), prefetch_factor=prefetch_factor)
+    assert "prefetch_factor would help" not in v and "handing batches over" in v, v
+
+
+def test_an_empty_queue_with_busy_workers_calls_for_workers_not_prefetch():
+    # The loop found nothing ready and no worker idle at the cap: the workers
+    # are too slow, however idle they are on average.
+    v = verdict(4, [(6, 4, 0, 6)] * 2, asks=(100, 80, 0, 3.9))
+    assert v.endswith("more workers would help"), v
+    assert "prefetch" not in v, v
+    v = verdict(4, [(6, 4, 0, 6)] * 2, asks=(100, 80, 0, 3.9), cpus=2)
+    assert "prefetch" not in v and "a cache would help" in v, v
+
+
+def test_the_timers_record_what_the_loop_found_as_it_asked():
+    timers = _C.Timers(1)
+    # Nothing deliverable, a worker idle at the in-flight cap; then nothing
+    # deliverable, workers busy; then a batch ready.
+    timers.note_depth(4, 0, False, True)
+    called = _C.clock_ns() - 5_000_000
+    starved_wait = timers.record_next(called, 0) - called
+    timers.note_depth(4, 1, False, False)  # in order: done, but not the next one
+    called = _C.clock_ns() - 3_000_000
+    starved_wait += timers.record_next(called, 0) - called
+    timers.note_depth(4, 2, True, False)
+    called = _C.clock_ns() - 1_000_000
+    timers.record_next(called, 0)
+    timers.note_depth(4, 2)  # without the flags: deliverable when any is ready
+    timers.record_next(_C.clock_ns(), 0)
+    consumer = timers.snapshot()["consumer"]
+    assert consumer["depth_samples"] == 4
+    assert consumer["empty_asks"] == 2 and consumer["idle_at_cap_asks"] == 1
+    assert consumer["starved_wait_ns"] == starved_wait
+    timers.reset()
+    consumer = timers.snapshot()["consumer"]
+    assert (consumer["empty_asks"], consumer["idle_at_cap_asks"], consumer["starved_wait_ns"]) \
+        == (0, 0, 0)
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_every_worker_route_notes_what_the_loop_found(mode):
+    data = fastload.ArrayDataset(np.zeros((64, 4), np.float32))
+    loader = fastload.DataLoader(data, batch_size=4, num_workers=2, worker_mode=mode,
+                                 output="numpy")
+    for _ in loader:
+        pass
+    stats = loader.stats().as_dict()
+    assert stats["asks"] >= 16
+    assert 0 <= stats["idle_at_cap_asks"] <= stats["empty_asks"] <= stats["asks"]
+    assert 0 <= stats["starved_wait_s"] <= stats["wait_s"] + 1e-9
 
 
 def test_percentiles_of_the_wait_histogram():

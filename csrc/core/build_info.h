@@ -3,6 +3,8 @@
 #ifndef FL_BUILD_INFO_H
 #define FL_BUILD_INFO_H
 
+#include <stddef.h>
+
 /* JPEG_LIB_VERSION of the jpeglib.h fastload was compiled with: the libjpeg
  * API it speaks (62 for libjpeg 6b, 80 for libjpeg 8). */
 int fl_jpeg_lib_version(void);
@@ -19,6 +21,15 @@ int fl_libjpeg_with_simd(void);
  * string belongs to the loader and lives as long as the library stays
  * loaded. */
 const char *fl_libjpeg_path(void);
+
+/* Makes (and frees) a JPEG decoder, a libpng read struct and a WebP decoder
+ * configuration, as every image will: FL_OK when each library loaded takes
+ * the ABI of the headers fastload was compiled with.  FL_ERR_INVALID when
+ * one refuses, with a message for an ImportError in msg: the library's own
+ * words ("Wrong JPEG library version: library is 80, caller expects 62"),
+ * the file the dynamic loader found, the headers built with and what to do.
+ * FL_ERR_NOMEM when out of memory. */
+int fl_check_image_libraries(char *msg, size_t msg_size);
 
 /* The libpng fastload runs with ("1.6.39"; the string is libpng's), and
  * the one it was built with. */

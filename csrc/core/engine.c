@@ -668,14 +668,32 @@ int fl_engine_in_flight(fl_engine *e)
     return n;
 }
 
-void fl_engine_depth(fl_engine *e, int *in_flight, int *done)
+/* Whether live worker `w` has nothing queued and nothing running.  Lock held. */
+static int idle_locked(const fl_engine *e, int w)
+{
+    const worker *wk = &e->workers[w];
+    if (wk->retired || !wk->started || wk->exited || wk->head >= 0)
+        return 0;
+    for (int i = 0; i < e->capacity; i++)
+        if (e->jobs[i].state == JOB_RUNNING && e->jobs[i].worker == w)
+            return 0;
+    return 1;
+}
+
+void fl_engine_depth(fl_engine *e, fl_engine_depth_info *out)
 {
     pthread_mutex_lock(&e->lock);
     int n = 0;
     for (int i = 0; i < e->capacity; i++)
         n += e->jobs[i].state == JOB_DONE;
-    *in_flight = e->in_flight;
-    *done = n;
+    out->in_flight = e->in_flight;
+    out->done = n;
+    out->deliverable = !e->forked && deliverable_locked(e) >= 0;
+    /* Only when the consumer must wait: the scan is per worker and record. */
+    out->idle_at_cap = 0;
+    if (!out->deliverable && e->in_flight >= e->capacity)
+        for (int w = 0; w < e->active && !out->idle_at_cap; w++)
+            out->idle_at_cap = idle_locked(e, w);
     pthread_mutex_unlock(&e->lock);
 }
 

@@ -109,9 +109,16 @@ int fl_engine_reset(fl_engine *engine);
 /* Number of jobs submitted and not yet delivered. */
 int fl_engine_in_flight(fl_engine *engine);
 
-/* fl_engine_in_flight, and of those jobs the number that finished (or were
- * cancelled) and wait for delivery, in any order: read together. */
-void fl_engine_depth(fl_engine *engine, int *in_flight, int *done);
+/* The queue as the consumer asks for a job, read together (loader.stats()). */
+typedef struct fl_engine_depth_info {
+    int in_flight;   /* fl_engine_in_flight */
+    int done;        /* of those, finished (or cancelled) and waiting for delivery */
+    int deliverable; /* the next delivery is among them (in order, only the oldest is) */
+    int idle_at_cap; /* a live worker has nothing to do while in_flight is at the
+                        capacity (max_in_flight): only the cap keeps it idle */
+} fl_engine_depth_info;
+
+void fl_engine_depth(fl_engine *engine, fl_engine_depth_info *out);
 
 /* Nonzero when called on one of this engine's worker threads. */
 int fl_engine_is_own_thread(const fl_engine *engine);

@@ -2,7 +2,8 @@
  *
  * libjpeg reports errors by calling error_exit, which must not return.
  * Ours longjmps back to the setjmp in fl_jpeg_decode or fl_jpeg_read_header
- * — the public entry points themselves — so the jump only ever unwinds this
+ * — the public entry points themselves — or in create() under fl_jpeg_new,
+ * so the jump only ever unwinds this
  * file's own frames and libjpeg's, never a lock, the GIL or a caller's
  * frame.  Everything allocated before the jump belongs to the decoder (the
  * pixel and row buffers) or to libjpeg's image pool, which
@@ -145,32 +146,48 @@ static void on_progress(j_common_ptr cinfo)
 /* ------------------------------------------------------------------------ */
 /* Decoder lifetime                                                         */
 
-/* jpeg_create_decompress reports running out of memory through error_exit. */
-static int create(fl_jpeg *dec)
+/* jpeg_create_decompress reports running out of memory, and a library of
+ * another ABI than our jpeglib.h (JERR_BAD_LIB_VERSION, JERR_BAD_STRUCT_SIZE),
+ * through error_exit.  That message is libjpeg's, kept as it words it, for
+ * it is the one a search finds. */
+static int create(fl_jpeg *dec, char *msg, size_t msg_size)
 {
-    if (setjmp(dec->err.escape))
-        return FL_ERR_NOMEM;
+    dec->err.msg = NULL; /* on_error leaves the text to us */
+    dec->err.msg_size = 0;
+    if (setjmp(dec->err.escape)) {
+        char text[JMSG_LENGTH_MAX];
+        text[0] = '\0';
+        (*dec->err.pub.format_message)((j_common_ptr)&dec->cinfo, text);
+        fl_set_msg(msg, msg_size, "libjpeg cannot make a decoder: %s", text);
+        return dec->err.status == FL_ERR_NOMEM ? FL_ERR_NOMEM : FL_ERR_INVALID;
+    }
     jpeg_create_decompress(&dec->cinfo);
     return FL_OK;
 }
 
-fl_jpeg *fl_jpeg_new(void)
+int fl_jpeg_new(fl_jpeg **out, char *msg, size_t msg_size)
 {
+    *out = NULL;
+    fl_set_msg(msg, msg_size, "%s", "");
     fl_jpeg *dec = calloc(1, sizeof *dec);
-    if (!dec)
-        return NULL;
+    if (!dec) {
+        fl_set_msg(msg, msg_size, "out of memory for a JPEG decoder");
+        return FL_ERR_NOMEM;
+    }
     dec->cinfo.err = jpeg_std_error(&dec->err.pub);
     dec->err.pub.error_exit = on_error;
     dec->err.pub.emit_message = on_message;
     dec->err.pub.output_message = on_output;
-    if (create(dec) != FL_OK) {
+    int rc = create(dec, msg, msg_size);
+    if (rc != FL_OK) {
         jpeg_destroy_decompress(&dec->cinfo); /* frees what was made, if anything */
         free(dec);
-        return NULL;
+        return rc;
     }
     dec->progress.progress_monitor = on_progress;
     dec->cinfo.progress = &dec->progress;
-    return dec;
+    *out = dec; /* the caller owns it */
+    return FL_OK;
 }
 
 void fl_jpeg_free(fl_jpeg *dec)

@@ -29,8 +29,15 @@
 /* One per worker thread; not thread-safe. */
 typedef struct fl_jpeg fl_jpeg;
 
-/* Returns a new decoder, or NULL when out of memory. */
-fl_jpeg *fl_jpeg_new(void);
+/* Makes a new decoder in *out.  Returns FL_OK, or with *out NULL and a
+ * one-line message in msg:
+ *   FL_ERR_NOMEM    out of memory
+ *   FL_ERR_INVALID  libjpeg refused to make one: the library loaded is not of
+ *                   the ABI of the jpeglib.h fastload was compiled with (the
+ *                   message is libjpeg's own, "Wrong JPEG library version:
+ *                   library is 80, caller expects 62", or its struct-size
+ *                   twin). */
+int fl_jpeg_new(fl_jpeg **out, char *msg, size_t msg_size);
 
 /* Frees a decoder and its pixel buffer.  NULL is allowed. */
 void fl_jpeg_free(fl_jpeg *dec);

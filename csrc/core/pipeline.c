@@ -82,24 +82,38 @@ static void make_worker_key(void)
     worker_key_ok = pthread_key_create(&worker_key, worker_free) == 0;
 }
 
-fl_image_worker *fl_image_worker_get(void)
+int fl_image_worker_get(fl_image_worker **out, char *msg, size_t msg_size)
 {
+    *out = NULL;
     pthread_once(&worker_key_once, make_worker_key);
-    if (!worker_key_ok)
-        return NULL;
-    fl_image_worker *w = pthread_getspecific(worker_key);
-    if (w)
-        return w;
-    w = calloc(1, sizeof *w);
-    if (!w)
-        return NULL;
-    w->jpeg = fl_jpeg_new();
-    w->scratch = fl_resample_scratch_new();
-    if (!w->jpeg || !w->scratch || pthread_setspecific(worker_key, w) != 0) {
-        worker_free(w);
-        return NULL;
+    if (!worker_key_ok) {
+        snprintf(msg, msg_size, "no thread-local key for the decoders (pthread_key_create)");
+        return FL_ERR_NOMEM;
     }
-    return w;
+    fl_image_worker *w = pthread_getspecific(worker_key);
+    if (w) {
+        *out = w;
+        return FL_OK;
+    }
+    w = calloc(1, sizeof *w);
+    if (!w) {
+        snprintf(msg, msg_size, "no memory for this thread's decoder");
+        return FL_ERR_NOMEM;
+    }
+    int rc = fl_jpeg_new(&w->jpeg, msg, msg_size);
+    if (rc == FL_OK) {
+        w->scratch = fl_resample_scratch_new();
+        if (!w->scratch || pthread_setspecific(worker_key, w) != 0) {
+            snprintf(msg, msg_size, "no memory for this thread's decoder");
+            rc = FL_ERR_NOMEM;
+        }
+    }
+    if (rc != FL_OK) {
+        worker_free(w);
+        return rc;
+    }
+    *out = w; /* owned by the thread: worker_free runs at its exit */
+    return FL_OK;
 }
 
 /* ------------------------------------------------------------------ files */

@@ -86,9 +86,13 @@ typedef struct fl_sample_geometry {
 
 typedef struct fl_image_worker fl_image_worker;
 
-/* The calling thread's worker state, created on first use and freed when
- * the thread exits.  NULL when out of memory. */
-fl_image_worker *fl_image_worker_get(void);
+/* The calling thread's worker state in *out, created on first use and freed
+ * when the thread exits.  Returns FL_OK, or with *out NULL and a one-line
+ * message in msg: FL_ERR_NOMEM (out of memory, or no thread-local key), or
+ * FL_ERR_INVALID when libjpeg refuses to make a decoder (a library of
+ * another ABI than the headers built with: fl_jpeg_new).  A later call
+ * tries again. */
+int fl_image_worker_get(fl_image_worker **out, char *msg, size_t msg_size);
 
 /* Reads the whole file at `path` into the worker's buffer.  Returns FL_OK
  * (setting *data and *size, valid until the next read on this thread) or

@@ -6,8 +6,9 @@
  * libpng's.  libpng's structs for the image live in the decoder (not in
  * locals that a longjmp could leave stale), and png_destroy_read_struct
  * frees everything libpng allocated; our own buffers belong to the decoder
- * and are kept.  Warnings (benign errors included) are ignored, and nothing
- * is ever printed.
+ * and are kept.  Warnings (benign errors included) are ignored, except the
+ * one libpng gives as it refuses to make a read struct for headers of
+ * another version, which becomes the message; nothing is ever printed.
  *
  * libpng is asked for the image's own samples (depth < 8 unpacked to a byte
  * each, nothing else transformed), and each row is then turned into RGB by
@@ -53,6 +54,8 @@ struct fl_png {
     const unsigned char *data; /* the input and how much of it libpng has read */
     size_t size, pos;
     int truncated;            /* the input ran out */
+    int creating;             /* inside png_create_read_struct: a warning is why it fails */
+    int refused;              /* and libpng gave one */
     int status;               /* returned after a jump */
     char *msg;                /* the caller's message buffer, or NULL */
     size_t msg_size;
@@ -120,10 +123,16 @@ static void on_error(png_structp png, png_const_charp text)
     png_longjmp(png, 1);
 }
 
+/* Warnings are ignored, except the one png_create_read_struct gives before
+ * it returns NULL: libpng is not of the version of the headers we were built
+ * with ("Application built with libpng-1.5.30 but running with 1.6.39"). */
 static void on_warning(png_structp png, png_const_charp text)
 {
-    (void)png;
-    (void)text;
+    fl_png *dec = png_get_error_ptr(png);
+    if (dec && dec->creating) {
+        dec->refused = 1;
+        fl_set_msg(dec->msg, dec->msg_size, "libpng cannot make a decoder: %s", text);
+    }
 }
 
 static void read_bytes(png_structp png, png_bytep out, size_t n)
@@ -139,6 +148,36 @@ static void read_bytes(png_structp png, png_bytep out, size_t n)
 
 /* ------------------------------------------------------------------------ */
 /* One image                                                                */
+
+/* Makes libpng's structs, with dec->msg set.  libpng tells a library of
+ * another version (which it refuses) from running out of memory only in
+ * a warning, which on_warning keeps as the message. */
+static int create(fl_png *dec)
+{
+    fl_set_msg(dec->msg, dec->msg_size, "%s", "");
+    dec->creating = 1;
+    dec->refused = 0;
+    dec->png = png_create_read_struct(PNG_LIBPNG_VER_STRING, dec, on_error, on_warning);
+    dec->creating = 0;
+    if (!dec->png && dec->refused)
+        return FL_ERR_INVALID;
+    if (dec->png)
+        dec->info = png_create_info_struct(dec->png);
+    if (!dec->png || !dec->info) {
+        png_destroy_read_struct(&dec->png, &dec->info, NULL);
+        fl_set_msg(dec->msg, dec->msg_size, "out of memory for the PNG decoder");
+        return FL_ERR_NOMEM;
+    }
+    return FL_OK;
+}
+
+int fl_png_check_library(char *msg, size_t msg_size)
+{
+    fl_png dec = {.msg = msg, .msg_size = msg_size};
+    int rc = create(&dec);
+    png_destroy_read_struct(&dec.png, &dec.info, NULL);
+    return rc;
+}
 
 /* Makes libpng's structs for the bytes in data[0 .. size). */
 static int begin(fl_png *dec, const unsigned char *data, size_t size, char *msg,
@@ -160,15 +199,7 @@ static int begin(fl_png *dec, const unsigned char *data, size_t size, char *msg,
     dec->status = FL_ERR_DECODE;
     dec->msg = msg;
     dec->msg_size = msg_size;
-    dec->png = png_create_read_struct(PNG_LIBPNG_VER_STRING, dec, on_error, on_warning);
-    if (dec->png)
-        dec->info = png_create_info_struct(dec->png);
-    if (!dec->png || !dec->info) {
-        png_destroy_read_struct(&dec->png, &dec->info, NULL);
-        fl_set_msg(msg, msg_size, "out of memory for the PNG decoder");
-        return FL_ERR_NOMEM;
-    }
-    return FL_OK;
+    return create(dec);
 }
 
 static void end(fl_png *dec)

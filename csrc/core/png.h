@@ -32,6 +32,13 @@ fl_png *fl_png_new(void);
 /* Frees a decoder and its buffers.  NULL is allowed. */
 void fl_png_free(fl_png *dec);
 
+/* Makes libpng's structs once and frees them: FL_OK when the libpng loaded
+ * takes the version of the headers fastload was built with; FL_ERR_INVALID
+ * with libpng's words in msg ("libpng cannot make a decoder: Application
+ * built with libpng-1.5.30 but running with 1.6.39") when it refuses, as it
+ * then refuses every image; FL_ERR_NOMEM when out of memory. */
+int fl_png_check_library(char *msg, size_t msg_size);
+
 /* Nonzero when the bytes start with the PNG signature. */
 int fl_is_png(const unsigned char *data, size_t size);
 
@@ -45,6 +52,7 @@ int fl_png_read_header(fl_png *dec, const unsigned char *data, size_t size, int 
  * rows `*stride` bytes apart; valid until the decoder's next decode or
  * free; it is kept and only grows).  Returns FL_OK, or with a message:
  *   FL_ERR_DECODE   not a PNG, corrupt or truncated data
+ *   FL_ERR_INVALID  libpng refused to make a decoder (fl_png_check_library)
  *   FL_ERR_TOO_BIG  more than max_pixels pixels (refused before allocating)
  *   FL_ERR_NOMEM    out of memory */
 int fl_png_decode(fl_png *dec, const unsigned char *data, size_t size, uint64_t max_pixels,

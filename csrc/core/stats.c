@@ -213,14 +213,25 @@ void fl_stats_record_batch(fl_stats *stats, uint64_t wait_ns, uint64_t period_ns
     c->wait_ns += wait_ns;
     c->period_ns += period_ns;
     c->wait_hist[fl_stats_bucket(wait_ns)]++;
+    if (c->starved)
+        c->starved_wait_ns += wait_ns;
+    c->starved = 0;
 }
 
-void fl_stats_note_depth(fl_stats *stats, uint64_t in_flight, uint64_t ready)
+void fl_stats_note_depth(fl_stats *stats, uint64_t in_flight, uint64_t ready, int deliverable,
+                         int idle_at_cap)
 {
     fl_stats_consumer *c = &stats->consumer;
     c->depth_samples++;
     c->in_flight_sum += in_flight;
     c->ready_sum += ready;
+    if (!deliverable) {
+        /* One next() may ask more than once (skipped batches): any empty ask
+         * makes its wait a wait for the workers. */
+        c->empty_asks++;
+        c->idle_at_cap_asks += idle_at_cap != 0;
+        c->starved = 1;
+    }
 }
 
 /* ------------------------------------------------------------ stage clock */

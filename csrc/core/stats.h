@@ -75,6 +75,12 @@ typedef struct fl_stats_consumer {
     uint64_t depth_samples;  /* times the queue was looked at as the loop asked */
     uint64_t in_flight_sum;  /* batches in flight then */
     uint64_t ready_sum;      /* of them, finished and waiting */
+    uint64_t empty_asks;     /* asks that found no batch to deliver at once */
+    uint64_t idle_at_cap_asks; /* of them, with a worker idle only because the
+                                  in-flight cap was reached (prefetch_factor) */
+    uint64_t starved_wait_ns; /* the wait of batches asked for when none was
+                                 deliverable: waiting for a worker, not the hand-off */
+    int starved;             /* the batch being asked for found none deliverable */
     uint64_t wait_hist[FL_STATS_BUCKETS];
 } fl_stats_consumer;
 
@@ -184,8 +190,13 @@ void fl_trace_record(int kind, uint64_t start_ns, uint64_t end_ns);
 void fl_stats_record_batch(fl_stats *stats, uint64_t wait_ns, uint64_t period_ns);
 
 /* As the consumer asked for a batch, in_flight batches were in flight, of
- * which `ready` were done.  The consumer's thread only. */
-void fl_stats_note_depth(fl_stats *stats, uint64_t in_flight, uint64_t ready);
+ * which `ready` were done; `deliverable` is nonzero when the next one to
+ * deliver was among them (in order, a finished later batch is not), and
+ * `idle_at_cap` when, with none deliverable, a worker had nothing to do
+ * because the in-flight cap was reached.  The batch's wait then counts as
+ * starved (fl_stats_record_batch).  The consumer's thread only. */
+void fl_stats_note_depth(fl_stats *stats, uint64_t in_flight, uint64_t ready, int deliverable,
+                         int idle_at_cap);
 
 /* The histogram bucket of a value and the value range of a bucket. */
 int fl_stats_bucket(uint64_t ns);

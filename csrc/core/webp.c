@@ -38,6 +38,29 @@ void fl_webp_free(fl_webp *dec)
     free(dec);
 }
 
+/* libwebp's only word for a library of another ABI is a 0 from the init. */
+#define ABI_MISMATCH_TEXT                                                                         \
+    "libwebp refuses the decoder ABI of the headers fastload was built with "                      \
+    "(WEBP_DECODER_ABI_VERSION 0x%04x; the library is %d.%d.%d)"
+
+static void abi_mismatch(char *msg, size_t msg_size)
+{
+    int v = WebPGetDecoderVersion();
+    fl_set_msg(msg, msg_size, ABI_MISMATCH_TEXT, WEBP_DECODER_ABI_VERSION, v >> 16,
+               (v >> 8) & 0xFF, v & 0xFF);
+}
+
+int fl_webp_check_library(char *msg, size_t msg_size)
+{
+    WebPDecoderConfig config;
+    if (!WebPInitDecoderConfig(&config)) {
+        abi_mismatch(msg, msg_size);
+        return FL_ERR_INVALID;
+    }
+    fl_set_msg(msg, msg_size, "%s", "");
+    return FL_OK;
+}
+
 int fl_is_webp(const unsigned char *data, size_t size)
 {
     return size >= 12 && memcmp(data, "RIFF", 4) == 0 && memcmp(data + 8, "WEBP", 4) == 0;
@@ -149,8 +172,8 @@ int fl_webp_decode(fl_webp *dec, const unsigned char *data, size_t size, uint64_
     }
     WebPDecoderConfig config;
     if (!WebPInitDecoderConfig(&config)) {
-        fl_set_msg(msg, msg_size, "libwebp is not the version built against");
-        return FL_ERR_DECODE;
+        abi_mismatch(msg, msg_size);
+        return FL_ERR_INVALID;
     }
     int rc = features(data, size, &config.input, msg, msg_size);
     if (rc != FL_OK)

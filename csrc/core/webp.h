@@ -27,6 +27,11 @@ fl_webp *fl_webp_new(void);
 /* Frees a decoder and its buffer.  NULL is allowed. */
 void fl_webp_free(fl_webp *dec);
 
+/* FL_OK when the libwebp loaded takes the decoder ABI of the headers
+ * fastload was built with (WebPInitDecoderConfig accepts it); else
+ * FL_ERR_INVALID with a message, as it then refuses every image. */
+int fl_webp_check_library(char *msg, size_t msg_size);
+
 /* Nonzero when the bytes start like a WebP file ("RIFF", size, "WEBP"). */
 int fl_is_webp(const unsigned char *data, size_t size);
 
@@ -40,6 +45,7 @@ int fl_webp_read_header(const unsigned char *data, size_t size, int *width, int 
  * a pixel, rows `*stride` bytes apart; valid until the decoder's next decode
  * or free; it is kept and only grows).  Returns FL_OK, or with a message:
  *   FL_ERR_DECODE   not a WebP, corrupt or truncated data, unsupported
+ *   FL_ERR_INVALID  libwebp refuses our decoder ABI (fl_webp_check_library)
  *   FL_ERR_TOO_BIG  more than max_pixels pixels (refused before allocating)
  *   FL_ERR_NOMEM    out of memory */
 int fl_webp_decode(fl_webp *dec, const unsigned char *data, size_t size, uint64_t max_pixels,

@@ -44,7 +44,7 @@ static fl_jpeg *decoder(void)
 {
     static fl_jpeg *dec;
     if (!dec)
-        dec = fl_jpeg_new();
+        fl_jpeg_new(&dec, NULL, 0); /* leaves it NULL on failure */
     return dec;
 }
 
