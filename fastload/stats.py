@@ -219,7 +219,13 @@ class LoaderStats:
                     "found no batch ready, a worker sat idle because num_workers x "
                     f"prefetch_factor = {self.num_workers * (self.prefetch_factor or 1)} batches "
                     "were already in flight: a larger prefetch_factor would help")
-        if self.busy_fraction >= _SATURATED and self.cpu_fraction < _MOSTLY_WAITING:
+        if self.busy_fraction < _SATURATED and not self.asks:
+            return (f"the workers are idle {1 - self.busy_fraction:.0%} of the time while the "
+                    "loop waits, with no record of what the loop found as it asked")
+        # Saturated, or the loop found no batch ready with every worker busy:
+        # the workers are too slow for the loop.  Busy but mostly off a CPU,
+        # they wait for I/O or sleep, and more of them help beyond the cores.
+        if self.cpu_fraction < _MOSTLY_WAITING:
             contention = self._contention
             if contention is None:
                 contention = self._contention = cpu_contention()
@@ -231,18 +237,13 @@ class LoaderStats:
             return (f"the workers use a CPU only {self.cpu_fraction:.0%} of their busy time "
                     "(they wait for I/O or sleep): more workers would help, even beyond "
                     "the core count")
-        if self.busy_fraction >= _SATURATED or self.asks:
-            # Saturated, or the loop found no batch ready with every worker
-            # busy: the workers are too slow for the loop.
-            if self.num_workers < self.cpus:
-                return "more workers would help"
-            if self.busy_fraction >= _SATURATED:
-                return ("the workers keep every core busy: cheaper transforms, smaller stored "
-                        "images or a cache would help")
-            return ("there are as many workers as cores, all busy when the loop found no batch "
-                    "ready: cheaper transforms, smaller stored images or a cache would help")
-        return (f"the workers are idle {1 - self.busy_fraction:.0%} of the time while the loop "
-                "waits, with no record of what the loop found as it asked")
+        if self.num_workers < self.cpus:
+            return "more workers would help"
+        if self.busy_fraction >= _SATURATED:
+            return ("the workers keep every core busy: cheaper transforms, smaller stored "
+                    "images or a cache would help")
+        return ("there are as many workers as cores, all busy when the loop found no batch "
+                "ready: cheaper transforms, smaller stored images or a cache would help")
 
     def _python_threads_in_turn(self):
         """The CPUs thread workers running Python used together while the
