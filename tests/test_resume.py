@@ -196,6 +196,236 @@ def test_bad_states_are_refused():
     next(it)
     state = loader.state_dict()
     other = fastload.DataLoader(arrays(), batch_size=8, shuffle=False)
+    with pytest.raises(ValueError, match="sampler changed .*RandomSampler of 37 -> "
+                                         ".*SequentialSampler of 37"):
+        other.load_state_dict(state)
+    other = fastload.DataLoader(arrays(), batch_size=8, shuffle=True)  # no generator
     other.load_state_dict(state)
     with pytest.raises(ValueError, match="generators differ"):
         iter(other)
+
+
+# ------------------------------------------- resuming with another batch_size
+
+
+def labels(batches):
+    """The sample indices in batches, in order (each dataset's label is its index)."""
+    return [int(i) for b in batches for i in np.asarray(to_numpy_tree(b)[1]).reshape(-1)]
+
+
+def stream_loader(dataset, workers, batch_size, drop_last=False, shuffle=True, generator=True):
+    num_workers, mode = (0, "auto") if workers == 0 else (2, workers)
+    ds = arrays() if dataset == "arrays" else Squares()
+    return fastload.DataLoader(ds, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
+                               num_workers=num_workers, worker_mode=mode,
+                               generator=seeded() if generator else None)
+
+
+def epoch_order(dataset, shuffle, generator=True):
+    """The epoch's indices, one at a time: the sampler's stream."""
+    return labels(stream_loader(dataset, 0, 1, shuffle=shuffle, generator=generator))
+
+
+@pytest.mark.parametrize("new_size", [6, 3, 1])
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("dataset,workers", [("arrays", 0), ("arrays", "thread"),
+                                              ("python", "thread"), ("python", "process")])
+def test_resuming_with_another_batch_size_yields_the_rest_of_the_epoch_once(
+        dataset, workers, shuffle, drop_last, new_size):
+    order = epoch_order(dataset, shuffle)
+    first = stream_loader(dataset, workers, 4, drop_last, shuffle)
+    it = iter(first)
+    head = list(itertools.islice(it, 3))
+    state = first.state_dict()
+    assert state["samples_yielded"] == 12
+    del it
+    resumed = stream_loader(dataset, workers, new_size, drop_last, shuffle)
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    want = order[12:]
+    if drop_last:
+        want = want[:len(want) // new_size * new_size]
+    assert labels(head) == order[:12]
+    assert labels(rest) == want
+    sizes = [len(to_numpy_tree(b)[1]) for b in rest]
+    assert all(size == new_size for size in sizes[:-1]) and 0 < sizes[-1] <= new_size
+    if not drop_last:
+        assert sorted(labels(head) + labels(rest)) == list(range(N))  # once each
+
+
+def test_resuming_by_samples_draws_from_the_global_rng_as_recorded():
+    torch.manual_seed(3)
+    order = epoch_order("arrays", True, generator=False)
+    torch.manual_seed(3)
+    first = stream_loader("arrays", 0, 4, generator=False)
+    head = list(itertools.islice(iter(first), 2))
+    state = first.state_dict()
+    torch.manual_seed(99)  # the new process's own state: not the epoch's
+    resumed = stream_loader("arrays", "thread", 5, generator=False)
+    resumed.load_state_dict(state)
+    assert labels(head) + labels(resumed) == order
+
+
+def test_a_resumed_run_saves_and_resumes_again_with_a_third_batch_size():
+    order = epoch_order("python", True)
+    first = stream_loader("python", 0, 4)
+    head = list(itertools.islice(iter(first), 2))
+    second = stream_loader("python", "thread", 6)
+    second.load_state_dict(first.state_dict())
+    it = iter(second)
+    middle = list(itertools.islice(it, 2))
+    state = second.state_dict()
+    assert state["samples_yielded"] == 20
+    del it
+    third = stream_loader("python", "process", 3)
+    third.load_state_dict(state)
+    assert labels(head) + labels(middle) + labels(third) == order
+
+
+def test_batch_size_none_and_batches_resume_into_each_other():
+    order = epoch_order("arrays", True)
+    first = stream_loader("arrays", 0, None)
+    head = list(itertools.islice(iter(first), 5))
+    second = stream_loader("arrays", 0, 4)
+    second.load_state_dict(first.state_dict())
+    it = iter(second)
+    middle = list(itertools.islice(it, 2))
+    third = stream_loader("arrays", 0, None)
+    third.load_state_dict(second.state_dict())
+    got = [int(to_numpy_tree(s)[1]) for s in head] + labels(middle)
+    got += [int(to_numpy_tree(s)[1]) for s in third]
+    assert got == order
+
+
+@pytest.mark.parametrize("before,after", [((2, "thread"), (0, "auto")),
+                                          ((0, "auto"), (2, "process")),
+                                          ((2, "thread"), (3, "thread"))])
+def test_a_map_dataset_resumes_with_another_number_of_workers(before, after):
+    order = epoch_order("python", True)
+
+    def make(workers):
+        return fastload.DataLoader(Squares(), batch_size=4, shuffle=True, num_workers=workers[0],
+                                   worker_mode=workers[1], generator=seeded())
+
+    first = make(before)
+    it = iter(first)
+    head = list(itertools.islice(it, 3))
+    state = first.state_dict()
+    del it
+    resumed = make(after)
+    resumed.load_state_dict(state)
+    assert labels(head) + labels(resumed) == order
+
+
+class Pairs(torch.utils.data.Sampler):
+    """A batch sampler of its own: pairs, then the rest as one batch."""
+
+    batch_size = 2
+
+    def __init__(self, n, batch_size=2):
+        self.n, self.batch_size = n, batch_size
+
+    def __iter__(self):
+        for start in range(0, 10, self.batch_size):
+            yield list(range(start, start + self.batch_size))
+        yield list(range(10, self.n))
+
+    def __len__(self):
+        return 10 // self.batch_size + 1
+
+
+def test_a_batch_sampler_of_its_own_resumes_by_batches_or_refuses():
+    def make(**kwargs):
+        return fastload.DataLoader(Squares(), **kwargs)
+
+    full = labels(make(batch_sampler=Pairs(N)))
+    first = make(batch_sampler=Pairs(N))
+    it = iter(first)
+    head = list(itertools.islice(it, 2))
+    state = first.state_dict()
+    same_again = make(batch_sampler=Pairs(N))
+    same_again.load_state_dict(state)
+    assert labels(head) + labels(same_again) == full
+    with pytest.raises(ValueError, match=r"batch_sampler changed \(batch_size 2 -> 5, "
+                                         r".*Pairs of 6 -> .*Pairs of 3\)"):
+        make(batch_sampler=Pairs(N, 5)).load_state_dict(state)
+    with pytest.raises(ValueError, match="saved by a loader with a batch_sampler of its own, "
+                                         r"this one has batches cut .*\(batch_size=\)"):
+        make(batch_size=2).load_state_dict(state)
+    flat = make(batch_size=2)
+    flat_it = iter(flat)
+    next(flat_it)
+    with pytest.raises(ValueError, match="saved by a loader with batches cut .*, this one has "
+                                         "a batch_sampler of its own"):
+        make(batch_sampler=Pairs(N)).load_state_dict(flat.state_dict())
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(batch_size=5), "batch_size 4 -> 5"),
+    (dict(drop_last=True), "drop_last False -> True"),
+    (dict(num_workers=2), "num_workers 0 -> 2"),
+])
+def test_an_iterable_dataset_refuses_another_batching(change, message):
+    first = fastload.DataLoader(Stream(), batch_size=4)
+    it = iter(first)
+    next(it)
+    state = first.state_dict()
+    kwargs = dict(dict(batch_size=4), **change)
+    with pytest.raises(ValueError, match=f"iterable dataset resumes.*|{message}") as info:
+        fastload.DataLoader(Stream(), **kwargs).load_state_dict(state)
+    assert message in str(info.value) and "iterable dataset" in str(info.value)
+
+
+def test_a_state_of_out_of_order_batches_is_refused():
+    loader = fastload.DataLoader(Squares(), batch_size=4, num_workers=2, worker_mode="thread",
+                                 in_order=False)
+    it = iter(loader)
+    loader.state_dict()  # nothing handed out yet: the epoch resumes from its start
+    next(it)
+    with pytest.raises(ValueError, match="needs in_order=True"):
+        loader.state_dict()
+
+
+class Faulty(Squares):
+    def __getitem__(self, i):
+        if i == 5:
+            raise KeyError("sample 5 is bad")
+        return super().__getitem__(i)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_batch_that_raised_counts_as_consumed(num_workers):
+    def make(batch_size):
+        return fastload.DataLoader(Faulty(), batch_size=batch_size, num_workers=num_workers,
+                                   worker_mode="thread")
+
+    first = make(4)
+    it = iter(first)
+    head = [next(it)]
+    with pytest.raises(KeyError, match="sample 5 is bad"):
+        next(it)
+    head.append(next(it))
+    state = first.state_dict()
+    assert state["samples_yielded"] == 12
+    del it
+    resumed = make(5)
+    resumed.load_state_dict(state)
+    assert labels(head) + labels(resumed) == [0, 1, 2, 3] + list(range(8, N))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_state_dict_after_break_is_where_the_loop_left(num_workers):
+    # The loop's iterator is dropped by break: state_dict() still says where it was.
+    order = epoch_order("arrays", True)
+    first = stream_loader("arrays", 0 if num_workers == 0 else "thread", 4)
+    head = []
+    for i, batch in enumerate(first):
+        head.append(batch)
+        if i == 2:
+            break
+    state = first.state_dict()
+    assert state["in_epoch"] and state["samples_yielded"] == 12
+    resumed = stream_loader("arrays", 0, 4)
+    resumed.load_state_dict(state)
+    assert labels(head) + labels(resumed) == order
