@@ -3,6 +3,8 @@ batches the uninterrupted run would have yielded next, bit for bit."""
 
 import io
 import itertools
+import json
+import pickle
 
 import numpy as np
 import pytest
@@ -153,15 +155,112 @@ def test_iterable_dataset_resumes_by_loading_again(num_workers):
                  cut=3)
 
 
-def test_state_survives_torch_save():
-    def through_torch_save(state):
-        buffer = io.BytesIO()
-        torch.save(state, buffer)
-        buffer.seek(0)
-        return torch.load(buffer, weights_only=False)
+def through_torch_save(state):
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return torch.load(buffer)  # torch's defaults: weights_only=True
 
+
+def through_pickle(state):
+    return pickle.loads(pickle.dumps(state))
+
+
+def through_json(state):
+    return json.loads(json.dumps(state))
+
+
+SAVES = [through_torch_save, through_pickle, through_json]
+
+
+def numpy_sampled(bit_generator):
+    def make():
+        ds = arrays()
+        sampler = fastload.RandomSampler(ds, generator=np.random.Generator(bit_generator(4)))
+        return fastload.DataLoader(ds, batch_size=8, sampler=sampler, num_workers=2)
+    return make
+
+
+@pytest.mark.parametrize("save", SAVES)
+@pytest.mark.parametrize("make", [
+    lambda: fastload.DataLoader(arrays(), batch_size=8, shuffle=True, generator=seeded()),
+    lambda: fastload.DataLoader(arrays(), batch_size=8, shuffle=True),  # the global RNG
+    numpy_sampled(np.random.PCG64),
+    numpy_sampled(np.random.MT19937),  # its state holds an array
+], ids=["torch_generator", "global_rng", "numpy_pcg64", "numpy_mt19937"])
+@pytest.mark.parametrize("cut", [0, 2])
+def test_state_survives_a_checkpoint(save, make, cut):
+    check_resume(make, cut=cut, save=save)
+
+
+def test_persistent_state_survives_a_checkpoint():
+    check_resume(lambda: fastload.DataLoader(arrays(), batch_size=6, shuffle=True, num_workers=2,
+                                             persistent_workers=True), cut=3, epochs_before=1,
+                 save=through_torch_save)
+
+
+def plain_types(value, where="state"):
+    """Every value in the state is a plain Python one."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            assert type(k) is str, f"{where}: key {k!r}"
+            plain_types(v, f"{where}[{k!r}]")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            plain_types(v, f"{where}[{i}]")
+    else:
+        assert value is None or type(value) in (bool, int, float, str), \
+            f"{where} is a {type(value).__module__}.{type(value).__name__}"
+
+
+@pytest.mark.parametrize("make", [
+    lambda: fastload.DataLoader(arrays(), batch_size=8, shuffle=True, generator=seeded()),
+    numpy_sampled(np.random.MT19937),
+    lambda: fastload.DataLoader(Squares(), batch_size=None, shuffle=True, num_workers=2,
+                                persistent_workers=True),
+    lambda: fastload.DataLoader(Stream(), batch_size=4),
+    lambda: fastload.DataLoader(Counter(), batch_size=3),
+])
+def test_the_state_holds_plain_python_values(make):
+    loader = make()
+    plain_types(loader.state_dict())
+    it = iter(loader)
+    plain_types(loader.state_dict())  # in the epoch, before its first draw
+    next(it)
+    plain_types(loader.state_dict())
+    list(it)
+    plain_types(loader.state_dict())
+
+
+def first_format(state):
+    """The state as the first format held it: tensors, NumPy arrays, tuples."""
+    state = dict(state, fastload_state=1)
+    state.pop("batching"), state.pop("samples_yielded")
+
+    def tensor(text):
+        return torch.frombuffer(bytearray.fromhex(text), dtype=torch.uint8)
+
+    def draws(snapshot):
+        if snapshot is None:
+            return None
+        numpy_state = snapshot["globals"]["numpy"]
+        version, internal, gauss = snapshot["globals"]["random"]
+        return {"generators": [tensor(g) for g in snapshot["generators"]],
+                "globals": {"torch": tensor(snapshot["globals"]["torch"]),
+                            "numpy": ("MT19937",
+                                      np.asarray(numpy_state["state"]["key"]["data"], np.uint32),
+                                      numpy_state["state"]["pos"], numpy_state["has_gauss"],
+                                      numpy_state["gauss"]),
+                            "random": (version, tuple(internal), gauss)}}
+
+    state["at_iter"], state["at_first_draw"] = draws(state["at_iter"]), draws(state["at_first_draw"])
+    state["generators"] = [tensor(g) for g in state["generators"]]
+    return state
+
+
+def test_a_state_of_the_first_format_still_loads():
     check_resume(lambda: fastload.DataLoader(arrays(), batch_size=8, shuffle=True,
-                                             generator=seeded()), cut=2, save=through_torch_save)
+                                             generator=seeded()), cut=2, save=first_format)
 
 
 def test_a_finished_epoch_resumes_at_the_next():
