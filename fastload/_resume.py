@@ -218,13 +218,23 @@ def is_flat(batch_sampler):
                for cls in _flat_batch_classes())
 
 
+# A sampler's settings that decide its order (DistributedSampler's,
+# ChunkShuffleSampler's, ShardSampler's ...), recorded where it has them.
+_SETTINGS = ("epoch", "seed", "rank", "num_replicas", "shuffle", "replacement", "drop_last")
+
+
 def _describe_sampler(sampler):
     try:
         length = len(sampler)
     except TypeError:
         length = None
+    settings = {}
+    for name in _SETTINGS:
+        value = getattr(sampler, name, None)
+        if isinstance(value, (bool, int, np.integer)):
+            settings[name] = value if isinstance(value, bool) else int(value)
     return {"type": f"{type(sampler).__module__}.{type(sampler).__qualname__}",
-            "length": length if length is None else int(length)}
+            "length": length if length is None else int(length), "settings": settings}
 
 
 def batching(loader):
@@ -265,24 +275,27 @@ def _changes(saved, now, names):
                      for name in names if saved[name] != now[name])
 
 
-def skip_plan(state, loader):
+def skip_plan(state, loader, starting=True):
     """How a resumed epoch skips what the recorded run handed out:
     ``("samples", n, eager)``, the first n indices of the sampler (which
     the recorded run opened at ``iter()`` when ``eager``, else at its first
     draw), or ``("batches", n, None)``, the first n batches of the index
     sampler.  ValueError, naming what changed, where the loader's batching
-    cannot continue the recorded run exactly."""
+    or sampler cannot continue the recorded run exactly.  Before the epoch
+    starts (``starting`` False: in load_state_dict) a sampler's ``epoch``
+    is not compared yet: ``set_epoch`` may come after loading."""
     saved = state.get("batching")
     if saved is None:  # the first format: batches handed out, nothing else known
         return "batches", state["num_yielded"], None
     now = batching(loader)
     flat = ("samples", "flat")
     if saved["kind"] in flat and now["kind"] in flat:
-        if saved["sampler"] != now["sampler"]:
+        changed = _sampler_changes(saved["sampler"], now["sampler"], starting)
+        if changed:
             raise ValueError(
-                "load_state_dict: the loader's sampler changed since the state was saved "
-                f"({_sampler_text(saved['sampler'])} -> {_sampler_text(now['sampler'])}): "
-                "resume with the same sampler (or dataset length, shuffle)")
+                f"load_state_dict: the loader's sampler changed since the state was saved "
+                f"({changed}): resume with the same sampler, dataset length and settings "
+                "(set_epoch as when it was saved)")
         return "samples", state["samples_yielded"], saved["kind"] == "samples"
     if saved["kind"] != now["kind"]:
         raise ValueError(
@@ -290,10 +303,8 @@ def skip_plan(state, loader):
             f"this one has {_KINDS[now['kind']]}: it cannot continue that epoch exactly")
     if now["kind"] == "batches":
         changed = _changes(saved, now, ("batch_size", "drop_last"))
-        if saved["sampler"] != now["sampler"]:
-            changed = ", ".join(filter(None, [changed, "batch_sampler "
-                                              f"{_sampler_text(saved['sampler'])} -> "
-                                              f"{_sampler_text(now['sampler'])}"]))
+        sampler = _sampler_changes(saved["sampler"], now["sampler"], starting)
+        changed = ", ".join(filter(None, [changed, sampler and f"batch_sampler {sampler}"]))
         if changed:
             raise ValueError(
                 f"load_state_dict: the loader's batch_sampler changed ({changed}); a "
@@ -307,6 +318,19 @@ def skip_plan(state, loader):
             "loading the batches handed out again, which needs the same batch_size, drop_last "
             "and num_workers (or a dataset with state_dict()/load_state_dict())")
     return "batches", state["num_yielded"], None
+
+
+def _sampler_changes(saved, now, starting):
+    """What differs between two sampler descriptions, as text ("" if
+    nothing does)."""
+    if saved is None or now is None:
+        return "" if saved == now else f"{_sampler_text(saved)} -> {_sampler_text(now)}"
+    if (saved["type"], saved["length"]) != (now["type"], now["length"]):
+        return f"{_sampler_text(saved)} -> {_sampler_text(now)}"
+    old, new = saved.get("settings", {}), now.get("settings", {})
+    return ", ".join(f"{name} {old.get(name)!r} -> {new.get(name)!r}"
+                     for name in sorted(set(old) | set(new))
+                     if old.get(name) != new.get(name) and (starting or name != "epoch"))
 
 
 def _sampler_text(description):

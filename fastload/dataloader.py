@@ -475,7 +475,7 @@ class DataLoader:
         the recorded epoch exactly."""
         state = _resume.check(state)
         if state["in_epoch"]:
-            _resume.skip_plan(state, self)  # ValueError now, naming what changed
+            _resume.skip_plan(state, self, starting=False)  # ValueError now, naming what changed
         if "dataset" in state:
             load = getattr(self.dataset, "load_state_dict", None)
             if not callable(load):

@@ -253,7 +253,8 @@ def first_format(state):
                                       numpy_state["gauss"]),
                             "random": (version, tuple(internal), gauss)}}
 
-    state["at_iter"], state["at_first_draw"] = draws(state["at_iter"]), draws(state["at_first_draw"])
+    state["at_iter"] = draws(state["at_iter"])
+    state["at_first_draw"] = draws(state["at_first_draw"])
     state["generators"] = [tensor(g) for g in state["generators"]]
     return state
 
@@ -528,3 +529,27 @@ def test_state_dict_after_break_is_where_the_loop_left(num_workers):
     resumed = stream_loader("arrays", 0, 4)
     resumed.load_state_dict(state)
     assert labels(head) + labels(resumed) == order
+
+
+def test_a_sampler_set_to_another_epoch_or_seed_is_refused():
+    def make(epoch, seed=0):
+        ds = arrays()
+        sampler = fastload.DistributedSampler(ds, num_replicas=2, rank=1, seed=seed)
+        sampler.set_epoch(epoch)
+        return fastload.DataLoader(ds, batch_size=4, sampler=sampler)
+
+    full = labels(make(3))
+    first = make(3)
+    it = iter(first)
+    head = [next(it)]
+    state = first.state_dict()
+    resumed = make(0)
+    resumed.load_state_dict(state)  # set_epoch may come after load_state_dict
+    resumed.sampler.set_epoch(3)
+    assert labels(head) + labels(resumed) == full
+    forgot = make(0)
+    forgot.load_state_dict(state)
+    with pytest.raises(ValueError, match=r"sampler changed .*\(epoch 3 -> 0\)"):
+        iter(forgot)
+    with pytest.raises(ValueError, match=r"sampler changed .*\(seed 0 -> 5\)"):
+        make(3, seed=5).load_state_dict(state)
