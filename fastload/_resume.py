@@ -27,9 +27,10 @@ comes once each, in order, in batches of the new size.  A loader whose
 ``batch_sampler`` is its own skips by batches, and refuses a state whose
 batching differs.  An iterable dataset has no indices to skip: its first
 batches are loaded again and dropped, so it needs the same ``batch_size``,
-``drop_last`` and ``num_workers`` (a dataset with
-``state_dict``/``load_state_dict``, as in torchdata, is restored directly
-instead, as is any map-style dataset that has them).
+``drop_last`` and ``num_workers``; one with ``state_dict``/``load_state_dict``,
+as in torchdata, iterated without workers, is restored directly instead
+(not loaded again as well).  A map-style dataset that has them is restored
+too.
 
 The state holds plain Python values only (ints, floats, strings, bools,
 None, lists and dicts with string keys): a torch generator's state is a hex
@@ -338,6 +339,16 @@ def _sampler_text(description):
         return "none"
     length = description["length"]
     return description["type"] + ("" if length is None else f" of {length}")
+
+
+def dataset_restored(state):
+    """Whether an iterable dataset's own state (``state_dict()``, restored
+    by load_state_dict) already stands past the batches handed out: it is
+    the copy the loop's own thread iterated (num_workers=0).  A worker's
+    copy is not the one the loader asks, so with workers the batches are
+    loaded again from the restored (initial) state."""
+    batching = state.get("batching")
+    return "dataset" in state and batching is not None and batching["num_workers"] == 0
 
 
 def resumed_indices(open_indices, skip, eager, batch_size, drop_last, arrays):

@@ -417,7 +417,7 @@ class DataLoader:
             if self.persistent_workers:
                 self._iterator = it
         self._remember(it)
-        if it._iterable and state["in_epoch"]:
+        if it._iterable and state["in_epoch"] and not _resume.dataset_restored(state):
             # No indices to skip: the batches handed out are loaded again.
             for _ in range(state["num_yielded"]):
                 next(it)

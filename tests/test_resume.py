@@ -553,3 +553,44 @@ def test_a_sampler_set_to_another_epoch_or_seed_is_refused():
         iter(forgot)
     with pytest.raises(ValueError, match=r"sampler changed .*\(seed 0 -> 5\)"):
         make(3, seed=5).load_state_dict(state)
+
+
+class Positioned(torch.utils.data.IterableDataset):
+    """An iterable dataset that keeps its place (torchdata's way): the copy
+    iterated knows how far it went."""
+
+    def __init__(self):
+        self.position = 0
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        for value in range(start, 30, step):
+            if value >= self.position:
+                self.position = value + 1
+                yield value
+
+    def state_dict(self):
+        return {"position": self.position}
+
+    def load_state_dict(self, state):
+        self.position = state["position"]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_iterable_dataset_with_its_own_state_is_not_skipped_twice(num_workers):
+    def make():
+        return fastload.DataLoader(Positioned(), batch_size=4, num_workers=num_workers)
+
+    full = labels_of_values(make())
+    first = make()
+    it = iter(first)
+    head = list(itertools.islice(it, 2))
+    state = first.state_dict()
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert labels_of_values(head) + labels_of_values(resumed) == full
+
+
+def labels_of_values(batches):
+    return [int(v) for b in batches for v in np.asarray(to_numpy_tree(b)).reshape(-1)]
