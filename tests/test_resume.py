@@ -594,3 +594,21 @@ def test_an_iterable_dataset_with_its_own_state_is_not_skipped_twice(num_workers
 
 def labels_of_values(batches):
     return [int(v) for b in batches for v in np.asarray(to_numpy_tree(b)).reshape(-1)]
+
+
+@pytest.mark.parametrize("workers", [0, "thread", "process"])
+@pytest.mark.parametrize("before,after", [((4, False), (6, True)), ((4, True), (3, False)),
+                                          ((4, True), (1, True))])
+def test_drop_last_may_change_on_resume(workers, before, after):
+    order = epoch_order("python", True)
+    first = stream_loader("python", workers, before[0], before[1])
+    it = iter(first)
+    head = list(itertools.islice(it, 2))
+    state = first.state_dict()
+    del it
+    resumed = stream_loader("python", workers, after[0], after[1])
+    resumed.load_state_dict(state)
+    want = order[8:]
+    if after[1]:
+        want = want[:len(want) // after[0] * after[0]]
+    assert labels(head) == order[:8] and labels(resumed) == want
