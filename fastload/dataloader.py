@@ -810,6 +810,7 @@ class _BaseIter:
         self._batch_number = 0
         self._sizes.clear()
         self._samples_yielded = 0
+        self._batching = _resume.batching(loader)  # the sampler's epoch may be new
         self._IterableDataset_len_called = loader._IterableDataset_len_called
 
     def _next_index(self):

@@ -612,3 +612,25 @@ def test_drop_last_may_change_on_resume(workers, before, after):
     if after[1]:
         want = want[:len(want) // after[0] * after[0]]
     assert labels(head) == order[:8] and labels(resumed) == want
+
+
+def test_a_persistent_loader_records_the_sampler_epoch_of_each_epoch():
+    def make():
+        ds = arrays()
+        sampler = fastload.DistributedSampler(ds, num_replicas=2, rank=0, seed=1)
+        return fastload.DataLoader(ds, batch_size=4, sampler=sampler, num_workers=2,
+                                   persistent_workers=True, worker_mode="thread")
+
+    want = make()
+    want.sampler.set_epoch(1)
+    full = labels(want)
+    first = make()
+    list(first)
+    first.sampler.set_epoch(1)
+    it = iter(first)
+    head = [next(it)]
+    state = first.state_dict()
+    resumed = make()
+    resumed.load_state_dict(state)
+    resumed.sampler.set_epoch(1)
+    assert labels(head) + labels(resumed) == full
