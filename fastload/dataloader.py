@@ -15,6 +15,7 @@ generators give the same batches in the same order.
 """
 
 import atexit
+import collections
 import multiprocessing
 import os
 import re
@@ -277,6 +278,9 @@ class DataLoader:
         self._IterableDataset_len_called = None
         self._iterator = None
         self._last_iter = None  # weakref to the latest iterator, for state_dict()
+        # Where the latest iterator stood when it was dropped mid-epoch (a
+        # loop left by break): [position] once dropped (_BaseIter._leave).
+        self._last_left = []
         self._resume = None     # state for the next iter(), from load_state_dict()
         self._epoch_thread = None  # the thread iterating persistent workers
         self._initialized = True
@@ -375,7 +379,7 @@ class DataLoader:
             return self._resumed_iter(resume)
         if self.num_workers == 0:
             it = _SingleThreadIter(self)
-            self._last_iter = weakref.ref(it)
+            self._remember(it)
             return it
         workers = _ProcessIter if _worker_mode(self) == "process" else _ThreadedIter
         if self.persistent_workers:
@@ -393,8 +397,13 @@ class DataLoader:
                 self._iterator._reset(self)
             return self._iterator
         it = workers(self)
-        self._last_iter = weakref.ref(it)
+        self._remember(it)
         return it
+
+    def _remember(self, it):
+        """``it`` is the iterator state_dict() describes, even once dropped."""
+        self._last_iter = weakref.ref(it)
+        self._last_left = it._left = []
 
     def _resumed_iter(self, state):
         if self._iterator is not None:
@@ -407,8 +416,8 @@ class DataLoader:
             it = workers(self, state)
             if self.persistent_workers:
                 self._iterator = it
-        self._last_iter = weakref.ref(it)
-        if it._iterable and state["in_epoch"]:
+        self._remember(it)
+        if it._iterable and state["in_epoch"] and not _resume.dataset_restored(state):
             # No indices to skip: the batches handed out are loaded again.
             for _ in range(state["num_yielded"]):
                 next(it)
@@ -419,8 +428,9 @@ class DataLoader:
     def state_dict(self):
         """Where the loader stands, for ``load_state_dict`` (torchdata's
         StatefulDataLoader names): mid-epoch, the batches still to come in
-        this epoch; between epochs, the next epoch.  A plain dict of numbers
-        and tensors/arrays (``torch.save`` takes it).  See fastload._resume."""
+        this epoch; between epochs, the next epoch.  A dict of plain Python
+        values (``torch.save``/``torch.load`` with its defaults, ``pickle``
+        and ``json`` all carry it).  See fastload._resume."""
         if self._upload is not None:
             raise NotImplementedError(
                 "state_dict() is not available with device= (the upload stage reads ahead of "
@@ -429,17 +439,25 @@ class DataLoader:
         if it is None and self._last_iter is not None:
             it = self._last_iter()
         if it is not None and not it._finished and it._pid_ok():
-            state = it._state_dict(self)
+            state = it._position()
+        elif it is None and self._last_left:
+            state = dict(self._last_left[0])  # the loop that left it mid-epoch
         else:
             persistent = it is not None and self.persistent_workers and self.num_workers > 0
             state = {
                 "in_epoch": False,
                 "num_yielded": 0,
+                "samples_yielded": 0,
+                "batching": _resume.batching(self),
                 # A persistent loader's next epoch keeps its base seed.
                 "epoch": it._epoch + 1 if persistent else 0,
                 "base_seed": it._base_seed if persistent else None,
-                "generators": _resume.generator_states(self),
             }
+        if state.pop("out_of_order", False):
+            raise ValueError(
+                "state_dict() mid-epoch needs in_order=True: with in_order=False the batches "
+                "handed out are not the first of the epoch, so no count of them resumes it")
+        state["generators"] = _resume.generator_states(self)
         state["fastload_state"] = _resume.STATE_VERSION
         dataset_state = getattr(self.dataset, "state_dict", None)
         if callable(dataset_state):
@@ -449,8 +467,15 @@ class DataLoader:
     def load_state_dict(self, state):
         """Makes the next ``iter(loader)`` continue from ``state`` (from
         ``state_dict()`` of a loader built with the same arguments): the
-        batches the recorded run would have yielded next, bit for bit."""
+        batches the recorded run would have yielded next, bit for bit.  A
+        loader batching its sampler's indices (``batch_size=``) may have
+        another ``batch_size``, ``drop_last`` or ``num_workers``: it yields
+        the samples the recorded run had still to yield, in its own batches.
+        ValueError, naming what changed, where the loader cannot continue
+        the recorded epoch exactly."""
         state = _resume.check(state)
+        if state["in_epoch"]:
+            _resume.skip_plan(state, self, starting=False)  # ValueError now, naming what changed
         if "dataset" in state:
             load = getattr(self.dataset, "load_state_dict", None)
             if not callable(load):
@@ -655,6 +680,15 @@ class _BaseIter:
         self._epoch = 0  # a persistent iterator's epochs: keys native augmentation
         self._batch_number = 0  # batches taken from the sampler this epoch: keys batch_transform
         self._batch_step = loader._batch_step
+        self._in_order = bool(loader.in_order)
+        # Map-style loaders batching a flat stream of indices count the
+        # samples handed out (state_dict's samples_yielded): the sizes of
+        # the batches taken from the sampler and not yet handed out, in
+        # order, and the samples of those handed out (or raised).
+        self._batching = _resume.batching(loader)
+        self._counts_samples = self._batching["kind"] in ("samples", "flat")
+        self._sizes = collections.deque()
+        self._samples_yielded = 0
         if resume is None or not resume["in_epoch"]:
             if resume is not None:
                 _resume.set_generators(loader, resume["generators"])
@@ -665,28 +699,37 @@ class _BaseIter:
                 # A persistent loader's next epoch keeps its base seed.
                 self._base_seed, self._epoch = resume["base_seed"], resume["epoch"]
         else:
-            self._sampler_iter = self._open_epoch(loader, resume)
+            how, skip, eager = _resume.skip_plan(resume, loader)
+            index_iter = self._index_iter
+            if how == "samples":
+                # The samples already handed out are skipped in the sampler's
+                # stream, the rest cut into batches of this loader's size.
+                index_iter = lambda: self._resumed_index_iter(skip, eager)  # noqa: E731
+            self._sampler_iter = self._open_epoch(loader, resume, index_iter)
             self._base_seed, self._epoch = resume["base_seed"], resume["epoch"]
             if not self._iterable:
-                # The batches already handed out: their indices, not their data.
-                for _ in range(resume["num_yielded"]):
-                    next(self._sampler_iter)
+                if how == "batches":
+                    # The batches already handed out: their indices, not their data.
+                    for _ in range(skip):
+                        next(self._sampler_iter)
+                else:
+                    self._samples_yielded = skip
                 self._num_yielded = resume["num_yielded"]
                 self._batch_number = resume["num_yielded"]
 
     def __iter__(self):
         return self
 
-    def _open_epoch(self, loader, resume=None):
-        """The epoch's index iterator.  Records the random state its sampler
-        draws from (fastload._resume), or, resuming, replays the recorded
-        one."""
+    def _open_epoch(self, loader, resume=None, index_iter=None):
+        """The epoch's index iterator (``index_iter()``, by default
+        ``_index_iter()``).  Records the random state its sampler draws
+        from (fastload._resume), or, resuming, replays the recorded one."""
         if resume is None:
             self._at_iter = _resume.snapshot(loader)
             it = self._index_iter()
         else:
             self._at_iter = resume["at_iter"]
-            it = _resume.replay(self._at_iter, loader, self._index_iter)
+            it = _resume.replay(self._at_iter, loader, index_iter or self._index_iter)
         self._at_first_draw = None
 
         def first_draw(draw):
@@ -703,17 +746,34 @@ class _BaseIter:
 
         return _resume.FirstDraw(it, first_draw)
 
-    def _state_dict(self, loader):
-        """Where this epoch stands (see DataLoader.state_dict)."""
+    def _position(self):
+        """Where this epoch stands (see DataLoader.state_dict), but the
+        loader's generators; ``out_of_order``: batches were handed out in
+        completion order, so no count resumes the epoch."""
         return {
+            "out_of_order": not self._in_order and self._num_workers > 0 and self._num_yielded > 0,
             "in_epoch": True,
             "num_yielded": self._num_yielded,
+            "samples_yielded": self._samples_yielded if self._counts_samples else None,
+            "batching": self._batching,
             "epoch": self._epoch,
             "base_seed": self._base_seed,
             "at_iter": self._at_iter,
             "at_first_draw": self._at_first_draw,  # None: the sampler has not drawn yet
-            "generators": _resume.generator_states(loader),
         }
+
+    _left = None  # the loader's record of where this iterator was dropped (DataLoader._remember)
+
+    def _leave(self):
+        """Dropped mid-epoch (the loop left by break): leaves the loader a
+        record of where the epoch stood, for state_dict()."""
+        left = self._left
+        if (left is not None and not left and not self._finished and self._pid_ok()
+                and getattr(self, "_base_seed", None) is not None):  # made in full
+            left.append(self._position())
+
+    def __del__(self):
+        self._leave()
 
     def _index_iter(self):
         # A native dataset takes index arrays from fastload's own batch
@@ -723,6 +783,19 @@ class _BaseIter:
             if arrays is not None:
                 return arrays
         return iter(self._index_sampler)
+
+    def _resumed_index_iter(self, skip, eager):
+        """The index iterator of an epoch resumed by samples: the sampler's
+        indices after the first ``skip``, in this loader's batches
+        (fastload._resume.resumed_indices)."""
+        kind = self._batching["kind"]
+        sampler = self._index_sampler if kind == "samples" else self._index_sampler.sampler
+        batch_size = None if kind == "samples" else self._index_sampler.batch_size
+        drop_last = kind != "samples" and self._index_sampler.drop_last
+        arrays = (self._native_source is not None and type(self._index_sampler) is BatchSampler
+                  and type(sampler) in (RandomSampler, SequentialSampler))
+        open_indices = sampler._index_chunks if arrays else lambda: iter(sampler)
+        return _resume.resumed_indices(open_indices, skip, eager, batch_size, drop_last, arrays)
 
     def _pid_ok(self):
         return getattr(self, "_pid", os.getpid()) == os.getpid()
@@ -735,12 +808,24 @@ class _BaseIter:
         self._finished = False
         self._num_yielded = 0
         self._batch_number = 0
+        self._sizes.clear()
+        self._samples_yielded = 0
+        self._batching = _resume.batching(loader)  # the sampler's epoch may be new
         self._IterableDataset_len_called = loader._IterableDataset_len_called
 
     def _next_index(self):
         index = next(self._sampler_iter)
         self._batch_number += 1
+        if self._counts_samples:
+            self._sizes.append(len(index) if self._auto_collation else 1)
         return index
+
+    def _handed_out(self):
+        """The oldest batch taken from the sampler is handed out (or its
+        error raised): its samples count as consumed.  Batches come in the
+        sampler's order (in_order=True; state_dict refuses otherwise)."""
+        if self._sizes:
+            self._samples_yielded += self._sizes.popleft()
 
     def __next__(self):
         if profiler.torch_profiling():
@@ -815,6 +900,7 @@ class _SingleThreadIter(_BaseIter):
         try:
             return self._fetcher.fetch(index, self._batch_number - 1)
         finally:
+            self._handed_out()
             timers.unbind()
 
 
@@ -1045,6 +1131,8 @@ class _ThreadedIter(_BaseIter):
             outcome, worker, value = delivered
             if outcome in (_C.JOB_SKIPPED, _C.JOB_CANCELLED):
                 continue
+            if outcome in (_C.JOB_DONE, _C.JOB_FAILED):
+                self._handed_out()
             if self._tuner is not None and not self._tuner.settled:
                 self._apply(self._tuner.observe(time.perf_counter(), self._waited,
                                                 _autotune.batch_nbytes(value)))
@@ -1076,6 +1164,7 @@ class _ThreadedIter(_BaseIter):
                 )
 
     def __del__(self):
+        self._leave()
         self._shutdown()
 
 

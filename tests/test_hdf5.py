@@ -3,6 +3,7 @@ contiguous (memory-mapped, gathered in C), byte-swapped and chunked /
 compressed (read through h5py) datasets, with thread and process workers
 and the usual samplers; bad files and keys fail with messages naming them."""
 
+import gc
 import os
 import pickle
 import re
@@ -245,3 +246,66 @@ def test_missing_h5py_says_what_to_install(h5file):
                      f"fastload.HDF5Dataset({str(h5file)!r})")
     assert run.returncode != 0
     assert "ImportError: HDF5Dataset needs the h5py package: pip install h5py" in run.stderr
+
+
+# ------------------------------------------------- a file replaced by rename
+
+
+def write_version(path, version, n=256):
+    """x contiguous (memory-mapped), y gzip-compressed (read through h5py):
+    row i of both is 10 * i + version."""
+    rows = np.arange(n, dtype=np.int64) * 10 + version
+    with h5py.File(path, "w") as f:
+        f["x"] = rows
+        f.create_dataset("y", data=rows, chunks=(16,), compression="gzip")
+
+
+def replace_by_rename(path, version):
+    new = path.with_name("new.h5")
+    write_version(new, version)
+    os.replace(new, path)
+
+
+@pytest.mark.parametrize("num_workers,mode", [(0, "thread"), (2, "thread"), (2, "process")])
+@pytest.mark.parametrize("read_before", [False, True])
+def test_a_file_replaced_by_rename_is_read_as_opened(tmp_path, num_workers, mode, read_before):
+    path = tmp_path / "data.h5"
+    write_version(path, 1)
+    ds = fastload.HDF5Dataset(path, ("x", "y"))
+    assert ds.mapped_keys == ("x",)
+    if read_before:
+        ds[[0, 1]]  # h5py opened here, before the rename
+    replace_by_rename(path, 2)
+    loader = fastload.DataLoader(ds, batch_size=32, shuffle=True, num_workers=num_workers,
+                                 worker_mode=mode, output="numpy")
+    x = np.concatenate([b[0] for b in loader])
+    y = np.concatenate([b[1] for b in loader])
+    np.testing.assert_array_equal(np.sort(x), np.arange(256) * 10 + 1)  # the old file's
+    np.testing.assert_array_equal(np.sort(y), np.arange(256) * 10 + 1)
+    again = pickle.loads(pickle.dumps(ds))  # in this process: the same open file
+    np.testing.assert_array_equal(again[[5, 200]][1], [51, 2001])
+
+
+def test_a_spawned_worker_refuses_a_file_replaced_since(tmp_path):
+    path = tmp_path / "data.h5"
+    write_version(path, 1)
+    ds = fastload.HDF5Dataset(path, ("x", "y"))
+    replace_by_rename(path, 2)
+    loader = fastload.DataLoader(ds, batch_size=32, num_workers=1, worker_mode="process",
+                                 multiprocessing_context="spawn", output="numpy")
+    with pytest.raises(OSError, match=re.escape(f"{str(path)!r} was replaced since the "
+                                                "dataset was made")):
+        next(iter(loader))
+
+
+def test_the_kept_file_is_closed_with_the_dataset(tmp_path):
+    path = tmp_path / "data.h5"
+    write_version(path, 1)
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        ds = fastload.HDF5Dataset(path, ("x", "y"))
+        ds[[1, 2]]
+        pickle.loads(pickle.dumps(ds))[[3]]
+        del ds
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) <= before + 2  # not one a dataset

@@ -7,17 +7,28 @@ gathered in C with the GIL released, as ``ArrayDataset`` gathers a
 ``.npy`` file's (no HDF5 call per batch; a file truncated under the mapping
 raises OSError naming it).  A chunked or compressed one is read through
 h5py, one read per batch, with HDF5's chunk cache sized by the user.
+
+Every key reads the file the dataset opened: it is kept open by descriptor
+(``_KeptFile``), mapped through that descriptor, and h5py reads the same
+file, so a file replaced by rename (a new version written beside it and
+renamed over it) is not half read: the dataset goes on reading the old
+version.  A
+worker process started by fork inherits the descriptor; one that receives
+the dataset pickled (spawn, forkserver) reopens the path, and its reads
+raise OSError naming the file if it is no longer the file the dataset
+opened.
 """
 
 import collections
 import errno
+import io
 import os
 import threading
 
 import numpy as np
 
 from .. import _C
-from ._common import (RowsDataset, check_keys, describe_layouts, file_size, is_run, names_shown,
+from ._common import (RowsDataset, check_keys, describe_layouts, is_run, names_shown,
                       read_distinct_rows, require)
 
 __all__ = ["HDF5Dataset"]
@@ -60,6 +71,7 @@ class HDF5Dataset(RowsDataset):
     """
 
     _sources = ("_source", "_arrays", "_open")
+    _file = None  # the _KeptFile every key reads
 
     def __init__(self, path, keys=("images", "labels"), chunk_cache_bytes=_DEFAULT_CACHE_BYTES,
                  *, cache=None, cache_size=None):
@@ -71,7 +83,8 @@ class HDF5Dataset(RowsDataset):
             raise ValueError("chunk_cache_bytes must be a non-negative integer, "
                              f"got {chunk_cache_bytes!r}")
         self.chunk_cache_bytes = int(chunk_cache_bytes)
-        self._layouts = _read_layouts(h5py, self.path, self.keys)
+        self._file = _KeptFile.open(self.path)
+        self._layouts = _read_layouts(h5py, self._file, self.keys)
         lengths = [layout.shape[0] for layout in self._layouts]
         if len(set(lengths)) > 1:
             detail = ", ".join(f"{k!r}: {n}" for k, n in zip(self.keys, lengths))
@@ -81,6 +94,24 @@ class HDF5Dataset(RowsDataset):
         self._names = self.keys
         self._make_sources()
         self._open_cache(cache, cache_size, [self.path])
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        if self._file.error is not None:
+            # A spawned worker's copy of a dataset whose file was replaced
+            # since: no sources; every read raises the error, naming the file.
+            self._arrays, self._gathered, self._native = (None,) * len(self._layouts), (), False
+            self._source, self._open = None, [None, threading.Lock()]
+            return
+        self._make_sources()
+
+    def _native_source(self, uint8=False):
+        self._file.check()
+        return super()._native_source(uint8)
+
+    def _batch(self, indices):
+        self._file.check()
+        return super()._batch(indices)
 
     def _make_sources(self):
         arrays = []
@@ -92,7 +123,7 @@ class HDF5Dataset(RowsDataset):
         self._native = len(self._gathered) == len(self._layouts)
         self._source = None
         if self._gathered:
-            size = file_size(self.path)
+            size = self._file.size()
             self._source = _C.RowSource(tuple(arrays[p] for p in self._gathered),
                                         tuple((self.path, size) for _ in self._gathered))
         # (process id, h5py.File, {key: h5py.Dataset}), opened on the first
@@ -102,8 +133,7 @@ class HDF5Dataset(RowsDataset):
 
     def _map(self, layout):
         try:
-            return np.memmap(self.path, dtype=layout.dtype, mode="r", offset=layout.offset,
-                             shape=layout.shape)
+            return self._file.memmap(layout.dtype, layout.offset, layout.shape)
         except (OSError, ValueError) as e:
             raise OSError(f"cannot memory-map dataset {layout.key!r} of {self.path!r} "
                           f"({e}); was the file changed since the dataset was made?") from e
@@ -130,8 +160,8 @@ class HDF5Dataset(RowsDataset):
         read = [layout for layout in self._layouts if layout.storage == "read"]
         slots = _cache_slots(self.chunk_cache_bytes, read)
         try:
-            f = h5py.File(self.path, "r", rdcc_nbytes=self.chunk_cache_bytes, rdcc_w0=0.0,
-                          rdcc_nslots=slots)
+            f = self._file.open_h5py(h5py, rdcc_nbytes=self.chunk_cache_bytes, rdcc_w0=0.0,
+                                     rdcc_nslots=slots)
             return f, {layout.key: f[layout.key] for layout in read}
         except (OSError, KeyError) as e:
             raise OSError(f"cannot open {self.path!r} to read {read[0].key!r}: {e}") from e
@@ -142,7 +172,7 @@ class HDF5Dataset(RowsDataset):
         if layout.storage == "swapped":
             # NumPy reads the mapping here, outside the C gather's SIGBUS
             # guard: a file cut short since is refused before the read.
-            if 0 <= file_size(self.path) < layout.offset + layout.dtype.itemsize * int(
+            if 0 <= self._file.size() < layout.offset + layout.dtype.itemsize * int(
                     np.prod(layout.shape, dtype=np.int64)):
                 raise OSError(errno.EIO, f"file changed under the loader: {self.path!r} is "
                               f"shorter than when it was opened (dataset {layout.key!r})")
@@ -183,15 +213,157 @@ def _read_by_chunk(dataset, unique, chunk_rows):
     return out
 
 
-def _read_layouts(h5py, path, keys):
+class _KeptFile:
+    """A file kept open by descriptor, so that what is read is the file
+    opened, whatever later lies at its path: ``open_h5py()`` opens that very
+    file with h5py, ``memmap()`` maps it.  Pickled
+    (for a spawned worker), it travels as the path, the descriptor's number
+    and the file's identity (device, inode): the copy takes the descriptor
+    where its process has it (the same process, a forked one), else reopens
+    the path; its reads raise OSError when the path no longer names the
+    file."""
+
+    error = None  # (errno, message): a copy that could not take the file
+
+    def __init__(self, path, fd):
+        self.path = path
+        self.fd = fd  # owned: closed by close(), or when this object goes
+        self.identity = _identity(os.fstat(fd))
+
+    def check(self):
+        """OSError naming the file when this copy could not take it."""
+        if self.error is not None:
+            raise OSError(*self.error)
+
+    @classmethod
+    def open(cls, path):
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError as e:
+            raise ValueError(f"cannot open {path!r}: no such file") from e
+        except OSError as e:
+            raise ValueError(f"cannot open {path!r}: {e.strerror}") from e
+        return cls(path, fd)
+
+    def memmap(self, dtype, offset, shape):
+        """A read-only memory map of this file's bytes."""
+        self.check()
+        with open(self.fd, "rb", closefd=False) as f:  # mmap takes its own descriptor
+            return np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=shape)
+
+    def open_h5py(self, h5py, **kwargs):
+        """``h5py.File`` of this file: opened by path while the path names
+        it (HDF5 reads with its own descriptor), else (the file was replaced
+        since) through a reader of the kept descriptor."""
+        self.check()
+        try:
+            f = h5py.File(self.path, "r", **kwargs)
+        except OSError:
+            f = None  # gone, or no HDF5 file now
+        if f is not None:
+            try:
+                same = _identity(os.fstat(f.id.get_vfd_handle())) == self.identity
+            except (OSError, TypeError, ValueError):
+                same = False
+            if same:
+                return f
+            f.close()
+        return h5py.File(_KeptReader(self), "r", **kwargs)
+
+    def size(self):
+        """The file's size in bytes now; -1 when it cannot be told."""
+        try:
+            return os.fstat(self.fd).st_size
+        except OSError:
+            return -1
+
+    def close(self):
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __del__(self):
+        self.close()
+
+    def __getstate__(self):
+        return {"path": self.path, "fd": self.fd, "identity": list(self.identity)}
+
+    def __setstate__(self, state):
+        self.path, self.fd = state["path"], -1
+        self.identity = tuple(state["identity"])
+        try:
+            if _identity(os.fstat(state["fd"])) == self.identity:
+                self.fd = os.dup(state["fd"])  # this process has the file open already
+                return
+        except OSError:
+            pass
+        # Raised on the first read, not here: a worker that fails to
+        # unpickle its dataset dies before it can report why.
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError as e:
+            self.error = (e.errno, f"cannot reopen {self.path!r}: {e.strerror}")
+            return
+        if _identity(os.fstat(fd)) != self.identity:
+            os.close(fd)
+            self.error = (errno.ESTALE, _replaced(self.path))
+            return
+        self.fd = fd
+
+
+class _KeptReader(io.RawIOBase):
+    """A read-only file object over a _KeptFile's descriptor, for h5py's
+    fileobj driver.  It reads at its own position (pread): forked workers
+    share the descriptor's offset, so seek-then-read would race."""
+
+    def __init__(self, kept):
+        super().__init__()
+        self._kept = kept  # keeps the descriptor open
+        self._pos = 0
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def seek(self, offset, whence=os.SEEK_SET):
+        if whence == os.SEEK_CUR:
+            offset += self._pos
+        elif whence == os.SEEK_END:
+            offset += os.fstat(self._kept.fd).st_size
+        if offset < 0:
+            raise ValueError(f"negative seek position {offset}")
+        self._pos = offset
+        return offset
+
+    def tell(self):
+        return self._pos
+
+    def readinto(self, buffer):
+        n = os.preadv(self._kept.fd, [buffer], self._pos)
+        self._pos += n
+        return n
+
+
+def _identity(st):
+    return (st.st_dev, st.st_ino)
+
+
+def _replaced(path):
+    return (f"{path!r} was replaced since the dataset was made (it names another file now): "
+            "its keys would read two versions of it.  Make the dataset again to read the new "
+            "file")
+
+
+def _read_layouts(h5py, kept, keys):
+    path = kept.path
     try:
-        f = h5py.File(path, "r")
-    except FileNotFoundError as e:
-        raise ValueError(f"cannot open {path!r}: no such file") from e
+        f = kept.open_h5py(h5py)
     except OSError as e:
         raise ValueError(f"cannot open {path!r} as an HDF5 file: {e}") from e
     with f:
-        size = file_size(path)
+        size = kept.size()
         return [_layout(h5py, f, path, size, key) for key in keys]
 
 
