@@ -170,7 +170,35 @@ def _labels(table, label_column, name):
     column = table.column(label_column)
     if column.null_count:
         raise ValueError(f"{name}: column {label_column!r} has null labels")
-    return np.asarray(column.to_numpy(), np.int64)
+    column = _copied(column, f"column {label_column!r} of {name}")
+    return np.array(column.to_numpy(), np.int64)  # a copy: never a view of a mapping
+
+
+def _copied(column, what):
+    """The chunks of ``column`` with their buffers copied out (under the C
+    bus-error guard): a table memory-mapped from a file lends views of the
+    mapping, and a file cut short under them would end the process with
+    SIGBUS when NumPy reads them; the copy raises OSError naming the file.
+    Nested and dictionary chunks are left as they are."""
+    import pyarrow as pa
+
+    from .. import _C
+
+    chunks = []
+    for chunk in column.chunks:
+        if chunk.type.num_fields or pa.types.is_dictionary(chunk.type):
+            chunks.append(chunk)
+            continue
+        buffers = []
+        for buf in chunk.buffers():
+            if buf is not None:
+                out = bytearray(buf.size)
+                _C.copy_mapped(buf, out, what)
+                buf = pa.py_buffer(out)
+            buffers.append(buf)
+        chunks.append(pa.Array.from_buffers(chunk.type, len(chunk), buffers,
+                                            null_count=chunk.null_count, offset=chunk.offset))
+    return pa.chunked_array(chunks, column.type)
 
 
 def _first_null(chunks):
