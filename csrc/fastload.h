@@ -216,6 +216,15 @@ void fl__raise_exception(PyObject *exc);
  * and TokenDataset */
 extern PyType_Spec fl__RowSource_spec;
 extern PyType_Spec fl__WindowSource_spec;
+/* gather.c: copy_mapped(), a copy out of memory that may map a file another
+ * process cuts short (csrc/core/bus_guard.h) */
+PyObject *fl__copy_mapped(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+#define FL__COPY_MAPPED_DOC                                                                 \
+    "copy_mapped(src, dst, what, /)\n--\n\n"                                                \
+    "Copies the buffer `src` into the writable buffer `dst` of the same size\n"             \
+    "with the GIL released, under the bus-error guard: memory mapping a file\n"             \
+    "that was cut short raises OSError (EIO) naming the file and `what` (a str\n"          \
+    "saying what was read), where NumPy would end the process with SIGBUS."
 
 /* image_source.c: ImageSource, the native source of the image datasets;
  * image_plan.c: reading a fastload.transforms.Plan */

@@ -12,6 +12,7 @@
  */
 #include "fastload.h"
 
+#include "core/bus_guard.h"
 #include "core/gather.h"
 #include "core/stats.h"
 #include "core/status.h"
@@ -377,3 +378,50 @@ PyType_Spec fl__WindowSource_spec = {
     .flags = Py_TPFLAGS_DEFAULT,
     .slots = WindowSource_slots,
 };
+
+/* ---------------------------------------------------------- copy_mapped */
+
+PyObject *fl__copy_mapped(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 3 || !PyUnicode_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "copy_mapped(src, dst, what): what must be a str");
+        return NULL;
+    }
+    const char *what = PyUnicode_AsUTF8(args[2]);
+    if (!what)
+        return NULL;
+    Py_buffer src, dst;
+    if (PyObject_GetBuffer(args[0], &src, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[1], &dst, PyBUF_SIMPLE | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&src);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    if (src.len != dst.len) {
+        PyErr_Format(PyExc_ValueError, "copy_mapped(): %zd bytes into %zd", src.len, dst.len);
+        goto done;
+    }
+    char msg[FL__MSG_SIZE * 2];
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    const void *fault = NULL;
+    rc = fl_guarded_copy(dst.buf, src.buf, (size_t)src.len, &fault);
+    if (rc != FL_OK)
+        fl_bus_fault_msg(msg, sizeof msg, NULL, -1, -1, fault, what);
+    Py_END_ALLOW_THREADS
+    if (rc != FL_OK) {
+        PyObject *exc = PyObject_CallFunction(PyExc_OSError, "is", EIO, msg);
+        if (exc) {
+            PyErr_SetObject(PyExc_OSError, exc);
+            Py_DECREF(exc);
+        }
+        goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    return result;
+}

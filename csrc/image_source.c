@@ -30,6 +30,7 @@
 #include "core/stats.h"
 #include "core/status.h"
 
+#include <errno.h>
 #include <string.h>
 
 typedef struct ImageSourceObject {
@@ -127,7 +128,12 @@ static PyObject *sample_error(ImageSourceObject *self, const fl_image_failure *f
     if (!path)
         return NULL;
     PyObject *exc = NULL;
-    if (f->status == FL_ERR_IO && f->err != 0) {
+    if (f->status == FL_ERR_CHANGED) {
+        /* A mapping whose file shrank: the message names that file (a
+         * cache's, an LMDB's, a table's) and the sample, as the array
+         * datasets' does. */
+        exc = PyObject_CallFunction(PyExc_OSError, "iN", EIO, msg_object(f->msg));
+    } else if (f->status == FL_ERR_IO && f->err != 0) {
         /* OSError(errno, strerror, filename): the subclass for the errno
          * (FileNotFoundError, ...), and str() names the file. */
         PyObject *args = Py_BuildValue("(iNO)", f->err,

@@ -16,6 +16,7 @@
 #include "core/stats.h"
 #include "core/status.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -60,9 +61,22 @@ static PyObject *status_type(PyTypeObject *type, int status)
                                     : PyExc_OSError;
 }
 
+/* The exception of a failed read; a data file that shrank under the read
+ * is OSError(EIO, message naming it), as the array datasets raise. */
+static PyObject *status_error(PyTypeObject *type, int status, const char *msg)
+{
+    if (status == FL_ERR_CHANGED)
+        return PyObject_CallFunction(PyExc_OSError, "is", EIO, msg);
+    return PyObject_CallFunction(status_type(type, status), "s", msg);
+}
+
 static void raise_status(PyTypeObject *type, int status, const char *msg)
 {
-    PyErr_SetString(status_type(type, status), msg);
+    PyObject *exc = status_error(type, status, msg);
+    if (exc) {
+        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+        Py_DECREF(exc);
+    }
 }
 
 static PyObject *LMDBSource_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
@@ -147,11 +161,12 @@ static PyObject *LMDBSource_entries(LMDBSourceObject *self, PyObject *Py_UNUSED(
 {
     char msg[512];
     int64_t n;
+    int status = FL_OK;
     Py_BEGIN_ALLOW_THREADS
-    n = fl_lmdb_entries(&self->core, msg, sizeof msg);
+    n = fl_lmdb_entries(&self->core, &status, msg, sizeof msg);
     Py_END_ALLOW_THREADS
     if (n < 0) {
-        raise_status(Py_TYPE(self), FL_ERR_DECODE, msg);
+        raise_status(Py_TYPE(self), status, msg);
         return NULL;
     }
     return PyLong_FromLongLong(n);
@@ -327,7 +342,7 @@ static void lmdb_rows_run(const void *core, fl__native_job *job)
 
 static PyObject *lmdb_rows_failure(PyObject *source, const fl__native_job *job)
 {
-    return PyObject_CallFunction(status_type(Py_TYPE(source), job->status), "s", job->msg);
+    return status_error(Py_TYPE(source), job->status, job->msg);
 }
 
 static const fl__native_ops lmdb_rows_ops = {

@@ -132,6 +132,8 @@ static PyMethodDef module_methods[] = {
      "Switches every loader's timers on (the default) or off, process-wide:\n"
      "only to measure what they cost."},
     {"tar_index", (PyCFunction)(void (*)(void))fl__tar_index, METH_FASTCALL, FL__TAR_INDEX_DOC},
+    {"copy_mapped", (PyCFunction)(void (*)(void))fl__copy_mapped, METH_FASTCALL,
+     FL__COPY_MAPPED_DOC},
     {"sample_cache_key", (PyCFunction)(void (*)(void))fl__sample_cache_key, METH_FASTCALL,
      FL__SAMPLE_CACHE_KEY_DOC},
     {"build_info", (PyCFunction)fl__build_info, METH_NOARGS,

@@ -82,19 +82,21 @@ static void SampleCache_dealloc(SampleCacheObject *self)
 
 PyDoc_STRVAR(stats_doc, "stats()\n--\n\n"
                         "The cache's shared counters: a dict of capacity, data_bytes, used,\n"
-                        "stored, hits, rejected (no room) and corrupt (entries dropped).");
+                        "stored, hits, rejected (no room) and corrupt (entries dropped); and\n"
+                        "broken: the file was cut short under this process, which reads\n"
+                        "every sample from its source since (the counters are then 0).");
 
 static PyObject *SampleCache_stats(SampleCacheObject *self, PyObject *unused)
 {
     (void)unused;
     fl_cache_stats s;
     fl_sample_cache_stats(self->cache, &s);
-    return Py_BuildValue("{sKsKsKsKsKsKsK}", "capacity", (unsigned long long)s.capacity,
+    return Py_BuildValue("{sKsKsKsKsKsKsKsN}", "capacity", (unsigned long long)s.capacity,
                          "data_bytes", (unsigned long long)s.data_bytes, "used",
                          (unsigned long long)s.used, "stored", (unsigned long long)s.stored,
                          "hits", (unsigned long long)s.hits, "rejected",
                          (unsigned long long)s.rejected, "corrupt",
-                         (unsigned long long)s.corrupt);
+                         (unsigned long long)s.corrupt, "broken", PyBool_FromLong((long)s.broken));
 }
 
 PyDoc_STRVAR(file_offset_doc, "file_offset(index, /)\n--\n\n"

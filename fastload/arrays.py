@@ -176,12 +176,15 @@ class ArrayDataset(_GatheredRows):
         return self._length
 
     def __getitem__(self, index):
+        # Every read goes through the C gather, whose bus-error guard turns
+        # a mapped file cut short into OSError (NumPy indexing the mapping
+        # itself would die of SIGBUS).
         if _is_index_batch(index):
             return tuple(self._gather(index, None, None))
         if isinstance(index, slice):
-            return tuple(np.array(a[index]) for a in self.arrays)
+            return tuple(self._gather(np.arange(*index.indices(self._length)), None, None))
         i = _check_index(index, self._length)
-        return tuple(np.array(a[i]) for a in self.arrays)
+        return tuple(rows[0] for rows in self._gather([i], None, None))
 
     def __getitems__(self, indices):
         return _split_rows(self._gather(indices, None, None))

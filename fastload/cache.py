@@ -37,8 +37,10 @@ class SampleCache:
     ``stats()`` the counters shared by everyone using it: capacity,
     data_bytes, used, stored, hits, rejected (stores refused for want of
     room) and corrupt (entries whose bytes did not match, dropped and read
-    again from the source).  Pickled (for a spawned worker), it reopens the
-    same file."""
+    again from the source); and broken: True once this process found the
+    file cut short under its mapping (another process truncated it), after
+    which every sample is read from its source.  Pickled (for a spawned
+    worker), it reopens the same file."""
 
     def __init__(self, path, key, samples, capacity, decoded=False, _reopen=None):
         self.path = path

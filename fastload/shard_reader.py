@@ -20,6 +20,7 @@ depends only on (seed, epoch), never on ``num_workers``.
 """
 
 import concurrent.futures
+import errno
 import io
 import json
 import mmap
@@ -192,20 +193,31 @@ class _Shard:
             raise ValueError(f"{self.path}: {self.key(s)}.{extension} is {size[s]} bytes, not "
                              "a class index")
         labels = np.empty(self.count, np.int64)
+        if not self.count:
+            return labels
         with open(self.path, "rb") as f:
-            # One mapping, no system call per label.
-            view = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if self.count else None
+            # One mapping, no system call per label; each label copied out
+            # under the C bus-error guard, so a shard cut short since it was
+            # indexed raises OSError naming it instead of a SIGBUS.
+            view = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
             try:
-                for s in range(self.count):
-                    text = view[where[s]:where[s] + size[s]]
-                    try:
-                        labels[s] = int(text)
-                    except ValueError:
-                        raise ValueError(f"{self.path}: {self.key(s)}.{extension} holds "
-                                         f"{text[:64]!r}, not an integer class index") from None
+                with memoryview(view) as mapped:
+                    for s in range(self.count):
+                        what = f"the .{extension} member of sample {self.key(s)!r}"
+                        if where[s] + size[s] > len(view):
+                            raise OSError(errno.EIO, f"file changed under the loader: "
+                                          f"{self.path!r} is shorter than when it was indexed "
+                                          f"({what}; {len(view)} bytes now)")
+                        text = bytearray(int(size[s]))
+                        _C.copy_mapped(mapped[where[s]:where[s] + size[s]], text, what)
+                        try:
+                            labels[s] = int(text)
+                        except ValueError:
+                            raise ValueError(f"{self.path}: {self.key(s)}.{extension} holds "
+                                             f"{bytes(text[:64])!r}, not an integer class "
+                                             "index") from None
             finally:
-                if view is not None:
-                    view.close()
+                view.close()
         return labels
 
 

@@ -670,3 +670,27 @@ def torchvision_colour_chain(F, image, order, factors, gray_first):
     if not gray_first:
         image = F.rgb_to_grayscale(image, num_output_channels=3)
     return image
+
+
+def run_in_child(code, timeout=300):
+    """Runs `code` (dedented) in a child interpreter importing this checkout's
+    fastload, so a SIGBUS or abort there ends the child, not pytest.  Returns
+    the subprocess.CompletedProcess (text output)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(fastload.__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("PYTHONWARNINGS", None)
+    return subprocess.run([sys.executable, "-X", "faulthandler", "-c", textwrap.dedent(code)],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def assert_child_ok(result):
+    """The child of run_in_child ran to its end (printed "done") and exited 0."""
+    output = f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert "Fatal Python error" not in result.stderr, output
+    assert result.returncode == 0, output
+    assert result.stdout.rstrip().endswith("done"), output

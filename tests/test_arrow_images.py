@@ -252,3 +252,94 @@ def test_a_shared_cache_needs_a_table_it_can_name(tmp_path):
     ipc = ArrowImages(tmp_path / "t.arrow", cache="memory")
     np.testing.assert_array_equal(ipc[2][0], ArrowImages(tmp_path / "t.arrow")[2][0])
     assert ipc.cache.stats()["stored"] == 1
+
+
+# ------------------------------------------------------- a file cut short
+
+TRUNCATED_IPC = """
+import io, os
+import numpy as np, pyarrow as pa, pyarrow.ipc, torch
+from PIL import Image
+import fastload
+from fastload import transforms as T
+from fastload.formats.arrow_images import ArrowImages
+
+path, source, workers = {path!r}, {source!r}, {workers}
+PAGE = os.sysconf("SC_PAGESIZE")
+rng = np.random.default_rng(0)
+blobs = []
+for i in range(96):
+    out = io.BytesIO()
+    Image.fromarray(rng.integers(0, 255, (32, 32, 3), np.uint8)).save(out, "JPEG", quality=95)
+    blobs.append(out.getvalue())
+
+def write():
+    table = pa.table({{"image": pa.array(blobs, pa.binary()), "label": np.arange(96) * 7}})
+    with pa.ipc.new_file(path, table.schema) as w:
+        w.write_table(table)
+
+write()
+mapping = pa.memory_map(path)
+table = pa.ipc.open_file(mapping).read_all()
+base = mapping.read_buffer(mapping.size()).address
+_, offsets, data = table.column("image").chunk(0).buffers()
+last = data.address - base + int(np.frombuffer(offsets, np.int32)[95])
+labels_at = table.column("label").chunk(0).buffers()[1].address - base
+# The page holding the last image's first byte, and every page after it
+# (the labels' too: they follow the images), are cut away; the images
+# before it stay readable.
+cut = last // PAGE * PAGE
+assert 0 < cut <= labels_at, (cut, labels_at)
+ds = ArrowImages(path if source == "path" else table,
+                 transform=T.Compose([T.Resize((8, 8)), T.PILToTensor()]))
+loader = fastload.DataLoader(ds, batch_size=4, num_workers=workers)
+it = iter(loader)
+assert next(it)[1].tolist() == [0, 7, 14, 21]
+os.truncate(path, cut)
+seen = 4
+try:
+    for x, y in it:
+        assert y.tolist() == [7 * i for i in range(seen, seen + 4)], y
+        seen += 4
+except OSError as e:
+    print("raised:", e)
+else:
+    print("no error")
+del it
+write()  # the same bytes again: the loader reads the whole file again
+assert torch.cat([y for _, y in loader]).tolist() == [7 * i for i in range(96)]
+print("done")
+"""
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("source", ["path", "table"])
+def test_a_file_cut_short_under_the_loader_raises(tmp_path, source, workers):
+    """An Arrow IPC file cut short while a loader reads it (by path, or a
+    pyarrow.Table memory-mapped from it): the labels were copied out when
+    the dataset was made, the images are read through pread or the
+    bus-error guard, so the loader raises OSError naming the file instead
+    of the process dying of SIGBUS; it works again once the file is whole."""
+    from fl_helpers import assert_child_ok, run_in_child
+
+    path = tmp_path / "t.arrow"
+    result = run_in_child(TRUNCATED_IPC.format(path=str(path), source=source,
+                                               workers=workers))
+    assert_child_ok(result)
+    assert "raised:" in result.stdout, result.stdout
+    message = result.stdout.split("raised:", 1)[1]
+    assert repr(str(path)) in message or str(path) in message, message
+    if source == "table":
+        assert (f"file changed under the loader: {str(path)!r} is shorter than when it was "
+                "opened (sample index 9") in message, message
+
+
+def test_labels_are_copied_out_of_the_mapping(tmp_path):
+    """The label column of a mapped table is a copy, not a view of the
+    mapping: a file cut short under it cannot fault NumPy later."""
+    _, blobs = _images(tmp_path, 3)
+    _write(tmp_path / "t.arrow", blobs, [4, 5, 6])
+    ds = ArrowImages(tmp_path / "t.arrow")
+    assert ds._labels.flags.owndata and ds._labels.tolist() == [4, 5, 6]
+    table = pa.ipc.open_file(pa.memory_map(str(tmp_path / "t.arrow"))).read_all()
+    assert ArrowImages(table)._labels.flags.owndata

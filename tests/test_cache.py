@@ -323,3 +323,98 @@ def test_decoded_cache_arguments_are_clear(folder):
         fastload.ImageFolder(folder, cache="memory", cache_decoded=True)
     with pytest.raises(ValueError, match="cache is None"):
         fastload.ImageFolder(folder, cache_decoded=True)
+
+
+# ------------------------------------------------------- a file cut short
+
+TRUNCATED_CACHE = """
+import os
+import numpy as np, torch
+from PIL import Image
+import fastload
+from fastload import transforms as T
+
+root, cache, workers, decoded, cut = {root!r}, {cache!r}, {workers}, {decoded}, {cut}
+rng = np.random.default_rng(0)
+for c in range(2):
+    os.makedirs(os.path.join(root, f"c{{c}}"))
+    for i in range(6):
+        Image.fromarray(rng.integers(0, 255, (40, 48, 3), np.uint8)).save(
+            os.path.join(root, f"c{{c}}", f"{{i}}.jpg"), quality=90)
+
+def epoch(ds):
+    loader = fastload.DataLoader(ds, batch_size=4, shuffle=True, num_workers=workers,
+                                 output="numpy", generator=torch.Generator().manual_seed(5))
+    return [(x.copy(), y.copy()) for x, y in loader]
+
+tf = T.Compose([T.RandomResizedCrop(24), T.ToTensor()])
+options = dict(cache_decoded=True, cache_size=1 << 20) if decoded else {{}}
+plain = fastload.ImageFolder(root, transform=tf, decode="exact" if decoded else "fast")
+ds = fastload.ImageFolder(root, transform=tf, cache=cache, **options)
+first = epoch(ds)
+assert ds.cache.stats()["stored"] == 12 and not ds.cache.stats()["broken"]
+os.truncate(cache, cut)  # another process cuts the file between epochs
+for a, b in zip(epoch(ds) + [(None, None)], epoch(plain) + [(None, None)]):
+    if a[0] is None:
+        assert b[0] is None
+        continue
+    np.testing.assert_array_equal(a[0], b[0])
+    np.testing.assert_array_equal(a[1], b[1])
+stats = ds.cache.stats()
+print("stats:", stats)
+assert stats["broken"] and stats["hits"] == 0, stats
+assert [len(x) for x, _ in first] == [4, 4, 4]
+# A dataset made anew sets the cache file up again and uses it.
+again = fastload.ImageFolder(root, transform=tf, cache=cache, **options)
+epoch(again)
+epoch(again)
+assert again.cache.stats()["hits"] == 12 and not again.cache.stats()["broken"]
+print("done")
+"""
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("decoded", [False, True])
+@pytest.mark.parametrize("cut", [0, 4096])
+def test_a_cache_file_cut_short_between_epochs_is_dropped(tmp_path, workers, decoded, cut):
+    """Another process cuts the cache file short between epochs: every read
+    and write of its mapping runs under the bus-error guard, so instead of
+    the process dying of SIGBUS the cache is marked broken and every sample
+    is read from its source (the same batches), and stats() says so."""
+    from fl_helpers import assert_child_ok, run_in_child
+
+    result = run_in_child(TRUNCATED_CACHE.format(
+        root=str(tmp_path / "images"), cache=str(tmp_path / "c.cache"), workers=workers,
+        decoded=decoded, cut=cut))
+    assert_child_ok(result)
+
+
+def test_stats_report_broken_false(folder, tmp_path):
+    ds = fastload.ImageFolder(folder, cache=str(tmp_path / "c.cache"))
+    assert ds.cache.stats()["broken"] is False
+
+
+def test_a_cache_whose_space_cannot_be_reserved_leaves_no_file(folder, tmp_path):
+    """posix_fallocate failing (here past RLIMIT_FSIZE, as a full /dev/shm
+    fails with ENOSPC) raises OSError naming the file, and removes the file
+    this attempt made; a file that was there before is left."""
+    from fl_helpers import assert_child_ok, run_in_child
+
+    made, existing = tmp_path / "made.cache", tmp_path / "existing.cache"
+    existing.write_bytes(b"")
+    result = run_in_child(f"""
+        import resource, signal, fastload
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, resource.RLIM_INFINITY))
+        for path in ({str(made)!r}, {str(existing)!r}):
+            try:
+                fastload.ImageFolder({str(folder)!r}, cache=path, cache_size=1 << 24)
+            except OSError as e:
+                print("raised:", e)
+        print("done")
+    """)
+    assert_child_ok(result)
+    assert result.stdout.count("cannot reserve the cache's space") == 2, result.stdout
+    assert str(made) in result.stdout
+    assert not made.exists()
+    assert existing.exists() and existing.stat().st_size == 0

@@ -124,6 +124,35 @@ def test_truncated_file_outside_a_loader(tmp_path, kind):
     ds[[0]]  # the first page is still there
 
 
+def test_truncated_file_single_samples_and_slices(tmp_path):
+    """ds[i] and ds[a:b] read through the guarded gather too (a DataLoader
+    with batch_size=None reads ds[i]); NumPy indexing the mapping would end
+    the process, so the check runs in a child."""
+    from fl_helpers import assert_child_ok, run_in_child
+
+    result = run_in_child(f"""
+        import os, numpy as np, fastload
+        path = {str(tmp_path / "x.npy")!r}
+        data = np.arange({ROWS * ROW}, dtype=np.float32).reshape({ROWS}, {ROW})
+        np.save(path, data)
+        ds = fastload.ArrayDataset(path)
+        np.testing.assert_array_equal(ds[5][0], data[5])
+        np.testing.assert_array_equal(ds[3:9:2][0], data[3:9:2])
+        os.truncate(path, {PAGE})
+        loader = fastload.DataLoader(ds, batch_size=None, sampler=[1, 4000], output="numpy")
+        for read in (lambda: ds[4000], lambda: ds[3999:4001], lambda: list(loader)):
+            try:
+                read()
+            except OSError as e:
+                print("raised:", e)
+        print("done")
+    """)
+    assert_child_ok(result)
+    for index in (4000, 3999, 4000):
+        assert f"is shorter than when it was opened (sample index {index};" in result.stdout
+    assert result.stdout.count("raised:") == 3, result.stdout
+
+
 def test_truncated_memmap_passed_in(tmp_path):
     path = tmp_path / "x.bin"
     features().tofile(path)

@@ -210,6 +210,33 @@ def test_byte_swapped_file_truncated_raises(tmp_path):
         ds[[4000]]
 
 
+def test_byte_swapped_file_cut_after_the_size_check_raises(tmp_path):
+    """A byte-swapped file cut short after the size check (simulated: the
+    check sees the old size) is read by the guarded C gather, not NumPy: an
+    OSError naming the file and the sample instead of a SIGBUS."""
+    from fl_helpers import assert_child_ok, run_in_child
+
+    path = tmp_path / "be.h5"
+    with h5py.File(path, "w") as f:
+        f["x"] = np.arange(4096 * 256, dtype=">f4").reshape(4096, 256)
+    result = run_in_child(f"""
+        import os, fastload
+        import fastload.formats.hdf5 as hdf5
+        ds = fastload.HDF5Dataset({str(path)!r}, "x")
+        size = os.path.getsize({str(path)!r})
+        hdf5.file_size = lambda path: size  # the check sees the file whole
+        os.truncate({str(path)!r}, {PAGE})
+        try:
+            ds[[4000]]
+        except OSError as e:
+            print("raised:", e)
+        print("done")
+    """)
+    assert_child_ok(result)
+    assert (f"file changed under the loader: {str(path)!r} is shorter than when it was opened "
+            "(sample index 4000;") in result.stdout, result.stdout
+
+
 def test_corrupt_chunk_names_the_key(tmp_path):
     path = tmp_path / "c.h5"
     with h5py.File(path, "w") as f:

@@ -274,3 +274,85 @@ def test_decoded_images_are_kept_in_a_cache(tmp_path, stores):
     assert reversed_keys.cache.stats()["stored"] == 0
     with pytest.raises(ValueError, match="cache_decoded=True"):
         fastload.LMDBDataset(stores["png"], cache="memory")
+
+
+# ------------------------------------------------------- a file cut short
+
+TRUNCATED_LMDB = """
+import io, os
+import numpy as np, lmdb, torch
+from PIL import Image
+import fastload
+from fastload import transforms as T
+
+root, decode, workers = {root!r}, {decode!r}, {workers}
+PAGE = os.sysconf("SC_PAGESIZE")
+n = 512
+rng = np.random.default_rng(0)
+if decode == "raw":
+    values = [np.full(64, i, np.float32).tobytes() for i in range(n)]
+else:
+    values = []
+    for i in range(n):
+        out = io.BytesIO()
+        Image.fromarray(np.full((8, 8, 3), i % 251, np.uint8)).save(out, "PNG")
+        values.append(out.getvalue())
+env = lmdb.open(root, map_size=1 << 26)
+with env.begin(write=True) as txn:
+    for i, v in enumerate(values):
+        txn.put(str(i).encode(), v)
+env.close()
+data_file = os.path.join(root, "data.mdb")
+whole = open(data_file, "rb").read()
+
+def restore():
+    with open(data_file, "r+b") as f:  # the same file (liblmdb maps it), whole again
+        f.write(whole)
+
+if decode == "raw":
+    ds = fastload.LMDBDataset(root, decode="raw", dtype=np.float32, shape=(64,),
+                              labels=np.arange(n))
+    first = lambda batch: batch[0][:, 0].tolist()
+else:
+    ds = fastload.LMDBDataset(root, labels=np.arange(n),
+                              transform=T.Compose([T.Resize((4, 4)), T.PILToTensor()]))
+    first = lambda batch: batch[1].tolist()
+loader = fastload.DataLoader(ds, batch_size=16, num_workers=workers)
+for cut in (2 * PAGE, 0):  # the B-tree pages gone; then the meta pages too
+    it = iter(loader)
+    assert first(next(it)) == list(range(16))
+    os.truncate(data_file, cut)
+    try:
+        for batch in it:
+            pass
+    except OSError as e:
+        print("raised:", e)
+    else:
+        print("no error")
+    del it
+    restore()
+    assert [x for batch in loader for x in first(batch)] == list(range(n))
+print("done")
+"""
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("decode", ["raw", "jpeg"])
+def test_a_data_file_cut_short_under_the_loader_raises(tmp_path, decode, workers):
+    """data.mdb cut short while a loader reads it: liblmdb reads its B-tree
+    pages from the map inside its lookups, which run under the bus-error
+    guard, so the loader raises OSError naming the file (not SIGBUS), the
+    read transaction is aborted, and the dataset reads again once the file
+    is whole."""
+    from fl_helpers import assert_child_ok, run_in_child
+
+    root = tmp_path / "db"
+    result = run_in_child(TRUNCATED_LMDB.format(root=str(root), decode=decode, workers=workers))
+    assert_child_ok(result)
+    messages = result.stdout.split("raised:")[1:]
+    assert len(messages) == 2, result.stdout
+    data_file = str(root / "data.mdb")
+    for message, cut in zip(messages, [2 * os.sysconf("SC_PAGESIZE"), 0]):
+        assert (f"file changed under the loader: {data_file!r} is shorter than when it was "
+                "opened (sample index") in message, message
+        assert f" {cut} now)" in message, message

@@ -207,6 +207,41 @@ def test_a_shard_truncated_after_indexing_fails_its_sample(tmp_path):
         next(iter(loader))
 
 
+def test_a_shard_cut_between_indexing_and_its_labels_raises(tmp_path):
+    """The labels are read from a mapping of the shard right after it is
+    indexed: a shard cut short under that mapping (simulated: cut just
+    after it is made) raises OSError naming it, not SIGBUS."""
+    from fl_helpers import assert_child_ok, run_in_child
+
+    path = tmp_path / "s.tar"
+    with tarfile.open(path, "w") as tf:
+        for i in range(64):
+            add(tf, f"k{i:02d}.jpg", encode(np.full((32, 32, 3), i, np.uint8)))
+            add(tf, f"k{i:02d}.cls", b"%d" % i)
+    result = run_in_child(f"""
+        import mmap, os, fastload, fastload.shard_reader as shard_reader
+
+        class CutWhenMapped:
+            ACCESS_READ = mmap.ACCESS_READ
+
+            @staticmethod
+            def mmap(fd, *args, **kwargs):
+                view = mmap.mmap(fd, *args, **kwargs)
+                os.truncate({str(path)!r}, {os.sysconf("SC_PAGESIZE")})
+                return view
+
+        shard_reader.mmap = CutWhenMapped
+        try:
+            fastload.WebDataset({str(path)!r})
+        except OSError as e:
+            print("raised:", e)
+        print("done")
+    """)
+    assert_child_ok(result)
+    assert (f"file changed under the loader: {str(path)!r} is shorter than when it was opened "
+            "(the .cls member of sample 'k") in result.stdout, result.stdout
+
+
 def test_shards_written_by_fastload_read_back_as_the_folder(shards, tmp_path):
     root, files, labels = shards
     folder = tmp_path / "folder"

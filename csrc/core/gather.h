@@ -10,11 +10,8 @@
  * The one failure left is the source's memory going away under the copy: a
  * mapped file truncated or rewritten after it was mapped (or whose storage
  * fails) raises SIGBUS on the next read of a page past its new end.  Each
- * copy runs under a per-thread guard that turns that signal into FL_ERR_IO.
- * The first gather installs a process-wide SIGBUS handler for this; it acts
- * only on faults inside a guarded copy on the faulting thread and passes
- * every other SIGBUS to the handler installed before it (or to the default
- * action, which ends the process as before).
+ * copy runs under the bus-error guard (bus_guard.h), which turns that
+ * signal into FL_ERR_IO.
  */
 #ifndef FL_GATHER_H
 #define FL_GATHER_H

@@ -101,20 +101,32 @@ int fl_image_source_pixels(const fl_image_file *file, const unsigned char **rgb,
     return FL_OK;
 }
 
+typedef struct pixels_to_keep {
+    const unsigned char *rgb;
+    int width, height;
+    size_t stride;
+} pixels_to_keep;
+
+/* Writes the entry into the cache's mapping (fl_sample_cache_store's fill:
+ * under the bus-error guard, so copies only). */
+static void fill_pixels(void *arg, unsigned char *at)
+{
+    const pixels_to_keep *p = arg;
+    size_t row = (size_t)p->width * 3;
+    cached_pixels head = {CACHED_PIXELS_MAGIC, (uint32_t)p->width, (uint32_t)p->height, 0};
+    memcpy(at, &head, sizeof head);
+    for (int y = 0; y < p->height; y++)
+        memcpy(at + sizeof head + (size_t)y * row, p->rgb + (size_t)y * p->stride, row);
+}
+
 /* Keeps an image's pixels in the cache, unless it holds them already or
  * has no room. */
 static void keep_pixels(struct fl_sample_cache *cache, int64_t index, const unsigned char *rgb,
                         int width, int height, size_t stride)
 {
-    size_t row = (size_t)width * 3, size = sizeof(cached_pixels) + row * (size_t)height;
-    unsigned char *at = fl_sample_cache_reserve(cache, index, size);
-    if (!at)
-        return;
-    cached_pixels head = {CACHED_PIXELS_MAGIC, (uint32_t)width, (uint32_t)height, 0};
-    memcpy(at, &head, sizeof head);
-    for (int y = 0; y < height; y++)
-        memcpy(at + sizeof head + (size_t)y * row, rgb + (size_t)y * stride, row);
-    fl_sample_cache_commit(cache, index, at, size);
+    size_t size = sizeof(cached_pixels) + (size_t)width * 3 * (size_t)height;
+    pixels_to_keep p = {rgb, width, height, stride};
+    fl_sample_cache_store(cache, index, size, fill_pixels, &p);
 }
 
 /* fl_image_source_decode for a source whose cache keeps pixels: pixels

@@ -60,10 +60,11 @@ typedef struct fl_image_source {
                                 decode="exact" always, so every epoch gives
                                 the same output */
     /* NULL: sample i is read from its file.  Else it gives sample i's bytes,
-     * valid at least until w's next read, as a file's are: in w's read
-     * buffer (an LMDB value), or where they lie in memory that outlives the
-     * source (memory_source.h); `paths` then only names the store in
-     * messages. */
+     * valid at least until w's next read, as a file's are: copied into
+     * w's read buffer (an LMDB value, bytes lying in a table in memory:
+     * memory_source.h), never left in a mapping another process could cut
+     * short under the decoder; `paths` then only names the store in
+     * messages.  FL_ERR_CHANGED: the mapping's file shrank. */
     int (*read_bytes)(const void *ctx, fl_image_worker *w, int64_t index,
                       const unsigned char **data, size_t *size, char *msg, size_t msg_size);
     const void *bytes_ctx;
@@ -72,7 +73,8 @@ typedef struct fl_image_source {
 /* One sample that failed. */
 typedef struct fl_image_failure {
     int64_t index;           /* the sample (after earlier skips) */
-    int status;              /* FL_ERR_IO, FL_ERR_DECODE, FL_ERR_TOO_BIG, FL_ERR_NOMEM */
+    int status;              /* FL_ERR_IO, FL_ERR_DECODE, FL_ERR_TOO_BIG, FL_ERR_NOMEM,
+                                FL_ERR_CHANGED (msg is the whole message) */
     int err;                 /* errno for FL_ERR_IO, else 0 */
     char msg[FL_IMAGE_MSG_SIZE];
 } fl_image_failure;

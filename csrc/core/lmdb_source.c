@@ -1,12 +1,14 @@
 /* fastload core: LMDB sample store (see lmdb_source.h). */
 #include "lmdb_source.h"
 
+#include "bus_guard.h"
 #include "status.h"
 
 #include <errno.h>
 #include <inttypes.h>
 #include <lmdb.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -67,9 +69,35 @@ int fl_lmdb_open(fl_lmdb_source *src, const char *path, const char *db, char *ms
         mdb_env_close(env);
         return rc == MDB_NOTFOUND ? FL_ERR_IO : FL_ERR_DECODE;
     }
+    /* What a read that faults needs: the data file's name, descriptor and
+     * size now, and where liblmdb maps it. */
+    MDB_envinfo info;
+    MDB_stat env_stat;
+    struct stat data_st;
+    int fd = -1;
+    size_t len = strlen(path);
+    char *data_path = malloc(len + sizeof "/data.mdb");
+    if (!data_path || mdb_env_info(env, &info) != MDB_SUCCESS ||
+        mdb_env_stat(env, &env_stat) != MDB_SUCCESS || mdb_env_get_fd(env, &fd) != MDB_SUCCESS ||
+        fstat(fd, &data_st) != 0) {
+        int status = data_path ? FL_ERR_IO : FL_ERR_NOMEM;
+        fl_set_msg(msg, msg_size, "cannot open LMDB %s: %s", path,
+                   data_path ? "cannot inspect its data file" : "out of memory");
+        free(data_path);
+        mdb_env_close(env);
+        return status;
+    }
+    memcpy(data_path, path, len + 1);
+    if (S_ISDIR(st.st_mode))
+        memcpy(data_path + len, "/data.mdb", sizeof "/data.mdb");
     src->env = env;
     src->dbi = dbi;
     src->path = path;
+    src->data_path = data_path;
+    src->data_fd = fd;
+    src->data_size = (int64_t)data_st.st_size;
+    src->map = info.me_mapaddr;
+    src->page_size = env_stat.ms_psize;
     return FL_OK;
 }
 
@@ -78,22 +106,8 @@ void fl_lmdb_close(fl_lmdb_source *src)
     if (src->env)
         mdb_env_close(src->env);
     src->env = NULL;
-}
-
-int64_t fl_lmdb_entries(const fl_lmdb_source *src, char *msg, size_t msg_size)
-{
-    MDB_txn *txn;
-    MDB_stat st;
-    int rc = mdb_txn_begin(src->env, NULL, MDB_RDONLY, &txn);
-    if (rc == MDB_SUCCESS) {
-        rc = mdb_stat(txn, src->dbi, &st);
-        mdb_txn_abort(txn);
-    }
-    if (rc != MDB_SUCCESS) {
-        fl_set_msg(msg, msg_size, "cannot read LMDB %s: %s", src->path, mdb_strerror(rc));
-        return -1;
-    }
-    return (int64_t)st.ms_entries;
+    free(src->data_path);
+    src->data_path = NULL;
 }
 
 /* Sample `index`'s key; `digits` holds a decimal key. */
@@ -125,23 +139,115 @@ static void describe_key(MDB_val key, char *out, size_t out_size)
     out[o] = '\0';
 }
 
-static int get_value(const fl_lmdb_source *src, MDB_txn *txn, int64_t index, MDB_val *value,
-                     char *msg, size_t msg_size)
+/* ---------------------------------------------------------- guarded reads
+ *
+ * A lookup runs under the bus-error guard: it begins the read transaction
+ * and looks values up (copying raw records into their rows), recording how
+ * far it got, so that after a fault the caller knows the transaction to
+ * abort and the sample being read.  Messages are written after, outside the
+ * guard. */
+
+typedef struct lookup {
+    const fl_lmdb_source *src;
+    const int64_t *idx;      /* the samples to look up */
+    size_t n;
+    char *dst;               /* NULL: look up only; else copy each record here */
+    int stat;                /* 1: mdb_stat instead of lookups (into `st`) */
+    MDB_stat st;
+    MDB_txn *txn;            /* the read transaction once begun (the caller ends it) */
+    int rc;                  /* MDB_SUCCESS, or the failing liblmdb call's code */
+    volatile size_t done;    /* samples looked up (and copied) so far */
+    MDB_val value;           /* the last value looked up */
+} lookup;
+
+/* Reads a byte of each meta page, so a data file cut below them faults
+ * here, before mdb_txn_begin allocates anything. */
+static void touch_meta_pages(const fl_lmdb_source *src)
+{
+    const volatile unsigned char *map = src->map;
+    if (map) {
+        (void)map[0];
+        (void)map[src->page_size];
+    }
+}
+
+static void run_lookup(void *arg)
+{
+    lookup *l = arg;
+    const fl_lmdb_source *src = l->src;
+    touch_meta_pages(src);
+    l->rc = mdb_txn_begin(src->env, NULL, MDB_RDONLY, &l->txn);
+    if (l->rc != MDB_SUCCESS) {
+        l->txn = NULL;
+        return;
+    }
+    if (l->stat) {
+        l->rc = mdb_stat(l->txn, src->dbi, &l->st);
+        return;
+    }
+    for (; l->done < l->n; l->done++) {
+        char digits[24];
+        MDB_val key = key_of(src, l->idx[l->done], digits);
+        l->rc = mdb_get(l->txn, src->dbi, &key, &l->value);
+        if (l->rc != MDB_SUCCESS || !l->dst)
+            return;
+        if (l->value.mv_size != src->value_size)
+            return; /* the caller names the key */
+        memcpy(l->dst + l->done * src->value_size, l->value.mv_data, src->value_size);
+    }
+}
+
+/* Runs the lookup; on a bus error aborts its transaction and writes the
+ * message for sample `index` (-1: none).  Returns FL_OK or FL_ERR_CHANGED. */
+static int guarded_lookup(lookup *l, char *msg, size_t msg_size)
+{
+    const void *fault = NULL;
+    l->txn = NULL;
+    l->done = 0;
+    if (fl_guarded(run_lookup, l, &fault) == FL_OK)
+        return FL_OK;
+    if (l->txn)
+        mdb_txn_abort(l->txn);
+    l->txn = NULL;
+    char what[64] = "the database's header";
+    if (l->n && l->done < l->n)
+        snprintf(what, sizeof what, "sample index %" PRId64, l->idx[l->done]);
+    const fl_lmdb_source *src = l->src;
+    fl_bus_fault_msg(msg, msg_size, src->data_path, src->data_fd, src->data_size, fault, what);
+    return FL_ERR_CHANGED;
+}
+
+int64_t fl_lmdb_entries(const fl_lmdb_source *src, int *status, char *msg, size_t msg_size)
+{
+    lookup l = {.src = src, .stat = 1};
+    *status = guarded_lookup(&l, msg, msg_size);
+    if (*status != FL_OK)
+        return -1;
+    int rc = l.rc;
+    if (l.txn)
+        mdb_txn_abort(l.txn);
+    if (rc != MDB_SUCCESS) {
+        *status = FL_ERR_DECODE;
+        fl_set_msg(msg, msg_size, "cannot read LMDB %s: %s", src->path, mdb_strerror(rc));
+        return -1;
+    }
+    return (int64_t)l.st.ms_entries;
+}
+
+/* The message for a lookup of sample `index` that ended with liblmdb's
+ * `rc` (or, rc MDB_SUCCESS, with a value of the wrong size); returns the
+ * status: FL_ERR_IO for a missing key, else FL_ERR_DECODE. */
+static int lookup_error(const fl_lmdb_source *src, int64_t index, int rc, size_t got, char *msg,
+                        size_t msg_size)
 {
     char digits[24], shown[96];
-    MDB_val key = key_of(src, index, digits);
-    int rc = mdb_get(txn, src->dbi, &key, value);
+    describe_key(key_of(src, index, digits), shown, sizeof shown);
     if (rc == MDB_SUCCESS) {
-        if (src->value_size && value->mv_size != src->value_size) {
-            describe_key(key, shown, sizeof shown);
-            fl_set_msg(msg, msg_size, "LMDB %s: the value of key '%s' (sample %" PRId64
-                       ") holds %zu bytes, not the %zu of one record", src->path, shown, index,
-                       value->mv_size, src->value_size);
-            return FL_ERR_DECODE;
-        }
-        return FL_OK;
+        fl_set_msg(msg, msg_size, "LMDB %s: the value of key '%s' (sample %" PRId64
+                   ") holds %zu bytes, not the %zu of one record", src->path, shown, index, got,
+                   src->value_size);
+        return FL_ERR_DECODE;
     }
-    describe_key(key, shown, sizeof shown);
     if (rc == MDB_NOTFOUND)
         fl_set_msg(msg, msg_size, "LMDB %s has no key '%s' (sample %" PRId64 ")", src->path,
                    shown, index);
@@ -151,59 +257,65 @@ static int get_value(const fl_lmdb_source *src, MDB_txn *txn, int64_t index, MDB
     return rc == MDB_NOTFOUND ? FL_ERR_IO : FL_ERR_DECODE;
 }
 
-/* Begins a read transaction.  Returns FL_OK, or FL_ERR_IO with a message. */
-static int begin_read(const fl_lmdb_source *src, MDB_txn **txn, char *msg, size_t msg_size)
+/* The status of a lookup that ran to its end without a bus error: FL_OK,
+ * or its transaction's or first sample's failure with the message. */
+static int lookup_status(const lookup *l, char *msg, size_t msg_size)
 {
-    int rc = mdb_txn_begin(src->env, NULL, MDB_RDONLY, txn);
-    if (rc == MDB_SUCCESS)
+    if (!l->txn) {
+        fl_set_msg(msg, msg_size, "LMDB %s: cannot begin a read: %s", l->src->path,
+                   mdb_strerror(l->rc));
+        return FL_ERR_IO;
+    }
+    if (l->done == l->n)
         return FL_OK;
-    fl_set_msg(msg, msg_size, "LMDB %s: cannot begin a read: %s", src->path, mdb_strerror(rc));
-    return FL_ERR_IO;
+    return lookup_error(l->src, l->idx[l->done], l->rc, l->value.mv_size, msg, msg_size);
 }
 
 int fl_lmdb_gather(const fl_lmdb_source *src, const int64_t *idx, size_t n, void *dst,
                    int64_t *failed, char *msg, size_t msg_size)
 {
-    MDB_txn *txn;
-    if (begin_read(src, &txn, msg, msg_size) != FL_OK) {
-        *failed = n ? idx[0] : -1;
-        return FL_ERR_IO;
-    }
-    int status = FL_OK;
-    for (size_t p = 0; p < n; p++) {
-        MDB_val value;
-        status = get_value(src, txn, idx[p], &value, msg, msg_size);
-        if (status != FL_OK) {
-            *failed = idx[p];
-            break;
-        }
-        memcpy((char *)dst + p * src->value_size, value.mv_data, src->value_size);
-    }
-    mdb_txn_abort(txn);
+    lookup l = {.src = src, .idx = idx, .n = n, .dst = dst};
+    int status = guarded_lookup(&l, msg, msg_size);
+    if (status == FL_OK)
+        status = lookup_status(&l, msg, msg_size);
+    if (status != FL_OK)
+        *failed = l.done < n ? idx[l.done] : (n ? idx[0] : -1);
+    if (l.txn)
+        mdb_txn_abort(l.txn);
     return status;
 }
 
 int fl_lmdb_read(const fl_lmdb_source *src, int64_t index, fl_lmdb_room_fn room, void *room_ctx,
                  const unsigned char **data, size_t *size, char *msg, size_t msg_size)
 {
-    MDB_txn *txn;
-    if (begin_read(src, &txn, msg, msg_size) != FL_OK)
-        return FL_ERR_IO;
-    MDB_val value;
-    int status = get_value(src, txn, index, &value, msg, msg_size);
+    lookup l = {.src = src, .idx = &index, .n = 1};
+    int status = guarded_lookup(&l, msg, msg_size);
+    if (status == FL_OK && !l.txn)
+        status = lookup_status(&l, msg, msg_size);
+    if (status == FL_OK && l.rc != MDB_SUCCESS)
+        status = lookup_error(src, index, l.rc, 0, msg, msg_size);
     if (status == FL_OK) {
-        unsigned char *copy = room(room_ctx, value.mv_size);
-        if (copy) {
-            if (value.mv_size)
-                memcpy(copy, value.mv_data, value.mv_size);
-            *data = copy;
-            *size = value.mv_size;
-        } else {
+        /* The room is made outside the guard (it may allocate); the value
+         * stays valid while the transaction is open. */
+        size_t bytes = l.value.mv_size;
+        unsigned char *copy = room(room_ctx, bytes);
+        const void *fault = NULL;
+        if (!copy) {
             fl_set_msg(msg, msg_size, "LMDB %s: out of memory for a %zu-byte value", src->path,
-                       value.mv_size);
+                       bytes);
             status = FL_ERR_NOMEM;
+        } else if (fl_guarded_copy(copy, l.value.mv_data, bytes, &fault) != FL_OK) {
+            char what[48];
+            snprintf(what, sizeof what, "sample index %" PRId64, index);
+            fl_bus_fault_msg(msg, msg_size, src->data_path, src->data_fd, src->data_size, fault,
+                             what);
+            status = FL_ERR_CHANGED;
+        } else {
+            *data = copy;
+            *size = bytes;
         }
     }
-    mdb_txn_abort(txn);
+    if (l.txn)
+        mdb_txn_abort(l.txn);
     return status;
 }

@@ -14,6 +14,18 @@
  * only while a transaction holds it (a writer may reuse the page after).
  * The copy costs microseconds against the decode's milliseconds, and keeps
  * readers correct while another process writes the database.
+ *
+ * liblmdb reads the B-tree pages straight from its mapping, inside
+ * mdb_txn_begin and mdb_get, so a data file cut short under a reader would
+ * raise SIGBUS there.  Each read (beginning its transaction, every lookup,
+ * and the copy) runs under the bus-error guard (bus_guard.h); after a fault
+ * the transaction is aborted outside the guard, so the environment stays
+ * usable (nothing of liblmdb's is per thread: MDB_NOTLS), and the call
+ * returns FL_ERR_CHANGED naming the data file.  liblmdb holds no lock while
+ * it reads the map (its reader-table mutex guards only the lock file); a
+ * fault inside mdb_txn_begin, which the guard's touch of the meta pages
+ * first makes unlikely (the file would have to be cut between the two),
+ * leaks that transaction's allocation and reader slot.
  */
 #ifndef FL_LMDB_SOURCE_H
 #define FL_LMDB_SOURCE_H
@@ -30,6 +42,12 @@ typedef struct fl_lmdb_source {
     int64_t length;
     size_t value_size;       /* raw records: bytes per value; 0 for images */
     int no_lock;             /* opened with MDB_NOLOCK (the lock file could not be made) */
+    /* The data file, for reads another process may cut short: */
+    char *data_path;         /* owned (malloc); names it in messages */
+    int data_fd;             /* liblmdb's descriptor of it (not ours to close) */
+    int64_t data_size;       /* its size when opened */
+    const unsigned char *map; /* liblmdb's mapping of it: the two meta pages first */
+    size_t page_size;        /* the database's page size */
 } fl_lmdb_source;
 
 /* Opens `path` (a database directory, or the data file itself) read-only,
@@ -40,12 +58,14 @@ int fl_lmdb_open(fl_lmdb_source *src, const char *path, const char *db, char *ms
 
 void fl_lmdb_close(fl_lmdb_source *src);
 
-/* The number of entries of the database, or -1 with a message. */
-int64_t fl_lmdb_entries(const fl_lmdb_source *src, char *msg, size_t msg_size);
+/* The number of entries of the database, or -1 with a message (*status:
+ * FL_ERR_DECODE, or FL_ERR_CHANGED when the data file shrank). */
+int64_t fl_lmdb_entries(const fl_lmdb_source *src, int *status, char *msg, size_t msg_size);
 
 /* Copies the values of samples idx[0..n) into consecutive value_size-byte
  * rows of dst.  Returns FL_OK, or FL_ERR_IO (missing key) / FL_ERR_DECODE
- * (value of the wrong size) naming the key, with *failed set to the index. */
+ * (value of the wrong size) naming the key / FL_ERR_CHANGED (the data file
+ * shrank), with *failed set to the index. */
 int fl_lmdb_gather(const fl_lmdb_source *src, const int64_t *idx, size_t n, void *dst,
                    int64_t *failed, char *msg, size_t msg_size);
 
@@ -54,7 +74,7 @@ typedef unsigned char *(*fl_lmdb_room_fn)(void *ctx, size_t size);
 
 /* Copies sample `index`'s value, inside its read transaction, into the room
  * room(room_ctx, size) gives; *data points there.  Returns FL_OK, FL_ERR_IO
- * naming the key, or FL_ERR_NOMEM. */
+ * naming the key, FL_ERR_CHANGED, or FL_ERR_NOMEM. */
 int fl_lmdb_read(const fl_lmdb_source *src, int64_t index, fl_lmdb_room_fn room, void *room_ctx,
                  const unsigned char **data, size_t *size, char *msg, size_t msg_size);
 

@@ -4,8 +4,11 @@
  *
  * The buffers belong to the binding, which keeps them alive and unmoved for
  * the source's lifetime and checks every range against its buffer once, at
- * construction; reads are then a lookup, without the GIL and without a
- * copy.
+ * construction; reads are then a lookup and a copy into the worker's read
+ * buffer, without the GIL.  The copy runs under the bus-error guard
+ * (bus_guard.h): a table memory-mapped from a file that another process
+ * cuts short gives FL_ERR_CHANGED naming the file, never a SIGBUS inside a
+ * decoder.  (A memcpy costs microseconds next to a decode.)
  */
 #ifndef FL_MEMORY_SOURCE_H
 #define FL_MEMORY_SOURCE_H
@@ -23,8 +26,10 @@ typedef struct fl_memory_source {
 } fl_memory_source;
 
 /* The image source's byte provider (fl_image_source.read_bytes): sample
- * `index`'s bytes in place.  Returns FL_OK, or FL_ERR_INVALID for an index
- * out of range. */
+ * `index`'s bytes copied into w's read buffer.  Returns FL_OK,
+ * FL_ERR_INVALID for an index out of range, FL_ERR_NOMEM, or
+ * FL_ERR_CHANGED (the memory is a mapping whose file shrank; msg names the
+ * file). */
 int fl_memory_read(const void *ctx, struct fl_image_worker *w, int64_t index,
                    const unsigned char **data, size_t *size, char *msg, size_t msg_size);
 

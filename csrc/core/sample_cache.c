@@ -20,6 +20,7 @@
 #define _GNU_SOURCE
 #include "sample_cache.h"
 
+#include "bus_guard.h"
 #include "status.h"
 
 #include <errno.h>
@@ -76,7 +77,30 @@ struct fl_sample_cache {
     unsigned char *data;
     uint64_t data_bytes;  /* our own copy: the header's is not trusted after open */
     int64_t samples;
+    atomic_int broken;    /* a read or write of the mapping faulted: the file
+                             was cut short; never touched again (this process) */
 };
+
+/* ----------------------------------------------------------- bus errors
+ *
+ * The file may be written, or cut short, by anyone who can open it: every
+ * access to the mapping after open runs under the bus-error guard
+ * (bus_guard.h).  The guarded functions below only read and write the
+ * mapping and their own arguments: no lock (the cache has none), no
+ * allocation.  The first fault marks the cache broken: from then on it
+ * finds nothing and stores nothing, so every sample is read from its
+ * source, as for a cache that is full — a damaged cache costs speed, never
+ * a sample or the process. */
+
+static int guarded(fl_sample_cache *c, void (*fn)(void *), void *arg)
+{
+    if (atomic_load_explicit(&c->broken, memory_order_relaxed))
+        return FL_ERR_IO;
+    if (fl_guarded(fn, arg, NULL) == FL_OK)
+        return FL_OK;
+    atomic_store_explicit(&c->broken, 1, memory_order_relaxed);
+    return FL_ERR_IO;
+}
 
 /* ------------------------------------------------------------- checksum */
 
@@ -206,6 +230,39 @@ static unsigned char *map_file(int fd, const cache_layout *layout)
     return map == MAP_FAILED ? NULL : map;
 }
 
+typedef struct header_job {
+    cache_header *h;
+    const cache_layout *layout;
+    int matches;
+} header_job;
+
+static void write_header(void *arg)
+{
+    header_job *job = arg;
+    cache_header *h = job->h;
+    const cache_layout *layout = job->layout;
+    h->version = CACHE_VERSION;
+    h->entry_bytes = sizeof(cache_entry);
+    h->key = layout->key;
+    h->samples = layout->samples;
+    h->capacity = layout->capacity;
+    h->data_offset = layout->data_offset;
+    h->data_bytes = layout->data_bytes;
+    atomic_store_explicit(&h->magic, CACHE_MAGIC, memory_order_release);
+}
+
+static void check_header(void *arg)
+{
+    header_job *job = arg;
+    const cache_header *h = job->h;
+    const cache_layout *layout = job->layout;
+    job->matches = atomic_load_explicit(&h->magic, memory_order_acquire) == CACHE_MAGIC &&
+                   h->version == CACHE_VERSION && h->entry_bytes == sizeof(cache_entry) &&
+                   h->key == layout->key && h->samples == layout->samples &&
+                   h->capacity == layout->capacity && h->data_offset == layout->data_offset &&
+                   h->data_bytes == layout->data_bytes;
+}
+
 /* Sets up an empty file `fd`: reserves its space, maps it and writes the
  * header, magic last.  Returns FL_OK with *map set. */
 static int init_file(int fd, const cache_layout *layout, unsigned char **map, int *err,
@@ -219,25 +276,20 @@ static int init_file(int fd, const cache_layout *layout, unsigned char **map, in
     *map = map_file(fd, layout);
     if (!*map)
         return io_error(err, msg, msg_size, "cannot map the cache");
-    cache_header *h = (cache_header *)*map;
-    h->version = CACHE_VERSION;
-    h->entry_bytes = sizeof(cache_entry);
-    h->key = layout->key;
-    h->samples = layout->samples;
-    h->capacity = layout->capacity;
-    h->data_offset = layout->data_offset;
-    h->data_bytes = layout->data_bytes;
-    atomic_store_explicit(&h->magic, CACHE_MAGIC, memory_order_release);
+    header_job job = {(cache_header *)*map, layout, 0};
+    if (fl_guarded(write_header, &job, NULL) != FL_OK) {
+        errno = EIO;
+        return io_error(err, msg, msg_size, "the cache file was cut short while being set up");
+    }
     return FL_OK;
 }
 
-static int header_matches(const cache_header *h, const cache_layout *layout)
+/* The header's check, under the guard: a file cut short below its header
+ * is as stale as one made for other data (it is replaced). */
+static int header_matches(cache_header *h, const cache_layout *layout)
 {
-    return atomic_load_explicit(&h->magic, memory_order_acquire) == CACHE_MAGIC &&
-           h->version == CACHE_VERSION && h->entry_bytes == sizeof(cache_entry) &&
-           h->key == layout->key && h->samples == layout->samples &&
-           h->capacity == layout->capacity && h->data_offset == layout->data_offset &&
-           h->data_bytes == layout->data_bytes;
+    header_job job = {h, layout, 0};
+    return fl_guarded(check_header, &job, NULL) == FL_OK && job.matches;
 }
 
 /* Makes a new cache file beside `path` and renames it over it.  Returns
@@ -281,10 +333,18 @@ static int open_path(const char *path, const cache_layout *layout, int *fd, unsi
                      int *err, char *msg, size_t msg_size)
 {
     for (int tries = 0; tries < OPEN_TRIES; tries++) {
-        int rc = FL_OK;
+        int rc = FL_OK, created = 1;
         struct stat fs, ps;
         *map = NULL;
-        *fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOCTTY | O_NONBLOCK, 0600);
+        /* Whether this attempt made the file: only then may a failure
+         * remove it. */
+        *fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOCTTY | O_NONBLOCK, 0600);
+        if (*fd < 0 && errno == EEXIST) {
+            created = 0;
+            *fd = open(path, O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+            if (*fd < 0 && errno == ENOENT)
+                continue; /* removed since: make it */
+        }
         if (*fd < 0)
             return io_error(err, msg, msg_size, "cannot open the cache file");
         if (fstat(*fd, &fs) != 0) {
@@ -311,15 +371,22 @@ static int open_path(const char *path, const cache_layout *layout, int *fd, unsi
         }
         if (fs.st_size == 0) {
             rc = init_file(*fd, layout, map, err, msg, msg_size);
-            if (rc != FL_OK && ftruncate(*fd, 0) != 0) {
-                /* The next opener finds a bad header and replaces the file. */
+            if (rc != FL_OK) {
+                /* A file this attempt made goes (a process that opened it
+                 * meanwhile finds it gone when it gets the lock, and makes
+                 * its own); one it found empty is left empty. */
+                if (created)
+                    unlink(path);
+                else if (ftruncate(*fd, 0) != 0) {
+                    /* The next opener finds a bad header and replaces it. */
+                }
             }
         } else {
             if ((uint64_t)fs.st_size == layout->capacity) {
                 *map = map_file(*fd, layout);
                 if (!*map) {
                     rc = io_error(err, msg, msg_size, "cannot map the cache");
-                } else if (!header_matches((const cache_header *)*map, layout)) {
+                } else if (!header_matches((cache_header *)*map, layout)) {
                     munmap(*map, (size_t)layout->capacity);
                     *map = NULL;
                 }
@@ -423,104 +490,194 @@ int fl_sample_cache_fd(const fl_sample_cache *cache)
     return cache->fd;
 }
 
-/* ------------------------------------------------------------- entries */
+/* ------------------------------------------------------------- entries
+ *
+ * Each public call below does its work on the mapping in one guarded
+ * function (see "bus errors" above). */
+
+typedef struct entry_job {
+    fl_sample_cache *c;
+    int64_t index;
+    fl_cache_ref *ref;
+    int found;
+} entry_job;
+
+static void find_entry(void *arg)
+{
+    entry_job *job = arg;
+    fl_sample_cache *c = job->c;
+    cache_entry *e = &c->entries[job->index];
+    fl_cache_ref *ref = job->ref;
+    if (atomic_load_explicit(&e->state, memory_order_acquire) != ENTRY_READY)
+        return;
+    ref->offset = atomic_load_explicit(&e->offset, memory_order_relaxed);
+    ref->size = atomic_load_explicit(&e->size, memory_order_relaxed);
+    ref->checksum = atomic_load_explicit(&e->checksum, memory_order_relaxed);
+    /* The index is in a file anyone may have written: check before use. */
+    job->found = ref->size <= c->data_bytes && ref->offset <= c->data_bytes - ref->size;
+}
 
 int fl_sample_cache_find(fl_sample_cache *c, int64_t index, fl_cache_ref *ref)
 {
     if (index < 0 || index >= c->samples)
         return 0;
-    cache_entry *e = &c->entries[index];
-    if (atomic_load_explicit(&e->state, memory_order_acquire) != ENTRY_READY)
-        return 0;
-    ref->offset = atomic_load_explicit(&e->offset, memory_order_relaxed);
-    ref->size = atomic_load_explicit(&e->size, memory_order_relaxed);
-    ref->checksum = atomic_load_explicit(&e->checksum, memory_order_relaxed);
-    /* The index is in a file anyone may have written: check before use. */
-    return ref->size <= c->data_bytes && ref->offset <= c->data_bytes - ref->size;
+    entry_job job = {c, index, ref, 0};
+    return guarded(c, find_entry, &job) == FL_OK && job.found;
+}
+
+typedef struct copy_job {
+    fl_sample_cache *c;
+    int64_t index;
+    const fl_cache_ref *ref;
+    unsigned char *dst;
+    int good; /* in: the copy checked out; for count_copy */
+} copy_job;
+
+static void copy_entry(void *arg)
+{
+    copy_job *job = arg;
+    memcpy(job->dst, job->c->data + job->ref->offset, (size_t)job->ref->size);
+}
+
+static void count_copy(void *arg)
+{
+    copy_job *job = arg;
+    fl_sample_cache *c = job->c;
+    if (job->good) {
+        atomic_fetch_add_explicit(&c->header->hits, 1, memory_order_relaxed);
+        return;
+    }
+    /* Drop the entry unless another thread already did and stored the
+     * sample again elsewhere (then its offset differs).  Losing that race
+     * only drops a good entry, which the next fill stores again. */
+    cache_entry *e = &c->entries[job->index];
+    uint64_t ready = ENTRY_READY;
+    if (atomic_load_explicit(&e->offset, memory_order_relaxed) == job->ref->offset)
+        atomic_compare_exchange_strong_explicit(&e->state, &ready, ENTRY_EMPTY,
+                                                memory_order_acq_rel, memory_order_relaxed);
+    atomic_fetch_add_explicit(&c->header->corrupt, 1, memory_order_relaxed);
 }
 
 int fl_sample_cache_copy(fl_sample_cache *c, int64_t index, const fl_cache_ref *ref,
                          unsigned char *dst)
 {
-    memcpy(dst, c->data + ref->offset, (size_t)ref->size);
-    if (fl_cache_checksum(dst, (size_t)ref->size) == ref->checksum) {
-        atomic_fetch_add_explicit(&c->header->hits, 1, memory_order_relaxed);
-        return FL_OK;
-    }
-    /* Drop the entry unless another thread already did and stored the
-     * sample again elsewhere (then its offset differs).  Losing that race
-     * only drops a good entry, which the next fill stores again. */
-    cache_entry *e = &c->entries[index];
-    uint64_t ready = ENTRY_READY;
-    if (atomic_load_explicit(&e->offset, memory_order_relaxed) == ref->offset)
-        atomic_compare_exchange_strong_explicit(&e->state, &ready, ENTRY_EMPTY,
-                                                memory_order_acq_rel, memory_order_relaxed);
-    atomic_fetch_add_explicit(&c->header->corrupt, 1, memory_order_relaxed);
-    return FL_ERR_DECODE;
+    copy_job job = {c, index, ref, dst, 0};
+    if (guarded(c, copy_entry, &job) != FL_OK)
+        return FL_ERR_IO;
+    /* The checksum reads our copy: no guard needed. */
+    job.good = fl_cache_checksum(dst, (size_t)ref->size) == ref->checksum;
+    if (guarded(c, count_copy, &job) != FL_OK)
+        return FL_ERR_IO;
+    return job.good ? FL_OK : FL_ERR_DECODE;
 }
 
-unsigned char *fl_sample_cache_reserve(fl_sample_cache *c, int64_t index, size_t size)
+typedef struct store_job {
+    fl_sample_cache *c;
+    int64_t index;
+    size_t size;
+    void (*fill)(void *arg, unsigned char *at);
+    void *fill_arg;
+    int stored;
+} store_job;
+
+/* Reserves room for the entry, has fill() write it, and publishes it. */
+static void store_entry(void *arg)
 {
-    if (index < 0 || index >= c->samples)
-        return NULL;
-    cache_entry *e = &c->entries[index];
+    store_job *job = arg;
+    fl_sample_cache *c = job->c;
+    cache_entry *e = &c->entries[job->index];
     cache_header *h = c->header;
     if (atomic_load_explicit(&e->state, memory_order_relaxed) != ENTRY_EMPTY)
-        return NULL;
-    uint64_t need = ((uint64_t)size + 7) & ~(uint64_t)7; /* keeps entries 8-byte aligned */
+        return;
+    uint64_t need = ((uint64_t)job->size + 7) & ~(uint64_t)7; /* keeps entries 8-byte aligned */
     uint64_t used = atomic_load_explicit(&h->used, memory_order_relaxed);
     if (need > c->data_bytes || used > c->data_bytes - need) {
         atomic_fetch_add_explicit(&h->rejected, 1, memory_order_relaxed);
-        return NULL;
+        return;
     }
     uint64_t empty = ENTRY_EMPTY;
     if (!atomic_compare_exchange_strong_explicit(&e->state, &empty, ENTRY_WRITING,
                                                  memory_order_acquire, memory_order_relaxed))
-        return NULL; /* another writer has it */
+        return; /* another writer has it */
     /* Reserve [used, used + need) without ever passing the region's end. */
     do {
         if (used > c->data_bytes || need > c->data_bytes - used) {
             atomic_store_explicit(&e->state, ENTRY_EMPTY, memory_order_release);
             atomic_fetch_add_explicit(&h->rejected, 1, memory_order_relaxed);
-            return NULL;
+            return;
         }
     } while (!atomic_compare_exchange_weak_explicit(&h->used, &used, used + need,
                                                     memory_order_relaxed, memory_order_relaxed));
-    return c->data + used;
+    unsigned char *at = c->data + used;
+    job->fill(job->fill_arg, at);
+    atomic_store_explicit(&e->offset, used, memory_order_relaxed);
+    atomic_store_explicit(&e->size, (uint64_t)job->size, memory_order_relaxed);
+    atomic_store_explicit(&e->checksum, fl_cache_checksum(at, job->size), memory_order_relaxed);
+    atomic_store_explicit(&e->state, ENTRY_READY, memory_order_release);
+    atomic_fetch_add_explicit(&h->stored, 1, memory_order_relaxed);
+    job->stored = 1;
 }
 
-void fl_sample_cache_commit(fl_sample_cache *c, int64_t index, const unsigned char *at,
-                            size_t size)
+int fl_sample_cache_store(fl_sample_cache *c, int64_t index, size_t size,
+                          void (*fill)(void *arg, unsigned char *at), void *fill_arg)
 {
-    cache_entry *e = &c->entries[index];
-    atomic_store_explicit(&e->offset, (uint64_t)(at - c->data), memory_order_relaxed);
-    atomic_store_explicit(&e->size, (uint64_t)size, memory_order_relaxed);
-    atomic_store_explicit(&e->checksum, fl_cache_checksum(at, size), memory_order_relaxed);
-    atomic_store_explicit(&e->state, ENTRY_READY, memory_order_release);
-    atomic_fetch_add_explicit(&c->header->stored, 1, memory_order_relaxed);
+    if (index < 0 || index >= c->samples)
+        return 0;
+    store_job job = {c, index, size, fill, fill_arg, 0};
+    return guarded(c, store_entry, &job) == FL_OK && job.stored;
+}
+
+typedef struct bytes {
+    const unsigned char *data;
+    size_t size;
+} bytes;
+
+static void fill_bytes(void *arg, unsigned char *at)
+{
+    const bytes *b = arg;
+    memcpy(at, b->data, b->size);
 }
 
 int fl_sample_cache_put(fl_sample_cache *c, int64_t index, const unsigned char *data,
                         size_t size)
 {
-    unsigned char *at = fl_sample_cache_reserve(c, index, size);
-    if (!at)
-        return 0;
-    memcpy(at, data, size);
-    fl_sample_cache_commit(c, index, at, size);
-    return 1;
+    bytes b = {data, size};
+    return fl_sample_cache_store(c, index, size, fill_bytes, &b);
 }
 
-void fl_sample_cache_stats(const fl_sample_cache *c, fl_cache_stats *out)
+typedef struct stats_job {
+    fl_sample_cache *c;
+    fl_cache_stats *out;
+} stats_job;
+
+static void read_stats(void *arg)
 {
-    cache_header *h = c->header;
-    out->capacity = c->map_bytes;
-    out->data_bytes = c->data_bytes;
+    stats_job *job = arg;
+    cache_header *h = job->c->header;
+    fl_cache_stats *out = job->out;
     out->used = atomic_load_explicit(&h->used, memory_order_relaxed);
     out->stored = atomic_load_explicit(&h->stored, memory_order_relaxed);
     out->hits = atomic_load_explicit(&h->hits, memory_order_relaxed);
     out->rejected = atomic_load_explicit(&h->rejected, memory_order_relaxed);
     out->corrupt = atomic_load_explicit(&h->corrupt, memory_order_relaxed);
+}
+
+void fl_sample_cache_stats(fl_sample_cache *c, fl_cache_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    out->capacity = c->map_bytes;
+    out->data_bytes = c->data_bytes;
+    stats_job job = {c, out};
+    if (guarded(c, read_stats, &job) != FL_OK) {
+        /* The shared counters are gone with the file. */
+        out->used = out->stored = out->hits = out->rejected = out->corrupt = 0;
+        out->broken = 1;
+    }
+}
+
+int fl_sample_cache_broken(fl_sample_cache *c)
+{
+    return atomic_load_explicit(&c->broken, memory_order_relaxed);
 }
 
 int64_t fl_sample_cache_file_offset(fl_sample_cache *c, int64_t index)

@@ -28,6 +28,14 @@
  *
  * All calls but open and close are lock-free and safe from any thread of
  * any process mapping the cache.
+ *
+ * The file may also be cut short by anyone who can open it, which would
+ * make any access to the mapping raise SIGBUS.  Every access runs under the
+ * bus-error guard (bus_guard.h); the first fault marks the cache broken in
+ * this process, which from then on finds and stores nothing: every sample
+ * is read from its source (as when the cache is full), and stats report
+ * `broken`.  A cache costs speed then, never a sample or the process.  (It
+ * is not reopened: a new loader's dataset opens a fresh one.)
  */
 #ifndef FL_SAMPLE_CACHE_H
 #define FL_SAMPLE_CACHE_H
@@ -53,6 +61,8 @@ typedef struct fl_cache_stats {
     uint64_t hits;         /* samples served from the cache */
     uint64_t rejected;     /* samples not stored: no room left */
     uint64_t corrupt;      /* entries whose bytes did not match (dropped) */
+    uint64_t broken;       /* 1: the file was cut short under this process,
+                              which uses it no more (the counters are 0) */
 } fl_cache_stats;
 
 /* The checksum the cache stores with each sample: a 64-bit multiply-rotate
@@ -96,32 +106,40 @@ int fl_sample_cache_fd(const fl_sample_cache *cache);
 int64_t fl_sample_cache_samples(const fl_sample_cache *cache);
 
 /* 1 with *ref filled when sample `index` (in [0, samples)) is stored and
- * its entry lies inside the data region, else 0. */
+ * its entry lies inside the data region, else 0 (also when the cache is
+ * broken). */
 int fl_sample_cache_find(fl_sample_cache *cache, int64_t index, fl_cache_ref *ref);
 
 /* Copies the bytes *ref names (ref->size of them) into `dst` and checks
- * them.  Returns FL_OK (a hit, counted), or FL_ERR_DECODE when they do not
- * match the checksum: the entry is dropped, so the next fill stores the
- * sample again, and `dst` must not be used. */
+ * them.  Returns FL_OK (a hit, counted), FL_ERR_DECODE when they do not
+ * match the checksum (the entry is dropped, so the next fill stores the
+ * sample again), or FL_ERR_IO when the file was cut short (the cache is
+ * broken now); on failure `dst` must not be used. */
 int fl_sample_cache_copy(fl_sample_cache *cache, int64_t index, const fl_cache_ref *ref,
                          unsigned char *dst);
 
 /* Stores sample `index`'s bytes unless it is stored or being stored, or
- * there is no room left.  Returns 1 when stored, else 0. */
+ * there is no room left (or the cache is broken).  Returns 1 when stored,
+ * else 0. */
 int fl_sample_cache_put(fl_sample_cache *cache, int64_t index, const unsigned char *data,
                         size_t size);
 
-/* fl_sample_cache_put in two steps, for bytes made in place (decoded
- * pixels): reserves `size` bytes for sample `index` and returns where to
- * write them, or NULL when it is stored or being stored, or there is no room
- * left.  The caller writes exactly `size` bytes there, then commits them,
- * which makes the entry visible. */
-unsigned char *fl_sample_cache_reserve(fl_sample_cache *cache, int64_t index, size_t size);
-void fl_sample_cache_commit(fl_sample_cache *cache, int64_t index, const unsigned char *at,
-                            size_t size);
+/* fl_sample_cache_put for bytes made in place (decoded pixels): reserves
+ * `size` bytes for sample `index`, calls fill(fill_arg, at) to write exactly
+ * `size` bytes at `at`, and publishes the entry.  fill runs under the
+ * bus-error guard, writing into the mapping: it must hold no lock and
+ * allocate nothing (bus_guard.h).  Returns 1 when stored, else 0 (stored or
+ * being stored, no room, broken; fill is then not called, or the file was
+ * cut short under it). */
+int fl_sample_cache_store(fl_sample_cache *cache, int64_t index, size_t size,
+                          void (*fill)(void *fill_arg, unsigned char *at), void *fill_arg);
 
-/* The shared counters, read now. */
-void fl_sample_cache_stats(const fl_sample_cache *cache, fl_cache_stats *out);
+/* The shared counters, read now (all 0 with `broken` set once the file was
+ * cut short). */
+void fl_sample_cache_stats(fl_sample_cache *cache, fl_cache_stats *out);
+
+/* Nonzero once the cache's file was found cut short (see above). */
+int fl_sample_cache_broken(fl_sample_cache *cache);
 
 /* Where sample `index`'s bytes lie in the file (from its start), or -1 when
  * it is not stored (for tests that damage entries). */

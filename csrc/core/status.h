@@ -23,6 +23,8 @@ typedef enum fl_status {
     FL_ERR_IO = -9,          /* reading input failed */
     FL_ERR_DECODE = -10,     /* input bytes are malformed */
     FL_ERR_TOO_BIG = -11,    /* a size limit was exceeded */
+    FL_ERR_CHANGED = -12,    /* a mapped file shrank under the read (a bus
+                                error, bus_guard.h); the message names it */
 } fl_status;
 
 /* A short, static English description of a status. */

@@ -250,5 +250,12 @@ def _fill(out, start, chunked, name, where):
     """Copies a column's chunks into ``out`` from row ``start`` on."""
     tail = out.shape[1:]
     for chunk in chunked.chunks:
-        out[start:start + len(chunk)] = _chunk_rows(chunk, tail, name, where)
+        rows = _chunk_rows(chunk, tail, name, where)
+        dst = out[start:start + len(chunk)]
+        if rows.dtype == dst.dtype and rows.flags.c_contiguous and dst.flags.c_contiguous:
+            # A view of a mapped file: copied under the C bus-error guard,
+            # so a file cut short raises OSError naming it, not SIGBUS.
+            _C.copy_mapped(rows, dst, f"column {name!r}")
+        else:
+            dst[...] = rows
         start += len(chunk)

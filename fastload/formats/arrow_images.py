@@ -170,7 +170,40 @@ def _labels(table, label_column, name):
     column = table.column(label_column)
     if column.null_count:
         raise ValueError(f"{name}: column {label_column!r} has null labels")
-    return np.asarray(column.to_numpy(), np.int64)
+    column = _copied(column, f"column {label_column!r} of {name}")
+    return np.array(column.to_numpy(), np.int64)  # a copy: never a view of a mapping
+
+
+def _copied(column, what):
+    """The chunks of ``column`` with their buffers copied out (under the C
+    bus-error guard): a table memory-mapped from a file lends views of the
+    mapping, and a file cut short under them would end the process with
+    SIGBUS when NumPy reads them; the copy raises OSError naming the file.
+    Nested and dictionary chunks are left as they are."""
+    import pyarrow as pa
+
+    chunks = []
+    for chunk in column.chunks:
+        if chunk.type.num_fields or pa.types.is_dictionary(chunk.type):
+            chunks.append(chunk)
+            continue
+        buffers = [None if buf is None else _copied_buffer(buf, what)
+                   for buf in chunk.buffers()]
+        chunks.append(pa.Array.from_buffers(chunk.type, len(chunk), buffers,
+                                            null_count=chunk.null_count, offset=chunk.offset))
+    return pa.chunked_array(chunks, column.type)
+
+
+def _copied_buffer(buf, what):
+    """A copy of a pyarrow buffer made under the C bus-error guard (see
+    ``_copied``)."""
+    import pyarrow as pa
+
+    from .. import _C
+
+    out = bytearray(buf.size)
+    _C.copy_mapped(buf, out, what)
+    return pa.py_buffer(out)
 
 
 def _first_null(chunks):
@@ -202,6 +235,9 @@ def _spans(chunk, offsets_buf):
     import pyarrow as pa
 
     dtype = np.int64 if pa.types.is_large_binary(chunk.type) else np.int32
+    # Copied under the guard: the buffer may be a view of a mapped file.
+    if offsets_buf is not None:
+        offsets_buf = _copied_buffer(offsets_buf, "the offsets of an image column")
     offsets = np.frombuffer(offsets_buf, dtype)[chunk.offset:chunk.offset + len(chunk) + 1]
     return np.stack([offsets[:-1].astype(np.int64), np.diff(offsets).astype(np.int64)], axis=1)
 

@@ -70,7 +70,7 @@ class HDF5Dataset(RowsDataset):
     other datasets naming the same path read instead of the file.
     """
 
-    _sources = ("_source", "_arrays", "_open")
+    _sources = ("_source", "_arrays", "_open", "_swapped")
     _file = None  # the _KeptFile every key reads
 
     def __init__(self, path, keys=("images", "labels"), chunk_cache_bytes=_DEFAULT_CACHE_BYTES,
@@ -122,10 +122,16 @@ class HDF5Dataset(RowsDataset):
                                if layout.storage == "mapped")
         self._native = len(self._gathered) == len(self._layouts)
         self._source = None
+        size = self._file.size()
         if self._gathered:
-            size = self._file.size()
             self._source = _C.RowSource(tuple(arrays[p] for p in self._gathered),
                                         tuple((self.path, size) for _ in self._gathered))
+        # Byte-swapped rows are gathered by the same guarded C copy (as raw
+        # bytes, in the file's order), then swapped by NumPy: NumPy reading
+        # the mapping itself would die of SIGBUS on a file cut short.
+        self._swapped = {p: _C.RowSource((arrays[p],), ((self.path, size),))
+                         for p, layout in enumerate(self._layouts)
+                         if layout.storage == "swapped"}
         # (process id, h5py.File, {key: h5py.Dataset}), opened on the first
         # h5py read in each process: an open HDF5 file is neither pickled
         # nor used across fork.
@@ -170,13 +176,15 @@ class HDF5Dataset(RowsDataset):
         layout = self._layouts[position]
         native = layout.dtype.newbyteorder("=")
         if layout.storage == "swapped":
-            # NumPy reads the mapping here, outside the C gather's SIGBUS
-            # guard: a file cut short since is refused before the read.
+            # A file cut short since is named with the dataset before the
+            # read; one cut during it, by the guarded gather.
             if 0 <= self._file.size() < layout.offset + layout.dtype.itemsize * int(
                     np.prod(layout.shape, dtype=np.int64)):
                 raise OSError(errno.EIO, f"file changed under the loader: {self.path!r} is "
                               f"shorter than when it was opened (dataset {layout.key!r})")
-            return self._arrays[position][indices].astype(native)
+            rows = self._swapped[position].batch(np.asarray(indices, np.int64), None, None, 0,
+                                                 0)[0][0]
+            return rows.astype(native)
         return read_distinct_rows(layout, indices, lambda unique: self._read_sorted(layout, unique))
 
     def _read_sorted(self, layout, unique):
