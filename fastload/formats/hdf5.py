@@ -285,10 +285,10 @@ class _KeptFile:
         except OSError:
             return -1
 
-    def close(self):
+    def close(self, _close=os.close):  # bound now: __del__ may run after os is torn down
         fd, self.fd = self.fd, -1
         if fd >= 0:
-            os.close(fd)
+            _close(fd)
 
     def __del__(self):
         self.close()
