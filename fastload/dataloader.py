@@ -1122,6 +1122,13 @@ class _ProcessIter(_ThreadedIter):
                                        self._tuner.setting.workers if self._tuner else None,
                                        on_times=self._timers.add)
 
+    @property
+    def _workers(self):
+        """torch's attribute: the worker processes started (``is_alive()``,
+        ``pid``, ``join()``); all of them unless the autotuner holds some
+        back.  Empty once the workers are shut down."""
+        return [channel.process for channel in self._engine.channels]
+
     def _note_depth(self):
         self._timers.note_depth(self._engine.in_flight, len(self._engine.results))
 

@@ -23,6 +23,7 @@ typedef enum fl_status {
     FL_ERR_IO = -9,          /* reading input failed */
     FL_ERR_DECODE = -10,     /* input bytes are malformed */
     FL_ERR_TOO_BIG = -11,    /* a size limit was exceeded */
+    FL_ERR_FDS = -12,        /* out of file descriptors (EMFILE, ENFILE) */
 } fl_status;
 
 /* A short, static English description of a status. */
