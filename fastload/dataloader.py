@@ -279,6 +279,9 @@ class DataLoader:
         self._last_iter = None  # weakref to the latest iterator, for state_dict()
         self._resume = None     # state for the next iter(), from load_state_dict()
         self._epoch_thread = None  # the thread iterating persistent workers
+        # Held while a thread claims persistent workers and starts its epoch
+        # on them; the pid it was made in (a forked child makes its own).
+        self._claim_lock = (os.getpid(), threading.Lock())
         self._initialized = True
         if self.num_workers > 0 and _worker_mode(self) == "process":
             _warn_about_worker_count(self.num_workers)  # here and per iterator, as torch
@@ -345,7 +348,29 @@ class DataLoader:
                 "a DataLoader cannot be iterated from inside one of its own workers (its "
                 "dataset or collate_fn iterates the loader that calls it): each batch would "
                 "start the loader again, without end.  Iterate a separate DataLoader there.")
-        self._claim_persistent_workers()
+        if not (self.persistent_workers and self.num_workers > 0):
+            return self._start_iter()
+        # The claim and the start of the epoch are one step: a thread that
+        # found the last epoch finished must not start its own while another
+        # thread, which found it finished too, is starting one on the same
+        # workers (both would take the other's batches: short epochs, or a
+        # wait that times out).
+        pid, lock = self._claim_lock
+        if pid != os.getpid():
+            lock = threading.Lock()
+            self._claim_lock = (os.getpid(), lock)
+        if not lock.acquire(blocking=False):
+            raise RuntimeError(
+                "this DataLoader's persistent workers are starting an epoch of another thread: "
+                "finish (or drop) that thread's loop first, or give each thread its own "
+                "DataLoader")
+        try:
+            self._claim_persistent_workers()
+            return self._start_iter()
+        finally:
+            lock.release()
+
+    def _start_iter(self):
         if self._upload is None:
             return self._host_iter()
         if self.persistent_workers and self.num_workers > 0:
@@ -356,9 +381,8 @@ class DataLoader:
     def _claim_persistent_workers(self):
         """Persistent workers serve one epoch at a time: refuse a second
         thread's epoch while another live thread's is unfinished (torch's
-        iterator would silently mix the two)."""
-        if not (self.persistent_workers and self.num_workers > 0):
-            return
+        iterator would silently mix the two).  Called with _claim_lock
+        held, which covers the start of the epoch too."""
         current = threading.current_thread()
         owner = self._epoch_thread
         if (owner is not None and owner is not current and owner.is_alive()
