@@ -371,16 +371,18 @@ class PageLocking:
 
 def _release(channel, slot_id):
     """The last array over a slot is gone: it goes back to its worker with
-    the next request."""
+    the next request (none once the worker is stopped)."""
     channel.held -= 1
-    channel.freed.append(slot_id)
+    if not channel.closed:
+        channel.freed.append(slot_id)
 
 
 def _release_fenced(channel, registration, slot_id):
     """The last array over a page-locked slot is gone: fence it against the
     copies queued so far, then let it go back to its worker."""
     registration.release_fence()
-    channel.fence_of[slot_id] = registration
+    if not channel.closed:
+        channel.fence_of[slot_id] = registration
     _release(channel, slot_id)
 
 
@@ -471,6 +473,7 @@ class _Channel:
         self.held = 0                        # slots with live arrays here (for messages)
         self.outstanding = 0                 # tasks sent and not answered
         self.live = True                     # False once its iterable ended
+        self.closed = False                  # close() ran: slots go back to no one
 
     def send(self, task, request):
         freed = self._returnable()
@@ -577,8 +580,12 @@ class _Channel:
         self.conn.close()
         self.sock.close()
         # Live batches keep their own mappings; the others are unregistered
-        # (after their fences) and unmapped here.
+        # (after their fences) and unmapped here.  (Live batches' finalizers
+        # keep this channel: nothing of the mappings may stay in it.)
+        self.closed = True
         self.locked.clear()
+        self.fence_of.clear()
+        self.fenced.clear()
         self.maps.clear()
 
 
