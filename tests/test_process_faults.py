@@ -145,6 +145,40 @@ def test_descriptors_truncated_in_transit_are_detected():
     assert "too many open files" in out and "MSG_CTRUNC" in out and "limit is 200" in out, out
 
 
+def test_no_descriptor_to_start_a_worker_is_named():
+    out = _run("""
+        import os, resource
+        import fastload
+        import torch.utils.data as tud
+
+        class Items(tud.Dataset):
+            def __len__(self):
+                return 8
+
+            def __getitem__(self, i):
+                return i
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (200, 200))
+        loader = fastload.DataLoader(Items(), batch_size=4, num_workers=1,
+                                     worker_mode="process", multiprocessing_context="fork")
+        assert len(list(loader)) == 2  # what an epoch imports lazily, imported
+        filler = []
+        try:
+            while True:
+                filler.append(os.dup(0))
+        except OSError:
+            pass
+        try:
+            iter(loader)
+        except RuntimeError as e:
+            print(e)
+        else:
+            print("no error")
+    """)
+    assert "too many open files" in out and "to start DataLoader worker process 0" in out, out
+    assert "limit is 200" in out and "ulimit -n" in out, out
+
+
 def test_truncated_descriptor_message_is_refused():
     import socket
 
