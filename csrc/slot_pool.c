@@ -172,8 +172,8 @@ PyObject *fl__raise_slot_error(int status, size_t bytes)
         PyExc_RuntimeError,
         "fastload: too many open files: no file descriptor for the shared memory of a "
         "%zu-byte batch buffer in worker process %d.  Its limit is %s descriptors "
-        "(RLIMIT_NOFILE soft limit); %zu batch slots are held (batches the loop keeps "
-        "alive, or in flight) in %zu shared-memory files.  Raise the limit (`ulimit -n` in "
+        "(RLIMIT_NOFILE soft limit); %zu batch slots are live (batches the loop keeps "
+        "alive, in flight, or kept for reuse) in %zu shared-memory files.  Raise the limit (`ulimit -n` in "
         "the shell, or resource.setrlimit(resource.RLIMIT_NOFILE, ...)) or release the "
         "batches you keep.  Batches of up to %zu bytes share files; each larger one holds a "
         "descriptor while it lives (torch's set_sharing_strategy does not apply).",
