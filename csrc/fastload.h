@@ -74,8 +74,13 @@ extern PyType_Spec fl__SlotPool_spec;
 extern PyType_Spec fl__SlotOwner_spec;
 
 /* Takes a slot of at least `bytes` from `pool` (a SlotPool) with the GIL
- * released.  Returns 0, or -1 with MemoryError set. */
+ * released.  Returns 0, or -1 with an exception set (fl__raise_slot_error). */
 int fl__acquire_slot(PyObject *pool, size_t bytes, fl_slot **out);
+
+/* Raises what fl_slot_acquire's `status` means for a `bytes`-byte slot:
+ * RuntimeError naming the descriptor limit for FL_ERR_FDS, else MemoryError.
+ * Returns NULL. */
+PyObject *fl__raise_slot_error(int status, size_t bytes);
 
 /* Wraps an acquired slot in a new SlotOwner, which releases it when the last
  * array over it dies.  Takes ownership of `slot` (released here on failure). */
@@ -89,9 +94,10 @@ PyObject *fl__slot_array(PyObject *owner, size_t offset, PyArray_Descr *descr, i
                          const npy_intp *dims, PyObject *convert);
 
 /* For an array over a shared slot (SlotPool(memory="shared")): the tuple
- * (fd, slot id, slot bytes, byte offset of the array's data); else None. */
+ * (fd, arena id, arena bytes, slot id, slot offset in the arena, slot bytes,
+ * byte offset of the array's data in the slot); else None (core/shm.h). */
 PyObject *fl__shared_slot(PyObject *module, PyObject *array);
-/* The ids of shared slots freed since the last call, as a list. */
+/* The ids of shared arenas freed since the last call, as a list. */
 PyObject *fl__take_freed_shared_slots(PyObject *module, PyObject *unused);
 
 /* collate.c */

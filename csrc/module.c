@@ -88,11 +88,12 @@ static PyMethodDef module_methods[] = {
     {"shared_slot", (PyCFunction)fl__shared_slot, METH_O,
      "shared_slot(array, /)\n--\n\n"
      "For an array over a slot of a SlotPool(memory='shared'): the tuple\n"
-     "(fd, slot id, slot bytes, byte offset of the array's data); else None.\n"
-     "The descriptor stays owned by the slot."},
+     "(fd, arena id, arena bytes, slot id, slot offset in the arena, slot bytes,\n"
+     "byte offset of the array's data in the slot); else None.  Small slots\n"
+     "share an arena (one memfd); the descriptor stays owned by the arena."},
     {"take_freed_shared_slots", (PyCFunction)fl__take_freed_shared_slots, METH_NOARGS,
      "take_freed_shared_slots()\n--\n\n"
-     "The ids of shared slots freed since the last call (their mappings in\n"
+     "The ids of shared arenas freed since the last call (their mappings in\n"
      "another process can go)."},
     {"stage_begin", (PyCFunction)fl__stage_begin, METH_O,
      "stage_begin(stage, /)\n--\n\n"

@@ -283,8 +283,9 @@ fail:
 void fl__native_job_run(fl__native_job *job)
 {
     if (job->pool) {
-        if (fl_slot_acquire(job->pool, job->bytes, &job->slot) != FL_OK) {
-            job->status = FL_ERR_NOMEM;
+        int status = fl_slot_acquire(job->pool, job->bytes, &job->slot);
+        if (status != FL_OK) {
+            job->status = status;
             job->no_slot = 1;
             return;
         }
@@ -375,8 +376,7 @@ PyObject *fl__native_job_finish(fastload_state *state, fl__native_job *job, PyOb
             PyErr_SetString(job->status == FL_ERR_NOMEM ? PyExc_MemoryError : PyExc_ValueError,
                             job->msg);
         } else if (job->no_slot) {
-            PyErr_Format(PyExc_MemoryError, "fastload: cannot allocate a %zu-byte batch buffer",
-                         job->bytes);
+            fl__raise_slot_error(job->status, job->bytes);
         } else {
             PyObject *exc = job->source->ops->failure((PyObject *)job->source, job);
             if (exc)

@@ -13,7 +13,10 @@
 #include "core/status.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 /* ---------------------------------------------------------------- SlotPool */
 
@@ -142,11 +145,39 @@ int fl__acquire_slot(PyObject *pool, size_t bytes, fl_slot **out)
     status = fl_slot_acquire(((SlotPoolObject *)pool)->pool, bytes, out);
     Py_END_ALLOW_THREADS
     if (status != FL_OK) {
-        PyErr_Format(PyExc_MemoryError, "fastload: cannot allocate a %zu-byte batch buffer",
-                     bytes);
+        fl__raise_slot_error(status, bytes);
         return -1;
     }
     return 0;
+}
+
+PyObject *fl__raise_slot_error(int status, size_t bytes)
+{
+    if (status != FL_ERR_FDS)
+        return PyErr_Format(PyExc_MemoryError,
+                            "fastload: cannot allocate a %zu-byte batch buffer", bytes);
+    /* Out of descriptors is not out of memory: say which limit, what holds
+     * the descriptors, and what to do. */
+    char limit[32] = "unknown";
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+        if (rl.rlim_cur == RLIM_INFINITY)
+            snprintf(limit, sizeof limit, "unlimited");
+        else
+            snprintf(limit, sizeof limit, "%llu", (unsigned long long)rl.rlim_cur);
+    }
+    size_t arenas = 0, slots = 0;
+    fl_shm_counts(&arenas, &slots);
+    return PyErr_Format(
+        PyExc_RuntimeError,
+        "fastload: too many open files: no file descriptor for the shared memory of a "
+        "%zu-byte batch buffer in worker process %d.  Its limit is %s descriptors "
+        "(RLIMIT_NOFILE soft limit); %zu batch slots are live (batches the loop keeps "
+        "alive, in flight, or kept for reuse) in %zu shared-memory files.  Raise the limit (`ulimit -n` in "
+        "the shell, or resource.setrlimit(resource.RLIMIT_NOFILE, ...)) or release the "
+        "batches you keep.  Batches of up to %zu bytes share files; each larger one holds a "
+        "descriptor while it lives (torch's set_sharing_strategy does not apply).",
+        bytes, (int)getpid(), limit, slots, arenas, (size_t)FL_SHM_SMALL_BYTES);
 }
 
 PyObject *fl__SlotOwner_new(fastload_state *state, fl_slot *slot)
@@ -239,8 +270,9 @@ PyObject *fl__shared_slot(PyObject *module, PyObject *array)
     if (fl_shm_lookup(slot->data, &info) != FL_OK)
         Py_RETURN_NONE;
     Py_ssize_t offset = PyArray_BYTES((PyArrayObject *)array) - (char *)slot->data;
-    return Py_BuildValue("(iKnn)", info.fd, (unsigned long long)info.id, (Py_ssize_t)info.bytes,
-                         offset);
+    return Py_BuildValue("(iKnKnnn)", info.fd, (unsigned long long)info.arena_id,
+                         (Py_ssize_t)info.arena_bytes, (unsigned long long)info.slot_id,
+                         (Py_ssize_t)info.slot_offset, (Py_ssize_t)info.slot_bytes, offset);
 }
 
 PyObject *fl__take_freed_shared_slots(PyObject *module, PyObject *unused)

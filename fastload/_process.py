@@ -8,22 +8,26 @@ torch's worker collates into a fresh shared-memory file per tensor per
 batch, pickles its handle, and the parent maps it again for every batch.
 fastload's worker collates (C collation or a native dataset's batch
 function) into slots of its own ``SlotPool(memory="shared")``: each slot is
-a memfd the parent maps once, when it first sees it, and wraps as NumPy or
-torch without a copy.  The batch's arrays keep their slot; when the parent
-drops the last of them, the slot's id goes back to its worker with the next
-request, and the worker reuses it.
+a region of a memfd (an arena: small slots share one, a large slot has its
+own; csrc/core/shm.h) the parent maps once, when it first sees it, and wraps
+as NumPy or torch without a copy.  The batch's arrays keep their slot; when
+the parent drops the last of them, the slot's id goes back to its worker with
+the next request, and the worker reuses it.  So batches the loop keeps alive
+cost memory, and descriptors only per arena.
 
 Messages, per worker, over one duplex pipe (a Unix socket pair):
 
 * parent -> worker: ``(task, (epoch, index, batch number), freed_slot_ids)``, or None to
   stop;
-* worker -> parent: ``(task, outcome, new_slot_ids, dropped_slot_ids,
-  report, payload)``, then the descriptors of the new slots (SCM_RIGHTS).
+* worker -> parent: ``(task, outcome, new_arenas, dropped_arena_ids,
+  report, times, payload)``, then the descriptors of the new arenas
+  (SCM_RIGHTS; ``new_arenas`` lists ``(arena id, bytes)``).
   ``report`` is what the worker's dataset copy recorded that the user reads
   on the loader's dataset (fastload's image datasets: skipped files), from
   ``dataset._worker_report()``, merged there by ``_merge_worker_report``.
   ``payload`` is the batch pickled with each shared-slot array replaced by a
-  reference (slot id, offset, dtype, shape, strides); arrays and tensors
+  reference (arena id, slot id, the slot's offset and size in the arena,
+  the array's offset in the slot, dtype, shape, strides); arrays and tensors
   outside slots travel as torch's workers send them (ForkingPickler).
 
 The parent's scheduling is torch's: round-robin over the live workers, at
@@ -39,8 +43,10 @@ batches need no pinned copy; a released slot goes back to its worker only
 once the copies queued from it before the release are done.
 """
 
+import array
 import collections
 import ctypes
+import errno
 import importlib
 import io
 import multiprocessing
@@ -48,13 +54,14 @@ import multiprocessing.connection
 import os
 import pickle
 import random
+import resource
 import signal
 import mmap
 import socket
 import time
 import warnings
 import weakref
-from multiprocessing.reduction import ForkingPickler, recvfds, sendfds
+from multiprocessing.reduction import ForkingPickler, sendfds
 
 import numpy as np
 
@@ -128,12 +135,13 @@ class _SlotPickler(ForkingPickler):
         info = _C.shared_slot(obj)
         if info is None:
             return None
-        fd, slot_id, nbytes, offset = info
-        if slot_id not in self.announced:
-            self.announced.add(slot_id)
-            self.new.append((slot_id, fd, nbytes))
+        fd, arena_id, arena_bytes, slot_id, slot_offset, slot_bytes, offset = info
+        if arena_id not in self.announced:
+            self.announced.add(arena_id)
+            self.new.append((arena_id, fd, arena_bytes))
         self.held[slot_id].append(obj)
-        return (slot_id, offset, obj.dtype, obj.shape, obj.strides)
+        return (arena_id, slot_id, slot_offset, slot_bytes, offset, obj.dtype, obj.shape,
+                obj.strides)
 
 
 def _keep_freed_memory():
@@ -294,19 +302,26 @@ def _send_result(conn, sock, task, outcome, value, report, times, announced, hel
     except Exception:
         import sys
 
-        for slot_id, _fd, _bytes in new:
-            announced.discard(slot_id)
+        for arena_id, _fd, _bytes in new:
+            announced.discard(arena_id)
         new.clear()
         buffer = io.BytesIO()
         error = ExceptionWrapper(sys.exc_info(), "while sending a batch from a DataLoader worker")
         ForkingPickler(buffer, pickle.HIGHEST_PROTOCOL).dump(error)
     dropped = _C.take_freed_shared_slots()
-    for slot_id in dropped:
-        announced.discard(slot_id)
-    slots = [(slot_id, nbytes) for slot_id, _fd, nbytes in new]
-    conn.send((task, outcome, slots, dropped, report, times, buffer.getvalue()))
+    for arena_id in dropped:
+        announced.discard(arena_id)
+    arenas = [(arena_id, nbytes) for arena_id, _fd, nbytes in new]
+    conn.send((task, outcome, arenas, dropped, report, times, buffer.getvalue()))
     if new:
-        sendfds(sock, [fd for _slot_id, fd, _bytes in new])
+        _send_fds(sock, [fd for _arena_id, fd, _bytes in new])
+
+
+def _send_fds(sock, fds):
+    """Sends the descriptors of a result's new slots, right after its
+    message.  A module-level function so that a test can make a forked
+    worker die at exactly this point (tests/test_worker_isolation.py)."""
+    sendfds(sock, fds)
 
 
 # ------------------------------------------------------------ parent side
@@ -354,11 +369,67 @@ class PageLocking:
                 "accelerator)", RuntimeWarning, stacklevel=4)
 
 
-def _release_fenced(freed, registration, slot_id):
+def _release(channel, slot_id):
+    """The last array over a slot is gone: it goes back to its worker with
+    the next request (none once the worker is stopped)."""
+    channel.held -= 1
+    if not channel.closed:
+        channel.freed.append(slot_id)
+
+
+def _release_fenced(channel, registration, slot_id):
     """The last array over a page-locked slot is gone: fence it against the
     copies queued so far, then let it go back to its worker."""
     registration.release_fence()
-    freed.append(slot_id)
+    if not channel.closed:
+        channel.fence_of[slot_id] = registration
+    _release(channel, slot_id)
+
+
+def _out_of_files(error):
+    """Whether `error` (an OSError) means the descriptors ran out."""
+    return isinstance(error, OSError) and error.errno in (errno.EMFILE, errno.ENFILE)
+
+
+def _too_many_files(doing, held):
+    """The RuntimeError for descriptors run out in this process while
+    `doing`, with `held` batch slots of the workers alive here."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limit = "unlimited" if soft == resource.RLIM_INFINITY else soft
+    return RuntimeError(
+        f"fastload: too many open files: no file descriptor left {doing}.  This process's "
+        f"limit is {limit} descriptors (RLIMIT_NOFILE soft limit); {held} batch slots from "
+        "the workers are held here (batches the loop keeps alive, or in flight).  Raise the "
+        "limit (`ulimit -n` in the shell, or resource.setrlimit(resource.RLIMIT_NOFILE, ...)) "
+        "or release the batches you keep.  Small batches share shared-memory files; each "
+        "large one holds a descriptor while it lives (torch's set_sharing_strategy does not "
+        "apply).")
+
+
+_FD_BYTES = array.array("i").itemsize
+
+
+def _receive_fds(sock, count, worker_id):
+    """The `count` descriptors that follow a result's message
+    (multiprocessing's sendfds: one byte, count % 256, with SCM_RIGHTS).
+    A control message the kernel truncated (MSG_CTRUNC: this process is
+    out of descriptors) or a wrong count raises instead of giving a batch
+    over the wrong memory.  EOFError: the worker is gone."""
+    msg, ancdata, flags, _addr = sock.recvmsg(1, socket.CMSG_SPACE(count * _FD_BYTES))
+    if not msg and not ancdata:
+        raise EOFError
+    fds = array.array("i")
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[:len(data) - len(data) % _FD_BYTES])
+    if flags & socket.MSG_CTRUNC or len(fds) != count or msg[0] != count % 256:
+        for fd in fds:
+            os.close(fd)
+        if flags & socket.MSG_CTRUNC:
+            return None
+        raise RuntimeError(f"fastload: DataLoader worker {worker_id} sent {len(fds)} slot "
+                           f"descriptors with a batch that needs {count}")
+    return list(fds)
 
 
 class _Channel:
@@ -368,27 +439,41 @@ class _Channel:
     def __init__(self, context, worker_id, plan, page_locking=None):
         self.id = worker_id
         self.page_locking = page_locking  # PageLocking, or None
-        parent_end, child_end = context.Pipe(duplex=True)
+        doing = f"to start DataLoader worker process {worker_id}"
+        try:
+            parent_end, child_end = context.Pipe(duplex=True)
+        except OSError as error:
+            if _out_of_files(error):
+                raise _too_many_files(doing, 0) from error
+            raise
         self.conn = parent_end
         self.process = context.Process(
             target=worker_main, args=(child_end, plan, worker_id, os.getpid()),
             name=f"fastload-p{worker_id}", daemon=True)
         try:
             self.process.start()
+            self.sock = socket.socket(fileno=os.dup(parent_end.fileno()))
         except Exception as error:
+            if self.process.pid is not None:
+                self.process.kill()
+                self.process.join()
             parent_end.close()
+            if _out_of_files(error):
+                raise _too_many_files(doing, 0) from error
             if hasattr(error, "add_note"):
                 error.add_note(_unpicklable_parts(plan, context))
             raise
         finally:
             child_end.close()
-        self.sock = socket.socket(fileno=os.dup(parent_end.fileno()))
-        self.maps = {}                       # slot id -> mmap (or HostRegistration of it)
-        self.locked = {}                     # slot id -> (start, end) of page-locked ones
+        self.maps = {}                       # arena id -> mmap (or HostRegistration of it)
+        self.locked = {}                     # arena id -> (start, end) of page-locked ones
         self.freed = collections.deque()     # slot ids released by the parent
         self.fenced = collections.deque()    # released, their fence pending at the last send
+        self.fence_of = {}                   # released page-locked slot id -> its registration
+        self.held = 0                        # slots with live arrays here (for messages)
         self.outstanding = 0                 # tasks sent and not answered
         self.live = True                     # False once its iterable ended
+        self.closed = False                  # close() ran: slots go back to no one
 
     def send(self, task, request):
         freed = self._returnable()
@@ -417,16 +502,17 @@ class _Channel:
         ready = []
         for _ in range(len(waiting)):
             slot_id = waiting.popleft()
-            mapping = self.maps.get(slot_id)
-            if type(mapping) is HostRegistration and not mapping.fence_done():
+            registration = self.fence_of.get(slot_id)
+            if registration is not None and not registration.fence_done():
                 waiting.append(slot_id)
             else:
+                self.fence_of.pop(slot_id, None)
                 ready.append(slot_id)
         while len(waiting) > self.page_locking.max_waiting:
             slot_id = waiting.popleft()
-            mapping = self.maps.get(slot_id)
-            if type(mapping) is HostRegistration:
-                mapping.wait_fence()
+            registration = self.fence_of.pop(slot_id, None)
+            if registration is not None:
+                registration.wait_fence()
             ready.append(slot_id)
         return ready
 
@@ -435,28 +521,41 @@ class _Channel:
                 "See the worker's output above for its error, if any.")
 
     def receive(self, to_output, on_report, on_times):
+        # Every read of the channel, the descriptors' included: a worker that
+        # dies between a result's message and its descriptors (SIGKILL, the
+        # OOM killer) is reported as dead, by pid and signal.
         try:
-            task, outcome, slots, dropped, report, times, payload = self.conn.recv()
+            task, outcome, arenas, dropped, report, times, payload = self.conn.recv()
+            fds = _receive_fds(self.sock, len(arenas), self.id) if arenas else []
         except (EOFError, OSError):
             self.process.join(_JOIN_SECONDS)
             raise RuntimeError(self.death()) from None
+        if fds is None:
+            raise _too_many_files(f"to receive a batch's shared memory from DataLoader worker "
+                                  f"{self.id} (its descriptor was dropped: MSG_CTRUNC)",
+                                  self.held)
         self.outstanding -= 1
-        for slot_id in dropped:
+        for arena_id in dropped:
             # Arrays over it, if any, keep the mapping (and its registration).
-            self.maps.pop(slot_id, None)
-            self.locked.pop(slot_id, None)
-        if slots:
-            fds = recvfds(self.sock, len(slots))
-            for (slot_id, nbytes), fd in zip(slots, fds):
-                try:
-                    mapping = mmap.mmap(fd, nbytes)
-                finally:
-                    os.close(fd)
-                if self.page_locking is not None:
-                    mapping = self.page_locking.register(mapping, self.id)
-                    if type(mapping) is HostRegistration:
-                        self.locked[slot_id] = (mapping.address, mapping.address + nbytes)
-                self.maps[slot_id] = mapping
+            self.maps.pop(arena_id, None)
+            self.locked.pop(arena_id, None)
+        for index, ((arena_id, nbytes), fd) in enumerate(zip(arenas, fds)):
+            try:
+                mapping = mmap.mmap(fd, nbytes)
+            except OSError as error:
+                for other in fds[index + 1:]:
+                    os.close(other)
+                if _out_of_files(error):
+                    raise _too_many_files(f"to map a batch's shared memory from DataLoader "
+                                          f"worker {self.id}", self.held) from error
+                raise
+            finally:
+                os.close(fd)
+            if self.page_locking is not None:
+                mapping = self.page_locking.register(mapping, self.id)
+                if type(mapping) is HostRegistration:
+                    self.locked[arena_id] = (mapping.address, mapping.address + nbytes)
+            self.maps[arena_id] = mapping
         if report is not None:
             on_report(report)
         if on_times is not None:
@@ -481,8 +580,12 @@ class _Channel:
         self.conn.close()
         self.sock.close()
         # Live batches keep their own mappings; the others are unregistered
-        # (after their fences) and unmapped here.
+        # (after their fences) and unmapped here.  (Live batches' finalizers
+        # keep this channel: nothing of the mappings may stay in it.)
+        self.closed = True
         self.locked.clear()
+        self.fence_of.clear()
+        self.fenced.clear()
         self.maps.clear()
 
 
@@ -498,18 +601,22 @@ class _SlotUnpickler(pickle.Unpickler):
         self.roots = {}
 
     def persistent_load(self, pid):
-        slot_id, offset, dtype, shape, strides = pid
+        arena_id, slot_id, slot_offset, slot_bytes, offset, dtype, shape, strides = pid
         root = self.roots.get(slot_id)
         if root is None:
             # One root array per slot per batch: every array of the batch is
             # a view of it (NumPy makes the root their base), so the root
-            # dies with the last of them.
-            mapping = self.channel.maps[slot_id]
-            root = self.roots[slot_id] = np.frombuffer(mapping, np.uint8)
+            # dies with the last of them.  The slot is its region of the
+            # arena the worker carved it from.
+            channel = self.channel
+            mapping = channel.maps[arena_id]
+            root = self.roots[slot_id] = np.frombuffer(mapping, np.uint8, slot_bytes,
+                                                       slot_offset)
+            channel.held += 1
             if type(mapping) is HostRegistration:
-                weakref.finalize(root, _release_fenced, self.channel.freed, mapping, slot_id)
+                weakref.finalize(root, _release_fenced, channel, mapping, slot_id)
             else:
-                weakref.finalize(root, self.channel.freed.append, slot_id)
+                weakref.finalize(root, _release, channel, slot_id)
         array = np.ndarray(shape, dtype, buffer=root, offset=offset, strides=strides)
         return array if self.to_output is None else self.to_output(array)
 

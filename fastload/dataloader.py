@@ -283,6 +283,9 @@ class DataLoader:
         self._last_left = []
         self._resume = None     # state for the next iter(), from load_state_dict()
         self._epoch_thread = None  # the thread iterating persistent workers
+        # Held while a thread claims persistent workers and starts its epoch
+        # on them; the pid it was made in (a forked child makes its own).
+        self._claim_lock = (os.getpid(), threading.Lock())
         self._initialized = True
         if self.num_workers > 0 and _worker_mode(self) == "process":
             _warn_about_worker_count(self.num_workers)  # here and per iterator, as torch
@@ -349,7 +352,29 @@ class DataLoader:
                 "a DataLoader cannot be iterated from inside one of its own workers (its "
                 "dataset or collate_fn iterates the loader that calls it): each batch would "
                 "start the loader again, without end.  Iterate a separate DataLoader there.")
-        self._claim_persistent_workers()
+        if not (self.persistent_workers and self.num_workers > 0):
+            return self._start_iter()
+        # The claim and the start of the epoch are one step: a thread that
+        # found the last epoch finished must not start its own while another
+        # thread, which found it finished too, is starting one on the same
+        # workers (both would take the other's batches: short epochs, or a
+        # wait that times out).
+        pid, lock = self._claim_lock
+        if pid != os.getpid():
+            lock = threading.Lock()
+            self._claim_lock = (os.getpid(), lock)
+        if not lock.acquire(blocking=False):
+            raise RuntimeError(
+                "this DataLoader's persistent workers are starting an epoch of another thread: "
+                "finish (or drop) that thread's loop first, or give each thread its own "
+                "DataLoader")
+        try:
+            self._claim_persistent_workers()
+            return self._start_iter()
+        finally:
+            lock.release()
+
+    def _start_iter(self):
         if self._upload is None:
             return self._host_iter()
         if self.persistent_workers and self.num_workers > 0:
@@ -360,9 +385,8 @@ class DataLoader:
     def _claim_persistent_workers(self):
         """Persistent workers serve one epoch at a time: refuse a second
         thread's epoch while another live thread's is unfinished (torch's
-        iterator would silently mix the two)."""
-        if not (self.persistent_workers and self.num_workers > 0):
-            return
+        iterator would silently mix the two).  Called with _claim_lock
+        held, which covers the start of the epoch too."""
         current = threading.current_thread()
         owner = self._epoch_thread
         if (owner is not None and owner is not current and owner.is_alive()
@@ -1210,6 +1234,13 @@ class _ProcessIter(_ThreadedIter):
                                        page_locking,
                                        self._tuner.setting.workers if self._tuner else None,
                                        on_times=self._timers.add)
+
+    @property
+    def _workers(self):
+        """torch's attribute: the worker processes started (``is_alive()``,
+        ``pid``, ``join()``); all of them unless the autotuner holds some
+        back.  Empty once the workers are shut down."""
+        return [channel.process for channel in self._engine.channels]
 
     def _note_depth(self):
         self._timers.note_depth(*self._engine.depth())

@@ -95,13 +95,18 @@ def test_each_slot_is_registered_once_and_unregistered_when_it_goes(fake_driver)
 
 def test_a_live_batch_keeps_its_slot_registered_and_mapped(fake_driver):  # noqa: F811
     run_case("""
-        loader = fastload.DataLoader(Rows(), batch_size=4, num_workers=2, pin_memory=True,
+        # Small slots share their worker's arena (one memfd, one mapping,
+        # one registration); slots of 1.5 MiB get one each.
+        class Large(Rows):
+            def __getitem__(self, i):
+                return np.full(100_000, i, np.float32), i
+        loader = fastload.DataLoader(Large(), batch_size=4, num_workers=1, pin_memory=True,
                                      worker_mode="process")
         it = iter(loader)
         held = [next(it) for _ in range(3)]
         next(it)  # a fourth batch, dropped at once: its slot stays mapped for reuse
         assert len(registrations(it)) > 3
-        del it, loader  # the workers stop; their mappings go, but the held ones
+        del it, loader  # the worker stops; its mappings go, but the held ones
         gc.collect()
         c = counters()
         assert c["host_registered"] == 3 and c["unregister_calls"] == c["register_calls"] - 3
@@ -111,6 +116,22 @@ def test_a_live_batch_keeps_its_slot_registered_and_mapped(fake_driver):  # noqa
         del batch
         held.pop()
         assert counters()["host_registered"] == 2
+        del held
+        c = counters()
+        assert c["host_registered"] == 0 and c["bad_registrations"] == 0
+        assert memfd_mappings() == 0
+        # Small batches: the arena stays registered while any batch in it lives.
+        loader = fastload.DataLoader(Rows(), batch_size=4, num_workers=1, pin_memory=True,
+                                     worker_mode="process")
+        it = iter(loader)
+        held = [next(it) for _ in range(3)]
+        del it, loader
+        gc.collect()
+        assert counters()["host_registered"] == 1
+        held.pop(0)
+        held.pop(0)
+        assert counters()["host_registered"] == 1
+        check_batch(*held[0])
         del held
         c = counters()
         assert c["host_registered"] == 0 and c["bad_registrations"] == 0
@@ -126,7 +147,8 @@ def test_slots_a_worker_drops_are_unregistered_at_once(fake_driver):  # noqa: F8
             def __len__(self):
                 return 40
             def __getitem__(self, i):
-                return np.full(1024 * (i // 2 + 1), i, np.float32), i
+                # (Past 1 MiB a slot is a memfd of its own, which can go.)
+                return np.full((1 << 17) + (1 << 16) * (i // 2), i, np.float32), i
         loader = fastload.DataLoader(Growing(), batch_size=2, num_workers=1, prefetch_factor=1,
                                      pin_memory=True, worker_mode="process")
         it = iter(loader)
@@ -153,10 +175,13 @@ def test_a_released_slot_goes_back_only_after_its_fence(fake_driver):  # noqa: F
         real_send = channel.conn.send
 
         def checked_send(message):
-            # Every slot handed back must be safe to overwrite.
+            # Every slot handed back must be safe to overwrite: the small
+            # slots lie in one arena, whose registration's last fence covers
+            # every release before it.
             if message is not None:
-                for slot_id in message[2]:
-                    assert channel.maps[slot_id].fence_done(), slot_id
+                if message[2]:
+                    (registration,) = channel.maps.values()
+                    assert registration.fence_done(), message[2]
                 returned.extend(message[2])
             real_send(message)
 

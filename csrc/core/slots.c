@@ -20,6 +20,7 @@
 #include "forksafe.h"
 #include "status.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -207,9 +208,11 @@ int fl_slot_acquire(fl_slot_pool *pool, size_t bytes, fl_slot **out)
         best = calloc(1, sizeof *best);
         void *data = best ? pool->allocator.alloc(want, pool->allocator.ctx) : NULL;
         if (!data) {
+            /* An allocator that needs a descriptor (shm.c) says so in errno. */
+            int fds = best && (errno == EMFILE || errno == ENFILE);
             free(best);
             unref(pool);
-            return FL_ERR_NOMEM;
+            return fds ? FL_ERR_FDS : FL_ERR_NOMEM;
         }
         best->data = data;
         best->capacity = want;

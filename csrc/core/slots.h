@@ -74,7 +74,8 @@ size_t fl_slot_class(size_t bytes);
 /* Hands out a slot of at least `bytes` bytes (0 is allowed and gives a
  * page).  Reuses the smallest free slot that fits without wasting more than
  * half of it (the most recently released among equals), or allocates one of
- * fl_slot_class(bytes).  Returns FL_OK and sets *out, or FL_ERR_NOMEM. */
+ * fl_slot_class(bytes).  Returns FL_OK and sets *out, FL_ERR_FDS when the
+ * allocator ran out of file descriptors (shared slots), or FL_ERR_NOMEM. */
 int fl_slot_acquire(fl_slot_pool *pool, size_t bytes, fl_slot **out);
 
 /* Returns a slot to its pool's free list, then frees the oldest free slots
