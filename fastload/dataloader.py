@@ -23,6 +23,7 @@ import time
 import uuid
 import warnings
 import weakref
+from typing import Generic, TypeVar
 
 from . import _C, _autotune, _batch_transform, _native, _process, _resume, cuda, profiler
 from .stats import ConsumerClock, LoaderStats, LoaderTimers, clock_ns
@@ -58,6 +59,8 @@ _MAX_WORKERS = 1024
 _INT32_MAX = 2**31 - 1
 _FROZEN_ATTRS = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
 
+T_co = TypeVar("T_co", covariant=True)
+
 
 class _InfiniteConstantSampler:
     """An IterableDataset's index stream: None forever (the dataset decides)."""
@@ -67,8 +70,9 @@ class _InfiniteConstantSampler:
             yield None
 
 
-class DataLoader:
-    """Loads batches from a dataset, like ``torch.utils.data.DataLoader``.
+class DataLoader(Generic[T_co]):
+    """Loads batches from a dataset, like ``torch.utils.data.DataLoader``;
+    generic in the sample type as torch's (``DataLoader[list[Tensor]]``).
 
     Takes torch's arguments with torch's meaning, plus:
 
