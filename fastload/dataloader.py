@@ -771,6 +771,8 @@ class _BaseIter:
             and self._IterableDataset_len_called is not None
             and self._num_yielded > self._IterableDataset_len_called
         ):
+            # torch's words, which tests and log filters match; its hint is
+            # given for worker threads too (the same cause, the same fix).
             msg = (
                 f"Length of IterableDataset {self._dataset} was reported to be "
                 f"{self._IterableDataset_len_called}(when accessing len(dataloader)), but "
@@ -778,11 +780,12 @@ class _BaseIter:
             )
             if self._num_workers > 0:
                 msg += (
-                    "For multi-worker loading, this could be caused by not properly "
-                    "configuring the IterableDataset replica at each worker (see "
-                    "get_worker_info())."
+                    "For multiprocessing data-loading, this could be caused by not properly "
+                    "configuring the IterableDataset replica at each worker. Please see "
+                    "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset "
+                    "for examples."
                 )
-            warnings.warn(msg, stacklevel=3)  # the loop's next(), past __next__
+            warnings.warn(msg, UserWarning, stacklevel=3)  # the loop's next(), past __next__
         if self._pin_memory:
             data = _pin(data, self._already_pinned)
         if self._clock is not None:
