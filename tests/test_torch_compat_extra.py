@@ -222,6 +222,21 @@ def test_datapipe_loader_dataset_is_torchs_wrapper():
     assert ours.dataset._datapipe is datapipe
 
 
+@pytest.mark.parametrize("num_workers,mode", [(0, "process"), (2, "process"), (2, "thread")])
+def test_map_datapipe_as_torch(num_workers, mode):
+    """A MapDataPipe is map-style: torch's wrapper, the sampler's order."""
+    from torch.utils.data.datapipes.map import SequenceWrapper
+
+    def run(DataLoader, **extra):
+        loader = DataLoader(SequenceWrapper(list(range(20))), shuffle=True, batch_size=3,
+                            num_workers=num_workers, generator=torch.Generator().manual_seed(1),
+                            **extra)
+        return [b.tolist() for b in loader], type(loader.dataset)
+
+    extra = dict(worker_mode=mode) if num_workers else {}
+    assert run(fastload.DataLoader, **extra) == run(tud.DataLoader)
+
+
 def test_iterable_dataset_still_refuses_shuffle():
     with pytest.raises(ValueError, match="expected unspecified shuffle option"):
         fastload.DataLoader(SizedIterable(3, 3), shuffle=True)
