@@ -97,7 +97,11 @@ class ProcessPlan:
 
     def __init__(self, dataset, iterable, auto_collation, collate_fn, convert_only, output,
                  drop_last, worker_init_fn, num_workers, base_seed, native, loader_token,
-                 max_free_slots, mix=None, batch_transform=None):
+                 max_free_slots, mix=None, batch_transform=None, datapipe=None,
+                 datapipe_seed=None, world=(1, 0)):
+        self.datapipe = datapipe  # torch DataPipe: "iter" or "map" (fastload._torch_compat)
+        self.datapipe_seed = datapipe_seed  # an IterDataPipe's first epoch's seed
+        self.world = world  # the loader's (world_size, rank) in torch.distributed
         self.dataset = dataset
         self.iterable = iterable
         self.auto_collation = auto_collation
@@ -227,7 +231,8 @@ def _fetch_plan(plan, pool):
         dataset=plan.dataset, iterable=plan.iterable, auto_collation=plan.auto_collation,
         collate_fn=collate_fn, drop_last=plan.drop_last, worker_init_fn=plan.worker_init_fn,
         num_workers=plan.num_workers, base_seed=plan.base_seed, native_batch=native_batch,
-        loader_token=plan.loader_token, batch_transform=batch_step)
+        loader_token=plan.loader_token, batch_transform=batch_step, datapipe=plan.datapipe,
+        datapipe_seed=plan.datapipe_seed, world=plan.world)
 
 
 def worker_main(conn, plan, worker_id, parent_pid):

@@ -17,7 +17,7 @@ import weakref
 
 import numpy as np
 
-from . import _C
+from . import _C, _torch_compat
 from ._torch import torch
 
 _local = threading.local()
@@ -302,7 +302,10 @@ class FetchPlan:
 
     def __init__(self, dataset, iterable, auto_collation, collate_fn, drop_last, worker_init_fn,
                  num_workers, base_seed, native_batch=None, loader_token=None,
-                 batch_transform=None):
+                 batch_transform=None, datapipe=None, datapipe_seed=None, world=(1, 0)):
+        self.datapipe = datapipe  # torch DataPipe: "iter" or "map" (fastload._torch_compat)
+        self.datapipe_seed = datapipe_seed  # an IterDataPipe's shared seed, first epoch
+        self.world = world  # the loader's (world_size, rank) in torch.distributed
         self.batch_transform = batch_transform  # a fastload._batch_transform step, or None
         self.dataset = dataset
         self.loader_token = loader_token  # marks the loader's own workers
@@ -342,6 +345,15 @@ class Worker:
                                  WorkerRNG(plan.base_seed, self.id), self.method)
         _local.loader_token = plan.loader_token
         try:
+            # torch's DataPipes: an IterDataPipe's random datapipes seeded by
+            # the epoch's shared seed, then this worker's shard taken, before
+            # worker_init_fn runs -- where the dataset is the worker's own (a
+            # thread's map-style dataset is shared by all).
+            if plan.datapipe == "iter":
+                _torch_compat.seed_datapipe(plan.dataset, plan.datapipe_seed)
+            if plan.datapipe is not None and (plan.iterable or self.method == "process"):
+                _torch_compat.shard_datapipe(plan.dataset, plan.num_workers, self.id,
+                                             plan.world)
             if plan.worker_init_fn is not None:
                 plan.worker_init_fn(self.id)
             self.fetcher = make_fetcher(plan, self.stop_flag)
@@ -357,8 +369,11 @@ class Worker:
             return _C.JOB_DONE, error
         try:
             if epoch != self.epoch or self.fetcher is None:
-                # A new epoch on persistent workers: a fresh pass over the data.
+                # A new epoch on persistent workers: a fresh pass over the data,
+                # an IterDataPipe's seeded by the request's shared seed.
                 self.epoch = epoch
+                if self.plan.datapipe == "iter" and len(request) > 3:
+                    _torch_compat.seed_datapipe(self.plan.dataset, request[3])
                 self.fetcher = make_fetcher(self.plan, self.stop_flag, epoch)
             return _C.JOB_DONE, self.fetcher.fetch(index, number)
         except _Stopped:
@@ -390,10 +405,12 @@ def own_copy(plan):
     A dataset that cannot be deep-copied (it holds a lock or an open file)
     is copied shallowly: its attributes are then its own, their contents
     shared."""
-    try:
-        dataset = copy.deepcopy(plan.dataset)
-    except Exception:
-        dataset = copy.copy(plan.dataset)
+    dataset = _torch_compat.copy_datapipe(plan.dataset)
+    if dataset is None:
+        try:
+            dataset = copy.deepcopy(plan.dataset)
+        except Exception:
+            dataset = copy.copy(plan.dataset)
     mine = copy.copy(plan)
     mine.dataset = dataset
     return mine

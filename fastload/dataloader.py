@@ -24,6 +24,7 @@ import time
 import uuid
 import warnings
 import weakref
+from typing import Generic, TypeVar
 
 from . import _C, _autotune, _batch_transform, _native, _process, _resume, cuda, profiler
 from .stats import ConsumerClock, LoaderStats, LoaderTimers, clock_ns
@@ -59,6 +60,8 @@ _MAX_WORKERS = 1024
 _INT32_MAX = 2**31 - 1
 _FROZEN_ATTRS = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
 
+T_co = TypeVar("T_co", covariant=True)
+
 
 class _InfiniteConstantSampler:
     """An IterableDataset's index stream: None forever (the dataset decides)."""
@@ -68,8 +71,9 @@ class _InfiniteConstantSampler:
             yield None
 
 
-class DataLoader:
-    """Loads batches from a dataset, like ``torch.utils.data.DataLoader``.
+class DataLoader(Generic[T_co]):
+    """Loads batches from a dataset, like ``torch.utils.data.DataLoader``;
+    generic in the sample type as torch's (``DataLoader[list[Tensor]]``).
 
     Takes torch's arguments with torch's meaning, plus:
 
@@ -177,7 +181,16 @@ class DataLoader:
                                  "'cuda' or 'cuda:N'")
             device_index = cuda.check_device(device)  # RuntimeError without a driver or device
 
-        self.dataset = dataset
+        # A torch DataPipe is kept in torch's wrapper, as torch's loader
+        # keeps it; an IterDataPipe's Shufflers follow `shuffle` (torch's
+        # DataPipe protocol: fastload._torch_compat).
+        datapipe = _torch_compat.datapipe_kind(dataset)
+        self.dataset = _torch_compat.wrap_datapipe(dataset)
+        if datapipe == "iter" and shuffle is not None:
+            # As torch 2.13: a graph without a Shuffler gets torch's warning
+            # that one is appended, but the loader keeps the datapipe it was
+            # given -- unshuffled, the batches torch's loader yields.
+            _torch_compat.apply_datapipe_shuffle(dataset, shuffle)
         self.num_workers = num_workers
         self.prefetch_factor = prefetch_factor
         self.pin_memory = pin_memory
@@ -204,7 +217,8 @@ class DataLoader:
 
         if is_iterable_dataset(dataset):
             self._dataset_kind = "iterable"
-            if shuffle not in {False, None}:
+            # An IterDataPipe takes shuffle (above); other iterables cannot.
+            if datapipe != "iter" and shuffle not in {False, None}:
                 raise ValueError(
                     "DataLoader with IterableDataset: expected unspecified shuffle option, "
                     f"but got shuffle={shuffle}"
@@ -713,10 +727,20 @@ class _BaseIter:
         self._counts_samples = self._batching["kind"] in ("samples", "flat")
         self._sizes = collections.deque()
         self._samples_yielded = 0
+        # A torch DataPipe (fastload._torch_compat): "iter" or "map", else None.
+        self._datapipe = _torch_compat.datapipe_kind(self._dataset)
+        self._datapipe_seed = None  # an IterDataPipe's shared seed this epoch
+        self._datapipe_group = None
+        if self._datapipe == "iter":
+            self._datapipe_group = _torch_compat.datapipe_seed_group()
+        # (world_size, rank), read here: worker processes are not in the group.
+        self._world = _torch_compat.distributed_settings() if self._datapipe else (1, 0)
         if resume is None or not resume["in_epoch"]:
             if resume is not None:
                 _resume.set_generators(loader, resume["generators"])
-            # torch's order: the sampler iterator, then the base seed.
+            # torch's order: the datapipe seed, the sampler iterator, then
+            # the base seed.
+            self._seed_datapipe(loader)
             self._sampler_iter = self._open_epoch(loader)
             self._base_seed = draw_seed(loader.generator)
             if resume is not None and resume["base_seed"] is not None:
@@ -729,6 +753,7 @@ class _BaseIter:
                 # The samples already handed out are skipped in the sampler's
                 # stream, the rest cut into batches of this loader's size.
                 index_iter = lambda: self._resumed_index_iter(skip, eager)  # noqa: E731
+            self._seed_datapipe(loader, resume.get("datapipe_seed"))
             self._sampler_iter = self._open_epoch(loader, resume, index_iter)
             self._base_seed, self._epoch = resume["base_seed"], resume["epoch"]
             if not self._iterable:
@@ -743,6 +768,23 @@ class _BaseIter:
 
     def __iter__(self):
         return self
+
+    def _seed_datapipe(self, loader, seed=None):
+        """An IterDataPipe's epoch: its shared seed drawn from the loader's
+        generator (``seed``, resuming) and its random datapipes seeded from
+        it here, as torch does; workers seed their copies from it again."""
+        if self._datapipe != "iter":
+            return
+        if seed is None:
+            seed = _torch_compat.draw_datapipe_seed(loader.generator, self._datapipe_group)
+        self._datapipe_seed = seed
+        _torch_compat.seed_datapipe(self._dataset, seed)
+
+    def _request(self, index):
+        """A worker's job: (epoch, index, batch number), and an IterDataPipe's
+        seed, with which a persistent worker starts the epoch's pass."""
+        request = (self._epoch, index, self._batch_number - 1)
+        return request if self._datapipe != "iter" else request + (self._datapipe_seed,)
 
     def _open_epoch(self, loader, resume=None, index_iter=None):
         """The epoch's index iterator (``index_iter()``, by default
@@ -784,6 +826,7 @@ class _BaseIter:
             "base_seed": self._base_seed,
             "at_iter": self._at_iter,
             "at_first_draw": self._at_first_draw,  # None: the sampler has not drawn yet
+            "datapipe_seed": self._datapipe_seed,  # an IterDataPipe's, else None
         }
 
     _left = None  # the loader's record of where this iterator was dropped (DataLoader._remember)
@@ -827,6 +870,7 @@ class _BaseIter:
     def _reset(self, loader):
         profiler.sync()
         self._sampler_iter = self._open_epoch(loader)
+        self._seed_datapipe(loader)  # after iter(sampler), as torch's _reset
         if self._clock is not None:
             self._clock.last = 0  # the time between epochs is not the loop's
         self._finished = False
@@ -876,6 +920,8 @@ class _BaseIter:
             and self._IterableDataset_len_called is not None
             and self._num_yielded > self._IterableDataset_len_called
         ):
+            # torch's words, which tests and log filters match; its hint is
+            # given for worker threads too (the same cause, the same fix).
             msg = (
                 f"Length of IterableDataset {self._dataset} was reported to be "
                 f"{self._IterableDataset_len_called}(when accessing len(dataloader)), but "
@@ -883,11 +929,12 @@ class _BaseIter:
             )
             if self._num_workers > 0:
                 msg += (
-                    "For multi-worker loading, this could be caused by not properly "
-                    "configuring the IterableDataset replica at each worker (see "
-                    "get_worker_info())."
+                    "For multiprocessing data-loading, this could be caused by not properly "
+                    "configuring the IterableDataset replica at each worker. Please see "
+                    "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset "
+                    "for examples."
                 )
-            warnings.warn(msg, stacklevel=3)  # the loop's next(), past __next__
+            warnings.warn(msg, UserWarning, stacklevel=3)  # the loop's next(), past __next__
         if self._pin_memory:
             data = _pin(data, self._already_pinned)
         if self._clock is not None:
@@ -913,6 +960,9 @@ class _SingleThreadIter(_BaseIter):
         super().__init__(loader, resume)
         if self._timeout != 0:
             raise AssertionError("timeout requires num_workers > 0 (as in torch)")
+        if self._datapipe is not None:
+            # The distributed rank's shard (the whole stream on one process).
+            _torch_compat.shard_datapipe(self._dataset, 1, 0, self._world)
         plan = _fetch_plan(self, loader, num_workers=0)
         self._fetcher = make_fetcher(plan, StopFlag())
 
@@ -994,6 +1044,9 @@ def _fetch_plan(it, loader, num_workers):
         native_batch=_native_batches(it, loader._slot_pool),
         loader_token=loader._token,
         batch_transform=_python_batch_step(it),
+        datapipe=it._datapipe,
+        datapipe_seed=it._datapipe_seed,
+        world=it._world,
     )
 
 
@@ -1055,6 +1108,12 @@ class _ThreadedIter(_BaseIter):
         self._target = self._max_in_flight
         self._waited = 0.0  # seconds the last _next_delivery waited
         self._engine = self._start_workers(loader)
+        if self._datapipe == "iter":
+            # torch's iterator starts its workers with the epoch's seed, then
+            # resets itself for the first epoch: a second seed is drawn for
+            # the main process's datapipe, the workers keep the first.
+            _torch_compat.seed_datapipe(self._dataset, _torch_compat.draw_datapipe_seed(
+                loader.generator, self._datapipe_group))
         _live_iters.add(self)
         self._prime()
 
@@ -1122,7 +1181,7 @@ class _ThreadedIter(_BaseIter):
             except StopIteration:
                 return
             # 1 means every worker has retired: the index is dropped, as torch does.
-            self._engine.submit((self._epoch, index, self._batch_number - 1))
+            self._engine.submit(self._request(index))
 
     def _next_delivery(self, timeout):
         """``engine.next(timeout)``, recording in ``_waited`` how long the
@@ -1221,6 +1280,9 @@ class _ProcessIter(_ThreadedIter):
             max_free_slots=self._max_in_flight + 2,
             mix=_mix_plan(self),
             batch_transform=_python_batch_step(self),
+            datapipe=self._datapipe,
+            datapipe_seed=self._datapipe_seed,
+            world=self._world,
         )
         context = loader.multiprocessing_context or _process.default_context()
         to_output = torch.from_numpy if loader.output == "torch" else None

@@ -6,11 +6,17 @@ fastload.DataLoader as they are; these classes exist so code runs without
 torch installed.
 """
 
+from typing import Generic, TypeVar
+
 from ._torch import torch
 
+T_co = TypeVar("T_co", covariant=True)
 
-class Dataset:
+
+class Dataset(Generic[T_co]):
     """A map-style dataset: ``__getitem__(index)`` and usually ``__len__``.
+
+    Generic in the sample type, as torch's: ``class Images(Dataset[Tensor])``.
 
     Optionally ``__getitems__(indices)`` returns a whole batch of samples in
     one call (the loader then makes one call per batch instead of one per
@@ -21,7 +27,7 @@ class Dataset:
         raise NotImplementedError("Subclasses of Dataset should implement __getitem__.")
 
 
-class IterableDataset(Dataset):
+class IterableDataset(Dataset[T_co]):
     """A stream of samples: ``__iter__``.  With worker threads each worker
     calls ``iter(dataset)`` on its own thread, where ``get_worker_info()``
     tells it which shard to produce."""

@@ -7,14 +7,18 @@ also take a ``numpy.random.Generator`` and work without torch.
 
 import itertools
 import math
+from typing import Generic, TypeVar
 
 import numpy as np
 
 from . import _random
 
+T_co = TypeVar("T_co", covariant=True)
 
-class Sampler:
-    """Base class: an iterable of dataset indices (or of index lists)."""
+
+class Sampler(Generic[T_co]):
+    """Base class: an iterable of dataset indices (or of index lists);
+    generic in what it yields, as torch's (``Sampler[int]``)."""
 
     def __iter__(self):
         raise NotImplementedError

@@ -149,3 +149,52 @@ def test_shard_sampler_gives_every_rank_the_same_batch_count(tmp_path):
     per_rank = torch.load(out, weights_only=False)["gathered"]
     counts = [c for _, c in per_rank]
     assert counts[0] == counts[1]  # equal_length: DDP steps the same number of times
+
+
+def run_datapipe_rank(rank, world, store, out):
+    import fastload
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        results = {}
+        for name, DataLoader in (("torch", torch.utils.data.DataLoader),
+                                 ("fastload", fastload.DataLoader)):
+            for num_workers in (0, 2):
+                torch.manual_seed(100 + rank)  # each rank's own global seed
+                datapipe = IterableWrapper(list(range(40))).shuffle(buffer_size=8)
+                loader = DataLoader(datapipe.sharding_filter(), shuffle=True, batch_size=3,
+                                    num_workers=num_workers)
+                results[name, num_workers] = [[b.tolist() for b in loader] for _ in range(2)]
+        torch.manual_seed(100 + rank)
+        loader = fastload.DataLoader(
+            IterableWrapper(list(range(40))).shuffle(buffer_size=8).sharding_filter(),
+            shuffle=True, batch_size=3, num_workers=2, worker_mode="thread")
+        results["fastload_threads", 2] = [[b.tolist() for b in loader] for _ in range(2)]
+        gathered = [None] * world
+        dist.all_gather_object(gathered, results)
+        if rank == 0:
+            torch.save(gathered, out)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_datapipe_shards_by_rank_with_rank_zeros_seed(tmp_path):
+    """An IterDataPipe under torch.distributed: the shuffle seed is rank 0's
+    on every rank (broadcast), each rank (and each of its workers) loads its
+    own shard -- torch's batches on every rank."""
+    out = tmp_path / "result.pt"
+    store = f"{out}.store"
+    world = 2
+    tmp.spawn(run_datapipe_rank, args=(world, store, str(out)), nprocs=world, join=True)
+    per_rank = torch.load(out, weights_only=False)
+    for results in per_rank:
+        for num_workers in (0, 2):
+            assert results["fastload", num_workers] == results["torch", num_workers]
+        assert results["fastload_threads", 2] == results["torch", 2]
+    for num_workers in (0, 2):
+        for epoch in range(2):
+            samples = [i for results in per_rank
+                       for batch in results["fastload", num_workers][epoch] for i in batch]
+            assert sorted(samples) == list(range(40))

@@ -63,6 +63,20 @@ CHILD = DATASETS + textwrap.dedent('''
                                  collate_fn=lambda b: 1 / 0))
     except ZeroDivisionError as e:
         out["error"] = str(e).splitlines()[0]
+    # Generic classes, as torch's (its test_typing), without torch.
+    from typing import List
+
+    class TypedPairs(Pairs, fastload.Dataset[List[np.ndarray]]):
+        pass
+
+    class TypedStream(Stream, fastload.IterableDataset[np.ndarray]):
+        pass
+
+    def typed(dl: fastload.DataLoader[List[np.ndarray]]) -> fastload.Sampler[int]:
+        pass
+
+    out["typed"] = (len(list(fastload.DataLoader[List[np.ndarray]](TypedPairs(), batch_size=4))),
+                    len(list(fastload.DataLoader(TypedStream(), batch_size=2))))
     pickle.dump(out, sys.stdout.buffer)
 ''')
 
@@ -105,3 +119,8 @@ def test_without_torch_shuffles_with_numpy_generators_and_reports_errors(child_r
     order = [i for batch in child_results["shuffled"] for i in batch]
     assert sorted(order) == list(range(23)) and order != list(range(23))
     assert child_results["error"].startswith("Caught ZeroDivisionError in DataLoader worker")
+
+
+def test_without_torch_generic_classes_subscript(child_results):
+    # 23 pairs in batches of 4; the stream's 5 items in batches of 2.
+    assert child_results["typed"] == (6, 3)
