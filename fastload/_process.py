@@ -58,6 +58,7 @@ import resource
 import signal
 import mmap
 import socket
+import sys
 import time
 import warnings
 import weakref
@@ -251,7 +252,13 @@ def worker_main(conn, plan, worker_id, parent_pid):
 
     route_torch_worker_info()
     pool = _C.SlotPool(max_free=plan.max_free_slots, memory="shared")
-    worker = Worker(worker_id, _fetch_plan(plan, pool), StopFlag(), method="process")
+    try:
+        worker = Worker(worker_id, _fetch_plan(plan, pool), StopFlag(), method="process")
+    except Exception:
+        # The dataset's source cannot be opened here (a file replaced since
+        # a spawned worker's plan was made, say): each job raises it.
+        error = ExceptionWrapper(sys.exc_info(), f"in DataLoader worker {worker_id}")
+        worker = _FailedWorker(error)
     report = getattr(plan.dataset, "_worker_report", None)
     sock = socket.socket(fileno=os.dup(conn.fileno()))
     announced = set()
@@ -287,6 +294,23 @@ def worker_main(conn, plan, worker_id, parent_pid):
         sock.close()
 
 
+class _FailedWorker:
+    """A worker whose fetch plan could not be made: every job delivers that
+    error, with the worker's traceback, as a failed batch."""
+
+    def __init__(self, error):
+        self.error = error
+
+    def start(self):
+        return self.error
+
+    def fetch(self, request):
+        return _C.JOB_DONE, self.error
+
+    def stop(self):
+        pass
+
+
 def _job_times(timers, idle_ns, started, cpu):
     """This process's times for the job that started at `started` (with
     `cpu` ns of CPU used by then), after idle_ns waiting for it: a row
@@ -305,8 +329,6 @@ def _send_result(conn, sock, task, outcome, value, report, times, announced, hel
     try:
         _SlotPickler(buffer, announced, new, held).dump(value)
     except Exception:
-        import sys
-
         for arena_id, _fd, _bytes in new:
             announced.discard(arena_id)
         new.clear()

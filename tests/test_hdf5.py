@@ -325,6 +325,22 @@ def test_a_spawned_worker_refuses_a_file_replaced_since(tmp_path):
         next(iter(loader))
 
 
+def test_a_spawned_worker_of_mapped_keys_refuses_a_file_replaced_since(tmp_path):
+    """Every key mapped: the worker fails while it builds its native
+    source, before its first batch; the error still reaches the loop, with
+    the worker's traceback, not as a worker that exited."""
+    path = tmp_path / "data.h5"
+    write_version(path, 1)
+    ds = fastload.HDF5Dataset(path, "x")
+    replace_by_rename(path, 2)
+    loader = fastload.DataLoader(ds, batch_size=32, num_workers=1, worker_mode="process",
+                                 multiprocessing_context="spawn", output="numpy")
+    for _ in range(2):  # each epoch's workers name it
+        with pytest.raises(OSError, match=re.escape(f"{str(path)!r} was replaced since the "
+                                                    "dataset was made")):
+            next(iter(loader))
+
+
 def test_the_kept_file_is_closed_with_the_dataset(tmp_path):
     path = tmp_path / "data.h5"
     write_version(path, 1)
