@@ -227,7 +227,7 @@ _SETTINGS = ("epoch", "seed", "rank", "num_replicas", "shuffle", "replacement", 
 def _describe_sampler(sampler):
     try:
         length = len(sampler)
-    except TypeError:
+    except Exception:  # noqa: BLE001 (no length: TypeError, NotImplementedError of a stream sampler)
         length = None
     settings = {}
     for name in _SETTINGS:

@@ -184,7 +184,7 @@ class ArrayDataset(_GatheredRows):
         if isinstance(index, slice):
             return tuple(self._gather(np.arange(*index.indices(self._length)), None, None))
         i = _check_index(index, self._length)
-        return tuple(rows[0] for rows in self._gather([i], None, None))
+        return tuple(rows[0, ...] for rows in self._gather([i], None, None))  # 0-d, not scalars
 
     def __getitems__(self, indices):
         return _split_rows(self._gather(indices, None, None))

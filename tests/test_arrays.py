@@ -155,6 +155,10 @@ def test_indexing_outside_a_loader():
     items = ds.__getitems__([7, 8])
     assert len(items) == 2 and all(len(s) == 2 for s in items)
     np.testing.assert_array_equal(items[1][0], x[8])
+    # A row of a 1-D array is a 0-d array, as np.array(y[i]) is: torch.from_numpy takes it.
+    label = ds[5][1]
+    assert isinstance(label, np.ndarray) and label.shape == () and label == y[5]
+    assert torch.from_numpy(label).item() == y[5]
 
 
 @pytest.mark.parametrize("bad", [N, -N - 1, 10**30])

@@ -634,3 +634,33 @@ def test_a_persistent_loader_records_the_sampler_epoch_of_each_epoch():
     resumed.load_state_dict(state)
     resumed.sampler.set_epoch(1)
     assert labels(head) + labels(resumed) == full
+
+
+def test_a_sampler_without_a_length_iterates_and_resumes():
+    """A stream sampler whose __len__ raises NotImplementedError: iter()
+    works (the state's description of the sampler has no length), and a
+    state saved mid-epoch resumes the rest of the epoch."""
+
+    class Stream(torch.utils.data.Sampler):
+        def __init__(self, n):
+            self.n = n
+
+        def __iter__(self):
+            return iter(range(self.n))
+
+        def __len__(self):
+            raise NotImplementedError("a stream has no length")
+
+    data = fastload.ArrayDataset(np.arange(20, dtype=np.int64))
+
+    def loader():
+        return fastload.DataLoader(data, batch_size=4, sampler=Stream(20), output="numpy")
+
+    first = loader()
+    it = iter(first)
+    seen = [int(v) for _ in range(2) for v in next(it)[0]]
+    state = first.state_dict()
+    resumed = loader()
+    resumed.load_state_dict(state)
+    rest = [int(v) for batch in resumed for v in batch[0]]
+    assert seen + rest == list(range(20))
