@@ -38,9 +38,9 @@ moves that bound); a worker process starts when it first becomes active, so
 workers the autotuner never uses cost nothing.
 
 With ``pin_memory=True`` and fastload's CUDA driver, the parent page-locks
-each slot mapping in place when it first maps it (``PageLocking``), so
-batches need no pinned copy; a released slot goes back to its worker only
-once the copies queued from it before the release are done.
+each arena mapping in place, whole, when it first maps it (``PageLocking``),
+so batches need no pinned copy; a released slot goes back to its worker only
+once the copies queued from it before its release are done (its own fence).
 """
 
 import array
@@ -358,16 +358,20 @@ class PageLocking:
     """How the parent page-locks the slots it maps when the loader pins
     (pin_memory=True with fastload's CUDA driver).
 
-    Each mapping is registered with the driver once, when it is first
-    mapped, and stays registered while its worker reuses the slot.  The
+    Each mapping (an arena) is registered with the driver once, when it is
+    first mapped, and stays registered while its worker reuses its slots.
+    The whole mapping is registered, so the driver faults in and locks all of
+    it: a small-slot arena costs its full 32 MiB of page-locked shared memory
+    (docs/design.md, "Pinned batches", says why not per slot).  The
     registration (a ``HostRegistration``) holds the mapping and the batch
     arrays hold the registration, so it is unregistered exactly when the
     parent has let the mapping go (the worker dropped the slot, the worker
     stopped) and no array is left over it, and just before it is unmapped.
 
     A batch the loop drops may still be read by a non-blocking copy queued on
-    the GPU, so its slot is fenced on release and returned to its worker only
-    once the fence is done (``_Channel.send``).  A mapping the driver refuses
+    the GPU, so its slot is fenced on release (an event of its own, from the
+    registration's pool) and returned to its worker only once that fence is
+    done (``_Channel.send``).  A mapping the driver refuses
     stays pageable, and the first refusal is reported once.
     """
 
@@ -405,9 +409,10 @@ def _release(channel, slot_id):
 
 
 def _release_fenced(channel, registration, slot_id):
-    """The last array over a page-locked slot is gone: fence it against the
-    copies queued so far, then let it go back to its worker."""
-    registration.release_fence()
+    """The last array over a page-locked slot is gone: fence it (its own
+    event, keyed by its id) against the copies queued so far, then let it go
+    back to its worker."""
+    registration.release_fence(slot_id)
     if not channel.closed:
         channel.fence_of[slot_id] = registration
     _release(channel, slot_id)
@@ -530,7 +535,7 @@ class _Channel:
         for _ in range(len(waiting)):
             slot_id = waiting.popleft()
             registration = self.fence_of.get(slot_id)
-            if registration is not None and not registration.fence_done():
+            if registration is not None and not registration.fence_done(slot_id):
                 waiting.append(slot_id)
             else:
                 self.fence_of.pop(slot_id, None)
@@ -539,7 +544,7 @@ class _Channel:
             slot_id = waiting.popleft()
             registration = self.fence_of.pop(slot_id, None)
             if registration is not None:
-                registration.wait_fence()
+                registration.wait_fence(slot_id)
             ready.append(slot_id)
         return ready
 
