@@ -54,7 +54,6 @@ import multiprocessing.connection
 import os
 import pickle
 import random
-import resource
 import signal
 import mmap
 import socket
@@ -425,17 +424,11 @@ def _out_of_files(error):
 
 def _too_many_files(doing, held):
     """The RuntimeError for descriptors run out in this process while
-    `doing`, with `held` batch slots of the workers alive here."""
-    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    limit = "unlimited" if soft == resource.RLIM_INFINITY else soft
-    return RuntimeError(
-        f"fastload: too many open files: no file descriptor left {doing}.  This process's "
-        f"limit is {limit} descriptors (RLIMIT_NOFILE soft limit); {held} batch slots from "
-        "the workers are held here (batches the loop keeps alive, or in flight).  Raise the "
-        "limit (`ulimit -n` in the shell, or resource.setrlimit(resource.RLIMIT_NOFILE, ...)) "
-        "or release the batches you keep.  Small batches share shared-memory files; each "
-        "large one holds a descriptor while it lives (torch's set_sharing_strategy does not "
-        "apply).")
+    `doing`, with `held` batch slots of the workers alive here (the text is
+    the worker's too: _C.too_many_files_message)."""
+    return RuntimeError(_C.too_many_files_message(
+        doing, f"{held} batch slots from the workers are held here (batches the loop keeps "
+        "alive, or in flight)"))
 
 
 _FD_BYTES = array.array("i").itemsize

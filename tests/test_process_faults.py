@@ -179,6 +179,26 @@ def test_no_descriptor_to_start_a_worker_is_named():
     assert "limit is 200" in out and "ulimit -n" in out, out
 
 
+def test_one_text_for_descriptors_run_out_in_either_process():
+    # The worker's slot pool (C) and the parent (_process) raise the same
+    # text, formatted in one place.
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    limit = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
+    text = _C.too_many_files_message("to do X", "3 things are held")
+    assert text.startswith("fastload: too many open files: no file descriptor left to do X.  "
+                           f"This process's limit is {limit} descriptors (RLIMIT_NOFILE soft "
+                           "limit); 3 things are held.  Raise the limit (`ulimit -n`"), text
+    for words in ("release the batches", "set_sharing_strategy", "1048576 bytes share"):
+        assert words in text, (words, text)
+    error = _process._too_many_files("to map a batch", 7)
+    assert isinstance(error, RuntimeError)
+    assert str(error) == _C.too_many_files_message(
+        "to map a batch", "7 batch slots from the workers are held here (batches the loop "
+        "keeps alive, or in flight)")
+
+
 def test_truncated_descriptor_message_is_refused():
     import socket
 
