@@ -745,14 +745,20 @@ class ProcessWorkers:
     def depth(self):
         """(in_flight, ready, deliverable, idle_at_cap) as the loop asks
         (loader.stats(); fl_engine_depth is the thread Engine's twin): the
-        results received, whether the next one to deliver is among them,
-        and, when it is not, whether a live worker has nothing to do only
-        because max_in_flight tasks are out."""
+        results received, whether the next one to deliver is among them or
+        waits unread in its worker's pipe, and, when it is not, whether a
+        live worker has nothing to do only because max_in_flight tasks are
+        out."""
         in_flight = self.in_flight
+        # A result the loop has not pulled from its pipe yet (it finished
+        # while the loop was busy) is as deliverable as one pulled.
         if self.in_order:
             deliverable = self.delivered in self.results
+            if not deliverable and self.delivered in self.owner:
+                deliverable = _readable(self.channels[self.owner[self.delivered]])
         else:
-            deliverable = bool(self.results)
+            deliverable = bool(self.results) or any(
+                _readable(channel) for channel in self.channels if channel.outstanding)
         idle_at_cap = (not deliverable and in_flight >= self.max_in_flight
                        and any(c.live and c.outstanding == 0
                                for c in self.channels[:self._active]))
@@ -869,6 +875,14 @@ def _close_channels(channels, creator_pid, grace=_JOIN_SECONDS):
     for channel in channels:
         channel.close(deadline)
     channels.clear()
+
+
+def _readable(channel):
+    """Whether a result (or the worker's end) waits in `channel`'s pipe."""
+    try:
+        return channel.conn.poll()
+    except (OSError, ValueError):
+        return False
 
 
 def default_context():
