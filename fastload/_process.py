@@ -697,7 +697,8 @@ class ProcessWorkers:
         self.channels = []  # the workers started so far: ids 0..len-1
         self._active = 0
         self.closed = False
-        self.broken = False  # a worker died: these workers cannot serve another epoch
+        self.broken = False  # a worker died or a result was lost: no other epoch here
+        self.failure = None  # what broke them while receiving, for the next next()
         self._creator_pid = os.getpid()  # a forked child's copy must not stop them
         self._finalizer = weakref.finalize(self, _close_channels, self.channels,
                                            self._creator_pid)
@@ -794,6 +795,10 @@ class ProcessWorkers:
         """The next result as ``(outcome, worker id, value)``, or None when
         nothing is in flight.  Raises TimeoutError after `timeout` seconds,
         RuntimeError when a worker died."""
+        if self.failure is not None:
+            raise RuntimeError(
+                "fastload: the DataLoader's worker processes cannot deliver the rest of this "
+                f"epoch after an earlier error: {self.failure}")
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             if self.in_order:
@@ -816,8 +821,14 @@ class ProcessWorkers:
             raise TimeoutError
         try:
             self._take(waiting, ready)
-        except RuntimeError:
+        except BaseException as error:
+            # Whatever failed (a dead worker, a mapping or an unpickling
+            # refused), a message may have been read whose task is still
+            # owned: waiting for its answer again would wait forever.  The
+            # workers are broken: next() raises, and a new epoch starts
+            # fresh ones.
             self.broken = True
+            self.failure = f"{type(error).__name__}: {error}"
             raise
         if self.page_locking is not None:
             self.page_locking.report()  # after _take: a warning turned error loses nothing

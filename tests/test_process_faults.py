@@ -3,6 +3,7 @@ through a result, descriptors run out, torch's handle on the worker
 processes.  Every failure is a RuntimeError that names what happened."""
 
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -201,6 +202,74 @@ def test_one_text_for_descriptors_run_out_in_either_process():
     assert str(error) == _C.too_many_files_message(
         "to map a batch", "7 batch slots from the workers are held here (batches the loop "
         "keeps alive, or in flight)")
+
+
+class _FailsOnce:
+    """Stands in for `real` (a callable) and raises `error` on its first call."""
+
+    def __init__(self, real, error):
+        self.real, self.error, self.calls = real, error, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls == 1:
+            raise self.error
+        return self.real(*args, **kwargs)
+
+
+def _fail_mapping_once(monkeypatch):
+    import errno as errno_module
+    import mmap as mmap_module
+
+    class Mmap:  # the module, as _process sees it: its mmap() fails once (ENOMEM)
+        mmap = _FailsOnce(mmap_module.mmap, OSError(errno_module.ENOMEM, "Cannot allocate memory"))
+
+    monkeypatch.setattr(_process, "mmap", Mmap)
+
+
+def _fail_unpickling_once(monkeypatch):
+    real = _process._SlotUnpickler.load
+    failing = _FailsOnce(real, pickle.UnpicklingError("a broken batch"))
+    monkeypatch.setattr(_process._SlotUnpickler, "load", lambda self: failing(self))
+
+
+FAILS_ONCE = {"mapping": (_fail_mapping_once, OSError, "Cannot allocate memory"),
+              "unpickling": (_fail_unpickling_once, pickle.UnpicklingError, "a broken batch")}
+
+
+@pytest.mark.parametrize("step", sorted(FAILS_ONCE))
+def test_a_batch_lost_after_its_message_was_read_raises_again_not_hangs(monkeypatch, step):
+    # The result's message was read, then mapping its memory or unpickling
+    # it failed: its task can never be answered.  The next next() says so
+    # at once (before: it waited forever, which the loader's timeout shows,
+    # or read a later batch over an arena never mapped: KeyError).
+    patch, kind, words = FAILS_ONCE[step]
+    patch(monkeypatch)
+    loader = fastload.DataLoader(Rows(), batch_size=4, num_workers=1, worker_mode="process",
+                                 multiprocessing_context="fork", timeout=30)
+    it = iter(loader)
+    with pytest.raises(kind, match=words):
+        next(it)
+    with pytest.raises(RuntimeError, match="cannot deliver the rest of this epoch after an "
+                                           "earlier error: .*" + words) as caught:
+        next(it)
+    assert "timed out" not in str(caught.value)
+    del it
+
+
+@pytest.mark.parametrize("step", sorted(FAILS_ONCE))
+def test_a_persistent_loader_starts_afresh_after_a_lost_batch(monkeypatch, step):
+    patch, kind, words = FAILS_ONCE[step]
+    patch(monkeypatch)
+    loader = fastload.DataLoader(Rows(), batch_size=4, num_workers=2, worker_mode="process",
+                                 multiprocessing_context="fork", persistent_workers=True,
+                                 timeout=30)
+    with pytest.raises(kind, match=words):
+        list(loader)
+    # The next epoch on fresh workers (before: it waited for the lost batch
+    # and timed out).
+    assert [int(b[0, 0]) for b in loader] == [0, 4, 8, 12]
+    assert [int(b[0, 0]) for b in loader] == [0, 4, 8, 12]
 
 
 def test_truncated_descriptor_message_is_refused():
