@@ -81,6 +81,9 @@ int fl__acquire_slot(PyObject *pool, size_t bytes, fl_slot **out);
  * RuntimeError naming the descriptor limit for FL_ERR_FDS, else MemoryError.
  * Returns NULL. */
 PyObject *fl__raise_slot_error(int status, size_t bytes);
+/* too_many_files_message(doing, held): the out-of-descriptors text both
+ * processes raise (fl__raise_slot_error's). */
+PyObject *fl__too_many_files_message(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 /* Wraps an acquired slot in a new SlotOwner, which releases it when the last
  * array over it dies.  Takes ownership of `slot` (released here on failure). */

@@ -103,25 +103,29 @@ static int HostRegistration_getbuffer(HostRegistrationObject *self, Py_buffer *v
     return PyBuffer_FillInfo(view, (PyObject *)self, self->view.buf, self->view.len, 0, flags);
 }
 
-static PyObject *HostRegistration_release_fence(HostRegistrationObject *self, PyObject *unused)
+static PyObject *HostRegistration_release_fence(HostRegistrationObject *self, PyObject *arg)
 {
-    (void)unused;
+    unsigned long long key = PyLong_AsUnsignedLongLong(arg);
+    if (key == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
     const fl_cuda *cuda = fl_cuda_get(NULL);
     if (cuda) {
         Py_BEGIN_ALLOW_THREADS /* waits for the default stream if no event can be recorded */
-        fl_cuda_host_fence(cuda, &self->range);
+        fl_cuda_host_fence(cuda, &self->range, (uint64_t)key);
         Py_END_ALLOW_THREADS
     }
     Py_RETURN_NONE;
 }
 
-static PyObject *HostRegistration_fence_done(HostRegistrationObject *self, PyObject *unused)
+static PyObject *HostRegistration_fence_done(HostRegistrationObject *self, PyObject *arg)
 {
-    (void)unused;
+    unsigned long long key = PyLong_AsUnsignedLongLong(arg);
+    if (key == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
     const fl_cuda *cuda = fl_cuda_get(NULL);
     if (!cuda)
         Py_RETURN_TRUE; /* a forked child: nothing of its own can be queued */
-    fl_cu_result rc = fl_cuda_host_fence_query(cuda, &self->range);
+    fl_cu_result rc = fl_cuda_host_fence_query(cuda, &self->range, (uint64_t)key);
     if (rc == FL_CU_ERROR_NOT_READY)
         Py_RETURN_FALSE;
     if (rc != 0) {
@@ -132,15 +136,17 @@ static PyObject *HostRegistration_fence_done(HostRegistrationObject *self, PyObj
     Py_RETURN_TRUE;
 }
 
-static PyObject *HostRegistration_wait_fence(HostRegistrationObject *self, PyObject *unused)
+static PyObject *HostRegistration_wait_fence(HostRegistrationObject *self, PyObject *arg)
 {
-    (void)unused;
+    unsigned long long key = PyLong_AsUnsignedLongLong(arg);
+    if (key == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
     const fl_cuda *cuda = fl_cuda_get(NULL);
     if (!cuda)
         Py_RETURN_NONE;
     fl_cu_result rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = fl_cuda_host_fence_wait(cuda, &self->range);
+    rc = fl_cuda_host_fence_wait(cuda, &self->range, (uint64_t)key);
     Py_END_ALLOW_THREADS
     if (rc != 0) {
         fl__cuda_raise(cuda, rc, "cuEventSynchronize (a batch slot's release fence)",
@@ -163,16 +169,19 @@ static PyObject *HostRegistration_get_nbytes(HostRegistrationObject *self, void 
 }
 
 static PyMethodDef HostRegistration_methods[] = {
-    {"release_fence", (PyCFunction)HostRegistration_release_fence, METH_NOARGS,
-     "release_fence()\n--\n\n"
-     "Records the release fence on the legacy default stream: call when the last\n"
-     "array over the memory is gone (a non-blocking copy from it may be queued)."},
-    {"fence_done", (PyCFunction)HostRegistration_fence_done, METH_NOARGS,
-     "fence_done()\n--\n\n"
-     "True once the work queued before the last release_fence() is done (or when\n"
-     "none was recorded): the memory may be written again."},
-    {"wait_fence", (PyCFunction)HostRegistration_wait_fence, METH_NOARGS,
-     "wait_fence()\n--\n\nWaits (GIL released) until fence_done() would be True."},
+    {"release_fence", (PyCFunction)HostRegistration_release_fence, METH_O,
+     "release_fence(slot_id, /)\n--\n\n"
+     "Records slot `slot_id`'s release fence on the legacy default stream: call\n"
+     "when the last array over that slot of the memory is gone (a non-blocking\n"
+     "copy from it may be queued).  Each slot has its own fence (an event of a\n"
+     "small pool, reused once complete)."},
+    {"fence_done", (PyCFunction)HostRegistration_fence_done, METH_O,
+     "fence_done(slot_id, /)\n--\n\n"
+     "True once the work queued before slot `slot_id`'s release_fence() is done\n"
+     "(or when none is pending): that slot may be written again."},
+    {"wait_fence", (PyCFunction)HostRegistration_wait_fence, METH_O,
+     "wait_fence(slot_id, /)\n--\n\n"
+     "Waits (GIL released) until fence_done(slot_id) would be True."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -91,6 +91,11 @@ static PyMethodDef module_methods[] = {
      "(fd, arena id, arena bytes, slot id, slot offset in the arena, slot bytes,\n"
      "byte offset of the array's data in the slot); else None.  Small slots\n"
      "share an arena (one memfd); the descriptor stays owned by the arena."},
+    {"too_many_files_message", (PyCFunction)(void (*)(void))fl__too_many_files_message,
+     METH_FASTCALL,
+     "too_many_files_message(doing, held, /)\n--\n\n"
+     "The out-of-descriptors message: no descriptor left `doing`, this process's\n"
+     "RLIMIT_NOFILE, `held` (what holds descriptors), and what to do."},
     {"take_freed_shared_slots", (PyCFunction)fl__take_freed_shared_slots, METH_NOARGS,
      "take_freed_shared_slots()\n--\n\n"
      "The ids of shared arenas freed since the last call (their mappings in\n"

@@ -151,13 +151,12 @@ int fl__acquire_slot(PyObject *pool, size_t bytes, fl_slot **out)
     return 0;
 }
 
-PyObject *fl__raise_slot_error(int status, size_t bytes)
+/* The one text for descriptors run out (here, in a worker's slot pool, and
+ * in the parent's fastload/_process.py, through too_many_files_message):
+ * what was being done, which limit, what holds the descriptors (`held`, a
+ * clause), and what to do. */
+static PyObject *too_many_files_message(const char *doing, const char *held)
 {
-    if (status != FL_ERR_FDS)
-        return PyErr_Format(PyExc_MemoryError,
-                            "fastload: cannot allocate a %zu-byte batch buffer", bytes);
-    /* Out of descriptors is not out of memory: say which limit, what holds
-     * the descriptors, and what to do. */
     char limit[32] = "unknown";
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
@@ -166,18 +165,50 @@ PyObject *fl__raise_slot_error(int status, size_t bytes)
         else
             snprintf(limit, sizeof limit, "%llu", (unsigned long long)rl.rlim_cur);
     }
+    return PyUnicode_FromFormat(
+        "fastload: too many open files: no file descriptor left %s.  This process's limit "
+        "is %s descriptors (RLIMIT_NOFILE soft limit); %s.  Raise the limit (`ulimit -n` in "
+        "the shell, or resource.setrlimit(resource.RLIMIT_NOFILE, ...)) or release the "
+        "batches you keep.  Batches of up to %zu bytes share shared-memory files; each "
+        "larger one holds a descriptor while it lives (torch's set_sharing_strategy does "
+        "not apply).",
+        doing, limit, held, (size_t)FL_SHM_SMALL_BYTES);
+}
+
+PyObject *fl__too_many_files_message(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2 || !PyUnicode_Check(args[0]) || !PyUnicode_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "too_many_files_message(doing, held): two str");
+        return NULL;
+    }
+    const char *doing = PyUnicode_AsUTF8(args[0]);
+    const char *held = doing ? PyUnicode_AsUTF8(args[1]) : NULL;
+    return held ? too_many_files_message(doing, held) : NULL;
+}
+
+PyObject *fl__raise_slot_error(int status, size_t bytes)
+{
+    if (status != FL_ERR_FDS)
+        return PyErr_Format(PyExc_MemoryError,
+                            "fastload: cannot allocate a %zu-byte batch buffer", bytes);
+    /* Out of descriptors is not out of memory: say so (too_many_files_message). */
     size_t arenas = 0, slots = 0;
     fl_shm_counts(&arenas, &slots);
-    return PyErr_Format(
-        PyExc_RuntimeError,
-        "fastload: too many open files: no file descriptor for the shared memory of a "
-        "%zu-byte batch buffer in worker process %d.  Its limit is %s descriptors "
-        "(RLIMIT_NOFILE soft limit); %zu batch slots are live (batches the loop keeps "
-        "alive, in flight, or kept for reuse) in %zu shared-memory files.  Raise the limit (`ulimit -n` in "
-        "the shell, or resource.setrlimit(resource.RLIMIT_NOFILE, ...)) or release the "
-        "batches you keep.  Batches of up to %zu bytes share files; each larger one holds a "
-        "descriptor while it lives (torch's set_sharing_strategy does not apply).",
-        bytes, (int)getpid(), limit, slots, arenas, (size_t)FL_SHM_SMALL_BYTES);
+    char doing[128], held[256];
+    snprintf(doing, sizeof doing,
+             "for the shared memory of a %zu-byte batch buffer in worker process %d", bytes,
+             (int)getpid());
+    snprintf(held, sizeof held,
+             "%zu batch slots are live here (batches the loop keeps alive, in flight, or kept "
+             "for reuse) in %zu shared-memory files",
+             slots, arenas);
+    PyObject *message = too_many_files_message(doing, held);
+    if (message) {
+        PyErr_SetObject(PyExc_RuntimeError, message);
+        Py_DECREF(message);
+    }
+    return NULL;
 }
 
 PyObject *fl__SlotOwner_new(fastload_state *state, fl_slot *slot)

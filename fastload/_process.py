@@ -38,9 +38,9 @@ moves that bound); a worker process starts when it first becomes active, so
 workers the autotuner never uses cost nothing.
 
 With ``pin_memory=True`` and fastload's CUDA driver, the parent page-locks
-each slot mapping in place when it first maps it (``PageLocking``), so
-batches need no pinned copy; a released slot goes back to its worker only
-once the copies queued from it before the release are done.
+each arena mapping in place, whole, when it first maps it (``PageLocking``),
+so batches need no pinned copy; a released slot goes back to its worker only
+once the copies queued from it before its release are done (its own fence).
 """
 
 import array
@@ -54,7 +54,6 @@ import multiprocessing.connection
 import os
 import pickle
 import random
-import resource
 import signal
 import mmap
 import socket
@@ -358,16 +357,20 @@ class PageLocking:
     """How the parent page-locks the slots it maps when the loader pins
     (pin_memory=True with fastload's CUDA driver).
 
-    Each mapping is registered with the driver once, when it is first
-    mapped, and stays registered while its worker reuses the slot.  The
+    Each mapping (an arena) is registered with the driver once, when it is
+    first mapped, and stays registered while its worker reuses its slots.
+    The whole mapping is registered, so the driver faults in and locks all of
+    it: a small-slot arena costs its full 32 MiB of page-locked shared memory
+    (docs/design.md, "Pinned batches", says why not per slot).  The
     registration (a ``HostRegistration``) holds the mapping and the batch
     arrays hold the registration, so it is unregistered exactly when the
     parent has let the mapping go (the worker dropped the slot, the worker
     stopped) and no array is left over it, and just before it is unmapped.
 
     A batch the loop drops may still be read by a non-blocking copy queued on
-    the GPU, so its slot is fenced on release and returned to its worker only
-    once the fence is done (``_Channel.send``).  A mapping the driver refuses
+    the GPU, so its slot is fenced on release (an event of its own, from the
+    registration's pool) and returned to its worker only once that fence is
+    done (``_Channel.send``).  A mapping the driver refuses
     stays pageable, and the first refusal is reported once.
     """
 
@@ -405,9 +408,10 @@ def _release(channel, slot_id):
 
 
 def _release_fenced(channel, registration, slot_id):
-    """The last array over a page-locked slot is gone: fence it against the
-    copies queued so far, then let it go back to its worker."""
-    registration.release_fence()
+    """The last array over a page-locked slot is gone: fence it (its own
+    event, keyed by its id) against the copies queued so far, then let it go
+    back to its worker."""
+    registration.release_fence(slot_id)
     if not channel.closed:
         channel.fence_of[slot_id] = registration
     _release(channel, slot_id)
@@ -420,17 +424,11 @@ def _out_of_files(error):
 
 def _too_many_files(doing, held):
     """The RuntimeError for descriptors run out in this process while
-    `doing`, with `held` batch slots of the workers alive here."""
-    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    limit = "unlimited" if soft == resource.RLIM_INFINITY else soft
-    return RuntimeError(
-        f"fastload: too many open files: no file descriptor left {doing}.  This process's "
-        f"limit is {limit} descriptors (RLIMIT_NOFILE soft limit); {held} batch slots from "
-        "the workers are held here (batches the loop keeps alive, or in flight).  Raise the "
-        "limit (`ulimit -n` in the shell, or resource.setrlimit(resource.RLIMIT_NOFILE, ...)) "
-        "or release the batches you keep.  Small batches share shared-memory files; each "
-        "large one holds a descriptor while it lives (torch's set_sharing_strategy does not "
-        "apply).")
+    `doing`, with `held` batch slots of the workers alive here (the text is
+    the worker's too: _C.too_many_files_message)."""
+    return RuntimeError(_C.too_many_files_message(
+        doing, f"{held} batch slots from the workers are held here (batches the loop keeps "
+        "alive, or in flight)"))
 
 
 _FD_BYTES = array.array("i").itemsize
@@ -530,7 +528,7 @@ class _Channel:
         for _ in range(len(waiting)):
             slot_id = waiting.popleft()
             registration = self.fence_of.get(slot_id)
-            if registration is not None and not registration.fence_done():
+            if registration is not None and not registration.fence_done(slot_id):
                 waiting.append(slot_id)
             else:
                 self.fence_of.pop(slot_id, None)
@@ -539,7 +537,7 @@ class _Channel:
             slot_id = waiting.popleft()
             registration = self.fence_of.pop(slot_id, None)
             if registration is not None:
-                registration.wait_fence()
+                registration.wait_fence(slot_id)
             ready.append(slot_id)
         return ready
 
@@ -699,7 +697,8 @@ class ProcessWorkers:
         self.channels = []  # the workers started so far: ids 0..len-1
         self._active = 0
         self.closed = False
-        self.broken = False  # a worker died: these workers cannot serve another epoch
+        self.broken = False  # a worker died or a result was lost: no other epoch here
+        self.failure = None  # what broke them while receiving, for the next next()
         self._creator_pid = os.getpid()  # a forked child's copy must not stop them
         self._finalizer = weakref.finalize(self, _close_channels, self.channels,
                                            self._creator_pid)
@@ -747,14 +746,20 @@ class ProcessWorkers:
     def depth(self):
         """(in_flight, ready, deliverable, idle_at_cap) as the loop asks
         (loader.stats(); fl_engine_depth is the thread Engine's twin): the
-        results received, whether the next one to deliver is among them,
-        and, when it is not, whether a live worker has nothing to do only
-        because max_in_flight tasks are out."""
+        results received, whether the next one to deliver is among them or
+        waits unread in its worker's pipe, and, when it is not, whether a
+        live worker has nothing to do only because max_in_flight tasks are
+        out."""
         in_flight = self.in_flight
+        # A result the loop has not pulled from its pipe yet (it finished
+        # while the loop was busy) is as deliverable as one pulled.
         if self.in_order:
             deliverable = self.delivered in self.results
+            if not deliverable and self.delivered in self.owner:
+                deliverable = _readable(self.channels[self.owner[self.delivered]])
         else:
-            deliverable = bool(self.results)
+            deliverable = bool(self.results) or any(
+                _readable(channel) for channel in self.channels if channel.outstanding)
         idle_at_cap = (not deliverable and in_flight >= self.max_in_flight
                        and any(c.live and c.outstanding == 0
                                for c in self.channels[:self._active]))
@@ -790,6 +795,10 @@ class ProcessWorkers:
         """The next result as ``(outcome, worker id, value)``, or None when
         nothing is in flight.  Raises TimeoutError after `timeout` seconds,
         RuntimeError when a worker died."""
+        if self.failure is not None:
+            raise RuntimeError(
+                "fastload: the DataLoader's worker processes cannot deliver the rest of this "
+                f"epoch after an earlier error: {self.failure}")
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             if self.in_order:
@@ -812,8 +821,14 @@ class ProcessWorkers:
             raise TimeoutError
         try:
             self._take(waiting, ready)
-        except RuntimeError:
+        except BaseException as error:
+            # Whatever failed (a dead worker, a mapping or an unpickling
+            # refused), a message may have been read whose task is still
+            # owned: waiting for its answer again would wait forever.  The
+            # workers are broken: next() raises, and a new epoch starts
+            # fresh ones.
             self.broken = True
+            self.failure = f"{type(error).__name__}: {error}"
             raise
         if self.page_locking is not None:
             self.page_locking.report()  # after _take: a warning turned error loses nothing
@@ -871,6 +886,14 @@ def _close_channels(channels, creator_pid, grace=_JOIN_SECONDS):
     for channel in channels:
         channel.close(deadline)
     channels.clear()
+
+
+def _readable(channel):
+    """Whether a result (or the worker's end) waits in `channel`'s pipe."""
+    try:
+        return channel.conn.poll()
+    except (OSError, ValueError):
+        return False
 
 
 def default_context():

@@ -176,12 +176,13 @@ def test_a_released_slot_goes_back_only_after_its_fence(fake_driver):  # noqa: F
 
         def checked_send(message):
             # Every slot handed back must be safe to overwrite: the small
-            # slots lie in one arena, whose registration's last fence covers
-            # every release before it.
+            # slots lie in one arena, and each released slot has its own
+            # fence in the arena's registration.
             if message is not None:
                 if message[2]:
                     (registration,) = channel.maps.values()
-                    assert registration.fence_done(), message[2]
+                    for slot_id in message[2]:
+                        assert registration.fence_done(slot_id), (slot_id, message[2])
                 returned.extend(message[2])
             real_send(message)
 
@@ -207,6 +208,37 @@ def test_a_released_slot_goes_back_only_after_its_fence(fake_driver):  # noqa: F
         assert not channel.fenced, channel.fenced  # handed back with the next requests
         assert counters()["register_calls"] == registered, (counters(), registered)  # reused
         assert returned
+    """, fake_driver["ok"])
+
+
+def test_each_released_slot_waits_on_its_own_fence_not_the_newest(fake_driver):  # noqa: F811
+    # Slots A and B lie in one arena (one registration).  A's copies are done
+    # when B is released with the GPU still busy: A goes back to its worker
+    # with the next request, without waiting for B's fence (one event per
+    # arena, recorded at each release, made every slot wait for the newest).
+    run_case("""
+        loader = fastload.DataLoader(Rows(), batch_size=4, num_workers=1, prefetch_factor=4,
+                                     pin_memory=True, worker_mode="process")
+        it = iter(loader)
+        (channel,) = channels(it)
+        a, b = next(it), next(it)
+        (registration,) = registrations(it)
+        del a
+        (slot_a,) = channel.freed
+        _fake.fake_cuda_hold_events(1)  # B's copies are still queued on the GPU
+        del b
+        slot_b = channel.freed[-1]
+        assert slot_a != slot_b and set(channel.fence_of) == {slot_a, slot_b}
+        assert channel.fence_of[slot_a] is channel.fence_of[slot_b] is registration
+        assert registration.fence_done(slot_a) and not registration.fence_done(slot_b)
+        syncs = counters()["event_syncs"]
+        assert channel._returnable() == [slot_a]
+        assert counters()["event_syncs"] == syncs  # nothing waited for
+        assert list(channel.fenced) == [slot_b]
+        _fake.fake_cuda_hold_events(0)  # the GPU caught up
+        assert channel._returnable() == [slot_b] and not channel.fence_of
+        for x, y in it:
+            check_batch(x, y)
     """, fake_driver["ok"])
 
 

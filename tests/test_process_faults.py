@@ -3,6 +3,7 @@ through a result, descriptors run out, torch's handle on the worker
 processes.  Every failure is a RuntimeError that names what happened."""
 
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -127,8 +128,12 @@ def test_descriptors_truncated_in_transit_are_detected():
                 return np.full(4, i, np.int64)
 
         resource.setrlimit(resource.RLIMIT_NOFILE, (200, 200))
-        it = iter(fastload.DataLoader(Rows(), batch_size=4, num_workers=1,
-                                      worker_mode="process", multiprocessing_context="fork"))
+        loader = fastload.DataLoader(Rows(), batch_size=4, num_workers=1,
+                                     worker_mode="process", multiprocessing_context="fork")
+        # What an epoch imports or opens lazily, done: the one call left to
+        # fail for want of a descriptor is the result's receipt.
+        assert len(list(loader)) == 2
+        it = iter(loader)
         filler = []
         try:
             while True:
@@ -179,6 +184,94 @@ def test_no_descriptor_to_start_a_worker_is_named():
     assert "limit is 200" in out and "ulimit -n" in out, out
 
 
+def test_one_text_for_descriptors_run_out_in_either_process():
+    # The worker's slot pool (C) and the parent (_process) raise the same
+    # text, formatted in one place.
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    limit = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
+    text = _C.too_many_files_message("to do X", "3 things are held")
+    assert text.startswith("fastload: too many open files: no file descriptor left to do X.  "
+                           f"This process's limit is {limit} descriptors (RLIMIT_NOFILE soft "
+                           "limit); 3 things are held.  Raise the limit (`ulimit -n`"), text
+    for words in ("release the batches", "set_sharing_strategy", "1048576 bytes share"):
+        assert words in text, (words, text)
+    error = _process._too_many_files("to map a batch", 7)
+    assert isinstance(error, RuntimeError)
+    assert str(error) == _C.too_many_files_message(
+        "to map a batch", "7 batch slots from the workers are held here (batches the loop "
+        "keeps alive, or in flight)")
+
+
+class _FailsOnce:
+    """Stands in for `real` (a callable) and raises `error` on its first call."""
+
+    def __init__(self, real, error):
+        self.real, self.error, self.calls = real, error, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls == 1:
+            raise self.error
+        return self.real(*args, **kwargs)
+
+
+def _fail_mapping_once(monkeypatch):
+    import errno as errno_module
+    import mmap as mmap_module
+
+    class Mmap:  # the module, as _process sees it: its mmap() fails once (ENOMEM)
+        mmap = _FailsOnce(mmap_module.mmap, OSError(errno_module.ENOMEM, "Cannot allocate memory"))
+
+    monkeypatch.setattr(_process, "mmap", Mmap)
+
+
+def _fail_unpickling_once(monkeypatch):
+    real = _process._SlotUnpickler.load
+    failing = _FailsOnce(real, pickle.UnpicklingError("a broken batch"))
+    monkeypatch.setattr(_process._SlotUnpickler, "load", lambda self: failing(self))
+
+
+FAILS_ONCE = {"mapping": (_fail_mapping_once, OSError, "Cannot allocate memory"),
+              "unpickling": (_fail_unpickling_once, pickle.UnpicklingError, "a broken batch")}
+
+
+@pytest.mark.parametrize("step", sorted(FAILS_ONCE))
+def test_a_batch_lost_after_its_message_was_read_raises_again_not_hangs(monkeypatch, step):
+    # The result's message was read, then mapping its memory or unpickling
+    # it failed: its task can never be answered.  The next next() says so
+    # at once (before: it waited forever, which the loader's timeout shows,
+    # or read a later batch over an arena never mapped: KeyError).
+    patch, kind, words = FAILS_ONCE[step]
+    patch(monkeypatch)
+    loader = fastload.DataLoader(Rows(), batch_size=4, num_workers=1, worker_mode="process",
+                                 multiprocessing_context="fork", timeout=30)
+    it = iter(loader)
+    with pytest.raises(kind, match=words):
+        next(it)
+    with pytest.raises(RuntimeError, match="cannot deliver the rest of this epoch after an "
+                                           "earlier error: .*" + words) as caught:
+        next(it)
+    assert "timed out" not in str(caught.value)
+    del it
+
+
+@pytest.mark.parametrize("step", sorted(FAILS_ONCE))
+def test_a_persistent_loader_starts_afresh_after_a_lost_batch(monkeypatch, step):
+    patch, kind, words = FAILS_ONCE[step]
+    patch(monkeypatch)
+    loader = fastload.DataLoader(Rows(), batch_size=4, num_workers=2, worker_mode="process",
+                                 multiprocessing_context="fork", persistent_workers=True,
+                                 timeout=30)
+    with pytest.raises(kind, match=words):
+        list(loader)
+    # The next epoch on fresh workers (before: it waited for the lost batch
+    # and timed out).
+    assert [int(b[0, 0]) for b in loader] == [0, 4, 8, 12]
+    assert [int(b[0, 0]) for b in loader] == [0, 4, 8, 12]
+
+
 def test_truncated_descriptor_message_is_refused():
     import socket
 
@@ -198,19 +291,33 @@ def test_truncated_descriptor_message_is_refused():
 
 
 def test_many_small_slots_share_one_descriptor():
-    pool = _C.SlotPool(max_free=0, memory="shared")
-    batches = [_C.collate([np.full(4, i, np.int64)], pool, None) for i in range(300)]
-    infos = [_C.shared_slot(b) for b in batches]
-    arenas = {info[1] for info in infos}
-    slots = {info[3] for info in infos}
-    assert len(slots) == 300 and len(arenas) == 1
-    # Regions do not overlap: every batch kept its own values.
-    assert [int(b[0, 0]) for b in batches] == list(range(300))
-    big = _C.collate([np.zeros(1 << 20, np.uint8), np.zeros(1 << 20, np.uint8)], pool, None)
-    assert _C.shared_slot(big)[1] not in arenas  # a large slot has its own memfd
-    arena = next(iter(arenas))
-    del batches, infos, big
-    assert arena in _C.take_freed_shared_slots()  # the arena went with its last slot
+    # In a child interpreter: the arenas and the list of freed ones are the
+    # process's, so a shared slot another test left alive here could host
+    # these slots or keep their arena.
+    out = _run("""
+        import numpy as np
+        from fastload import _C
+
+        assert _C.take_freed_shared_slots() == [] and _C.shared_slot(np.zeros(1)) is None
+        pool = _C.SlotPool(max_free=0, memory="shared")
+        batches = [_C.collate([np.full(4, i, np.int64)], pool, None) for i in range(300)]
+        infos = [_C.shared_slot(b) for b in batches]
+        arenas = {info[1] for info in infos}
+        slots = {info[3] for info in infos}
+        assert len(slots) == 300 and len(arenas) == 1, (len(slots), arenas)
+        # Regions do not overlap: every batch kept its own values.
+        assert [int(b[0, 0]) for b in batches] == list(range(300))
+        big = _C.collate([np.zeros(1 << 20, np.uint8), np.zeros(1 << 20, np.uint8)], pool, None)
+        big_arena = _C.shared_slot(big)[1]
+        assert big_arena not in arenas  # a large slot has its own memfd
+        del batches, infos
+        # The arena went with its last slot; the large one lives on.
+        assert _C.take_freed_shared_slots() == list(arenas)
+        del big
+        assert _C.take_freed_shared_slots() == [big_arena]
+        print("ok")
+    """)
+    assert out.split() == ["ok"], out
 
 
 class Sleepy(tud.Dataset):

@@ -379,3 +379,32 @@ def test_a_loader_iterated_inside_another_loaders_dataset_keeps_both_timers():
     assert stats.batches == 2
     # The outer stages are still the outer loader's after each inner epoch.
     assert stats.stages["dataset"]["calls"] == 2 and stats.stages["collate"]["calls"] == 2
+
+
+class Instant:
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return np.full(4, i, np.float32)
+
+
+@pytest.mark.parametrize("in_order", [True, False])
+def test_a_process_batch_waiting_in_its_pipe_is_ready_at_the_ask(in_order):
+    # The first batch is done and sits in its worker's pipe, not yet read:
+    # the loop's ask finds it ready (an empty ask would call for more
+    # workers or prefetch that cannot help).
+    if os.environ.get("FASTLOAD_SANITIZER_RUN"):
+        pytest.skip("forks worker processes (not under the sanitizer)")
+    loader = fastload.DataLoader(Instant(), batch_size=4, num_workers=1, worker_mode="process",
+                                 in_order=in_order, output="numpy")
+    it = iter(loader)
+    (channel,) = it._engine.channels
+    assert channel.conn.poll(120)  # the result has arrived (the bound only catches a hang)
+    assert not it._engine.results  # and is not read yet
+    assert it._engine.depth()[2]  # deliverable
+    assert np.asarray(next(it))[:, 0].tolist() == [0, 1, 2, 3]
+    consumer = loader.stats().as_dict()
+    assert consumer["asks"] == 1 and consumer["empty_asks"] == 0, consumer
+    del it
+

@@ -2,6 +2,7 @@
 #include "cuda_memory.h"
 
 #include <stdint.h>
+#include <stdlib.h>
 
 static _Thread_local fl_cu_result alloc_error;
 
@@ -151,50 +152,127 @@ fl_cu_result fl_cuda_host_register(const fl_cuda *cuda, fl_cuda_host_range *rang
     *range = (fl_cuda_host_range){.data = data, .bytes = bytes, .ordinal = ordinal};
     if (!cuda->mem_host_register)
         return FL_CU_ERROR_NOT_SUPPORTED;
+    if (pthread_mutex_init(&range->lock, NULL) != 0)
+        return FL_CU_ERROR_OUT_OF_MEMORY;
     fl_cu_result rc = fl_cuda_enter(cuda, ordinal);
+    if (rc == 0) {
+        rc = cuda->mem_host_register(data, bytes, FL_CU_MEMHOSTREGISTER_PORTABLE);
+        fl_cuda_leave(cuda);
+    }
     if (rc != 0)
-        return rc;
-    rc = cuda->mem_host_register(data, bytes, FL_CU_MEMHOSTREGISTER_PORTABLE);
-    fl_cuda_leave(cuda);
+        pthread_mutex_destroy(&range->lock);
+    else
+        range->lock_ready = 1;
     return rc;
+}
+
+/* The pending (or waited) fence of `key`, or NULL.  Holds range->lock. */
+static fl_cuda_host_event *fence_of(fl_cuda_host_range *range, uint64_t key)
+{
+    for (size_t i = 0; i < range->count; i++)
+        if (range->fences[i].state != FL_HOST_FENCE_FREE && range->fences[i].key == key)
+            return &range->fences[i];
+    return NULL;
+}
+
+/* A fence of the pool that is free, or pending but complete; grows the pool
+ * when every one is still pending.  NULL when out of memory.  Holds
+ * range->lock, in the range's context. */
+static fl_cuda_host_event *free_fence_of(const fl_cuda *cuda, fl_cuda_host_range *range)
+{
+    for (size_t i = 0; i < range->count; i++) {
+        fl_cuda_host_event *fence = &range->fences[i];
+        if (fence->state == FL_HOST_FENCE_FREE ||
+            (fence->state == FL_HOST_FENCE_PENDING && cuda->event_query(fence->event) == 0))
+            return fence;
+    }
+    if (range->count == range->capacity) {
+        size_t capacity = range->capacity ? 2 * range->capacity : 4;
+        fl_cuda_host_event *grown = realloc(range->fences, capacity * sizeof *grown);
+        if (!grown)
+            return NULL;
+        range->fences = grown;
+        range->capacity = capacity;
+    }
+    fl_cuda_host_event *fence = &range->fences[range->count++];
+    *fence = (fl_cuda_host_event){.state = FL_HOST_FENCE_FREE};
+    return fence;
 }
 
 /* The reasoning of pinned_fence_on_release holds here too: the legacy
  * default stream follows every copy queued on it and on blocking streams. */
-void fl_cuda_host_fence(const fl_cuda *cuda, fl_cuda_host_range *range)
+void fl_cuda_host_fence(const fl_cuda *cuda, fl_cuda_host_range *range, uint64_t key)
 {
     if (fl_cuda_enter(cuda, range->ordinal) != 0)
         return; /* no context, so nothing of ours can be queued in it */
-    fl_cu_result rc = 0;
-    if (!range->fence)
-        rc = cuda->event_create(&range->fence, FL_CU_EVENT_DISABLE_TIMING);
-    if (rc == 0)
-        rc = cuda->event_record(range->fence, FL_CU_STREAM_LEGACY);
+    fl_cu_result rc = FL_CU_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&range->lock);
+    fl_cuda_host_event *fence = fence_of(range, key);
+    if (fence && fence->state == FL_HOST_FENCE_WAITED)
+        fence = NULL; /* (a slot released twice: cannot be; wait below) */
+    else if (!fence)
+        fence = free_fence_of(cuda, range);
+    if (fence) {
+        rc = fence->event ? 0 : cuda->event_create(&fence->event, FL_CU_EVENT_DISABLE_TIMING);
+        if (rc == 0)
+            rc = cuda->event_record(fence->event, FL_CU_STREAM_LEGACY);
+        if (rc == 0) {
+            fence->key = key;
+            fence->state = FL_HOST_FENCE_PENDING;
+        } else {
+            fence->state = FL_HOST_FENCE_FREE;
+        }
+    }
+    pthread_mutex_unlock(&range->lock);
     if (rc != 0)
         cuda->stream_synchronize(FL_CU_STREAM_LEGACY); /* no fence: wait here */
     fl_cuda_leave(cuda);
 }
 
-fl_cu_result fl_cuda_host_fence_query(const fl_cuda *cuda, const fl_cuda_host_range *range)
+fl_cu_result fl_cuda_host_fence_query(const fl_cuda *cuda, fl_cuda_host_range *range,
+                                      uint64_t key)
 {
-    if (!range->fence)
-        return 0;
     fl_cu_result rc = fl_cuda_enter(cuda, range->ordinal);
     if (rc != 0)
         return rc;
-    rc = cuda->event_query(range->fence);
+    pthread_mutex_lock(&range->lock);
+    fl_cuda_host_event *fence = fence_of(range, key);
+    if (fence && fence->state == FL_HOST_FENCE_WAITED)
+        rc = FL_CU_ERROR_NOT_READY; /* another thread waits for it */
+    else if (fence) {
+        rc = cuda->event_query(fence->event);
+        if (rc == 0)
+            fence->state = FL_HOST_FENCE_FREE;
+    }
+    pthread_mutex_unlock(&range->lock);
     fl_cuda_leave(cuda);
     return rc;
 }
 
-fl_cu_result fl_cuda_host_fence_wait(const fl_cuda *cuda, const fl_cuda_host_range *range)
+fl_cu_result fl_cuda_host_fence_wait(const fl_cuda *cuda, fl_cuda_host_range *range,
+                                     uint64_t key)
 {
-    if (!range->fence)
-        return 0;
     fl_cu_result rc = fl_cuda_enter(cuda, range->ordinal);
     if (rc != 0)
         return rc;
-    rc = cuda->event_synchronize(range->fence);
+    /* Waited for outside the lock: the fence, marked WAITED, is neither
+     * reused nor destroyed meanwhile (the pool may move: keep its index). */
+    pthread_mutex_lock(&range->lock);
+    fl_cuda_host_event *fence = fence_of(range, key);
+    fl_cu_event event = NULL;
+    size_t index = 0;
+    if (fence && fence->state == FL_HOST_FENCE_PENDING) {
+        fence->state = FL_HOST_FENCE_WAITED;
+        event = fence->event;
+        index = (size_t)(fence - range->fences);
+    }
+    pthread_mutex_unlock(&range->lock);
+    if (event) {
+        rc = cuda->event_synchronize(event);
+        pthread_mutex_lock(&range->lock);
+        range->fences[index].state = FL_HOST_FENCE_FREE;
+        pthread_mutex_unlock(&range->lock);
+    }
     fl_cuda_leave(cuda);
     return rc;
 }
@@ -206,10 +284,22 @@ fl_cu_result fl_cuda_host_unregister(const fl_cuda *cuda, fl_cuda_host_range *ra
         return rc;
     /* A copy still queued from the range would read memory that is about
      * to be unmapped: let it finish first. */
-    if (range->fence) {
-        rc = cuda->event_synchronize(range->fence);
-        cuda->event_destroy(range->fence);
-        range->fence = NULL;
+    for (size_t i = 0; i < range->count; i++) {
+        fl_cuda_host_event *fence = &range->fences[i];
+        if (fence->state != FL_HOST_FENCE_FREE) {
+            fl_cu_result synced = cuda->event_synchronize(fence->event);
+            if (rc == 0)
+                rc = synced;
+        }
+        if (fence->event)
+            cuda->event_destroy(fence->event);
+    }
+    free(range->fences);
+    range->fences = NULL;
+    range->count = range->capacity = 0;
+    if (range->lock_ready) {
+        pthread_mutex_destroy(&range->lock);
+        range->lock_ready = 0;
     }
     fl_cu_result unregistered = cuda->mem_host_unregister(range->data);
     fl_cuda_leave(cuda);

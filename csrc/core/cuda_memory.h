@@ -19,6 +19,9 @@
 #ifndef FL_CUDA_MEMORY_H
 #define FL_CUDA_MEMORY_H
 
+#include <pthread.h>
+#include <stdint.h>
+
 #include "cuda.h"
 #include "slots.h"
 
@@ -54,15 +57,30 @@ fl_cu_result fl_cuda_after_fence(const fl_cuda *cuda, const fl_slot *slot, fl_cu
 
 /* Host memory page-locked where it lies (cuMemHostRegister, portable), for
  * memory fastload maps but did not allocate: the parent's mapping of a
- * process worker's shared slot.  It is registered once and reused batch
- * after batch, like a pinned slot, and carries the same release fence: an
- * event on the legacy default stream, recorded when the batch over it is
- * released and completed before the memory is written again. */
+ * process worker's shared arena.  It is registered once and reused batch
+ * after batch, like a pinned slot.  Many slots (regions) of one arena share
+ * the registration, and each released one needs its own release fence: an
+ * event on the legacy default stream, recorded when the batch over that slot
+ * is released, completed before that slot is written again.  One event per
+ * range would make every slot wait for the newest release, so the range
+ * keeps a small pool of events keyed by slot id, each reused once complete
+ * (the pool grows to the slots whose fences are pending at once). */
+enum { FL_HOST_FENCE_FREE, FL_HOST_FENCE_PENDING, FL_HOST_FENCE_WAITED };
+
+typedef struct fl_cuda_host_event {
+    uint64_t key;       /* the slot whose release it fences, while pending */
+    fl_cu_event event;  /* owned; created on first use */
+    int state;          /* FL_HOST_FENCE_FREE, _PENDING or _WAITED (being synchronized) */
+} fl_cuda_host_event;
+
 typedef struct fl_cuda_host_range {
     void *data;        /* page-aligned start of the registered range */
     size_t bytes;
     int ordinal;       /* the device whose primary context registered it */
-    fl_cu_event fence; /* owned; NULL until the first release */
+    pthread_mutex_t lock;        /* guards fences, count, capacity */
+    int lock_ready;              /* lock was initialized (registered) */
+    fl_cuda_host_event *fences;  /* owned (malloc); count used of capacity */
+    size_t count, capacity;
 } fl_cuda_host_range;
 
 /* Registers [data, data + bytes) in device `ordinal`'s primary context and
@@ -71,20 +89,26 @@ typedef struct fl_cuda_host_range {
 fl_cu_result fl_cuda_host_register(const fl_cuda *cuda, fl_cuda_host_range *range, void *data,
                                    size_t bytes, int ordinal);
 
-/* Records the range's fence on the legacy default stream (creating its event
- * on first use); when that fails, waits for that stream here instead, so the
- * range is safe to reuse either way.  Call as the last reader lets go. */
-void fl_cuda_host_fence(const fl_cuda *cuda, fl_cuda_host_range *range);
+/* Records the fence of the slot `key` (the last array over it is gone) on
+ * the legacy default stream, with an event of the range's pool that is free
+ * or complete; when no event can be had or recorded, waits for that stream
+ * here instead, so the slot is safe to reuse either way.  Thread-safe. */
+void fl_cuda_host_fence(const fl_cuda *cuda, fl_cuda_host_range *range, uint64_t key);
 
-/* 0 when the fence has completed (or was never recorded),
- * FL_CU_ERROR_NOT_READY while it is pending, else the driver's error. */
-fl_cu_result fl_cuda_host_fence_query(const fl_cuda *cuda, const fl_cuda_host_range *range);
+/* 0 when the fence of slot `key` has completed (or none is pending),
+ * FL_CU_ERROR_NOT_READY while it is pending, else the driver's error.
+ * A completed fence's event goes back to the pool.  Thread-safe. */
+fl_cu_result fl_cuda_host_fence_query(const fl_cuda *cuda, fl_cuda_host_range *range,
+                                      uint64_t key);
 
-/* Blocks until the fence has completed (0, or the driver's error). */
-fl_cu_result fl_cuda_host_fence_wait(const fl_cuda *cuda, const fl_cuda_host_range *range);
+/* Blocks until the fence of slot `key` has completed (0, or the driver's
+ * error); its event goes back to the pool.  Thread-safe. */
+fl_cu_result fl_cuda_host_fence_wait(const fl_cuda *cuda, fl_cuda_host_range *range,
+                                     uint64_t key);
 
-/* Waits for the fence and destroys it, then unregisters the range, which
- * must still be mapped.  Returns 0 or the first error; call once. */
+/* Waits for every pending fence and destroys the events, then unregisters
+ * the range, which must still be mapped.  Returns 0 or the first error; call
+ * once, when no other thread can use the range. */
 fl_cu_result fl_cuda_host_unregister(const fl_cuda *cuda, fl_cuda_host_range *range);
 
 #endif /* FL_CUDA_MEMORY_H */

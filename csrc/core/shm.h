@@ -12,7 +12,9 @@
  *
  *  - a small slot (capacity up to FL_SHM_SMALL_BYTES) is carved, at page
  *    granularity, from a shared arena of FL_SHM_ARENA_BYTES (sparse: only
- *    pages a region has used hold memory), so thousands of small held
+ *    pages a region has used hold memory, unless a process page-locks the
+ *    mapping: the parent's pin_memory registration faults in and locks the
+ *    whole arena, FL_SHM_ARENA_BYTES per arena), so thousands of small held
  *    batches cost one descriptor;
  *  - a larger slot is an arena of its own.
  *
@@ -33,7 +35,8 @@
 
 /* Slots up to this capacity share arenas; larger ones get their own. */
 #define FL_SHM_SMALL_BYTES ((size_t)1 << 20)
-/* The size of a shared arena (virtual: its pages are allocated on use). */
+/* The size of a shared arena (virtual: its pages are allocated on use, or
+ * all at once where a process page-locks its mapping). */
 #define FL_SHM_ARENA_BYTES ((size_t)32 << 20)
 
 typedef struct fl_shm_info {
