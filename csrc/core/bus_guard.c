@@ -204,7 +204,7 @@ void fl_bus_fault_msg(char *msg, size_t msg_size, const char *path, int fd, int6
     char found[1024];
     int64_t mapped_to = -1;
     int rounded = 0; /* `opened` is the mapping's reach, page-rounded */
-    if (!path && fl_mapped_file(address, found, sizeof found, &mapped_to)) {
+    if (!path && address && fl_mapped_file(address, found, sizeof found, &mapped_to)) {
         path = found;
         opened = mapped_to;
         rounded = 1;
