@@ -235,6 +235,15 @@ PyObject *fl__copy_mapped(PyObject *module, PyObject *const *args, Py_ssize_t na
     "that was cut short raises OSError (EIO) naming the file and `what` (a str\n"          \
     "saying what was read), where NumPy would end the process with SIGBUS."
 
+/* gather.c: file_changed(), the OSError for a mapped file found cut short */
+PyObject *fl__file_changed(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+#define FL__FILE_CHANGED_DOC                                                                \
+    "file_changed(file, what, /)\n--\n\n"                                                \
+    "The OSError (EIO) for a mapped file that changed under the loader while\n"           \
+    "reading `what` (a str): `file` is (path, size when opened[, descriptor])\n"          \
+    "or None, as RowSource takes it; the message is the one a guarded gather\n"         \
+    "gives (csrc/core/bus_guard.h: fl_bus_fault_msg)."
+
 /* image_source.c: ImageSource, the native source of the image datasets;
  * image_plan.c: reading a fastload.transforms.Plan */
 extern PyType_Spec fl__ImageSource_spec;

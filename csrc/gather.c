@@ -7,8 +7,11 @@
  * stays valid for every batch.  The arrays are validated by the Python
  * classes (fastload/arrays.py): C-contiguous rows of a native-order plain
  * dtype.  A source's `file` is None for memory that is no file mapping, else
- * (path, the file's size in bytes when it was opened): the path names it in
- * errors, and the size tells a truncated file from a failing one.
+ * (path, the file's size in bytes when it was opened[, a descriptor of
+ * it]): the path names it in errors, and the size tells a truncated file
+ * from a failing one, against its size now, read from the descriptor where
+ * one is given (the caller keeps it open while the source lives: the file
+ * mapped, whatever lies at the path now), else from the path.
  */
 #include "fastload.h"
 
@@ -19,7 +22,8 @@
 
 #include <errno.h>
 #include <string.h>
-#include <sys/stat.h>
+#include <limits.h>
+#include <stdio.h>
 
 #define MAX_ARRAYS FL__MAX_BATCH_ARRAYS
 
@@ -27,72 +31,83 @@
 
 static int check_file(PyObject *file)
 {
+    Py_ssize_t n = PyTuple_Check(file) ? PyTuple_GET_SIZE(file) : 0;
     if (file == Py_None ||
-        (PyTuple_Check(file) && PyTuple_GET_SIZE(file) == 2 &&
-         PyUnicode_Check(PyTuple_GET_ITEM(file, 0)) && PyLong_Check(PyTuple_GET_ITEM(file, 1))))
+        ((n == 2 || n == 3) && PyUnicode_Check(PyTuple_GET_ITEM(file, 0)) &&
+         PyLong_Check(PyTuple_GET_ITEM(file, 1)) &&
+         (n == 2 || PyLong_Check(PyTuple_GET_ITEM(file, 2)))))
         return 0;
-    PyErr_SetString(PyExc_TypeError, "a file must be None or (path, size)");
+    PyErr_SetString(PyExc_TypeError, "a file must be None, (path, size) or (path, size, fd)");
     return -1;
 }
 
-/* The file's size now, or -1 when it cannot be told. */
-static long long size_now(PyObject *path)
+/* An int of a file tuple, -1 when it does not fit. */
+static long long file_number(PyObject *file, Py_ssize_t i)
 {
-    PyObject *encoded = NULL;
-    if (!PyUnicode_FSConverter(path, &encoded)) {
-        PyErr_Clear();
+    if (PyTuple_GET_SIZE(file) <= i)
         return -1;
-    }
-    const char *name = PyBytes_AS_STRING(encoded); /* valid while `encoded` is held */
-    struct stat st;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = stat(name, &st);
-    Py_END_ALLOW_THREADS
-    Py_DECREF(encoded);
-    return rc == 0 ? (long long)st.st_size : -1;
+    long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(file, i));
+    if (v == -1 && PyErr_Occurred())
+        PyErr_Clear();
+    return v;
 }
 
-/* The OSError (EIO) for a gather stopped by a bus error while reading
- * sample `index` (-1: not known) of a source whose `file` passed
- * check_file(); NULL with an exception set when it cannot be built. */
-static PyObject *source_changed(PyObject *file, long long index)
+/* The OSError (EIO) for a bus error while reading `what` of `file` (as
+ * check_file() takes it), with fl_bus_fault_msg's message: the size now is
+ * the fstat of the file's descriptor where the tuple gives one (the very
+ * file mapped), else the stat of its path.  NULL with an exception set when
+ * it cannot be built. */
+static PyObject *file_changed_error(PyObject *file, const char *what)
 {
-    PyObject *sample = index >= 0 ? PyUnicode_FromFormat("sample index %lld", index)
-                                  : PyUnicode_FromString("sample index not known");
-    if (!sample)
-        return NULL;
-    PyObject *msg;
+    char msg[FL__MSG_SIZE * 2];
     if (file == Py_None) {
-        msg = PyUnicode_FromFormat("memory changed under the loader: a bus error reading %U "
-                                   "(the array is a file mapping whose file was truncated, or "
-                                   "could not be read)",
-                                   sample);
+        fl_bus_fault_msg(msg, sizeof msg, NULL, -1, -1, NULL, what);
     } else {
-        PyObject *path = PyTuple_GET_ITEM(file, 0);
-        long long opened = PyLong_AsLongLong(PyTuple_GET_ITEM(file, 1));
-        if (opened == -1 && PyErr_Occurred())
-            PyErr_Clear();
-        long long now = size_now(path);
-        if (now >= 0 && now < opened)
-            msg = PyUnicode_FromFormat("file changed under the loader: %R is shorter than when "
-                                       "it was opened (%U; %lld bytes then, %lld now)",
-                                       path, sample, opened, now);
-        else
-            msg = PyUnicode_FromFormat("file changed under the loader: %R could not be read "
-                                       "(%U; a bus error: the file was truncated or rewritten "
-                                       "while in use, or its storage failed)",
-                                       path, sample);
+        PyObject *encoded = NULL;
+        if (!PyUnicode_FSConverter(PyTuple_GET_ITEM(file, 0), &encoded))
+            return NULL;
+        const char *path = PyBytes_AS_STRING(encoded); /* valid while `encoded` is held */
+        long long opened = file_number(file, 1);
+        long long fd = file_number(file, 2);
+        Py_BEGIN_ALLOW_THREADS
+        fl_bus_fault_msg(msg, sizeof msg, path, fd >= 0 && fd <= INT_MAX ? (int)fd : -1,
+                         (int64_t)opened, NULL, what);
+        Py_END_ALLOW_THREADS
+        Py_DECREF(encoded);
     }
-    Py_DECREF(sample);
-    if (!msg)
+    PyObject *text = PyUnicode_DecodeFSDefault(msg);
+    if (!text)
         return NULL;
-    PyObject *args = Py_BuildValue("(iN)", EIO, msg);
+    PyObject *args = Py_BuildValue("(iN)", EIO, text);
     if (!args)
         return NULL;
     PyObject *exc = PyObject_Call(PyExc_OSError, args, NULL);
     Py_DECREF(args);
     return exc;
+}
+
+/* The OSError for a gather stopped by a bus error while reading sample
+ * `index` (-1: not known) of a source whose `file` passed check_file(). */
+static PyObject *source_changed(PyObject *file, long long index)
+{
+    char what[48] = "sample index not known";
+    if (index >= 0)
+        snprintf(what, sizeof what, "sample index %lld", index);
+    return file_changed_error(file, what);
+}
+
+PyObject *fl__file_changed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2 || check_file(args[0]) < 0 || !PyUnicode_Check(args[1])) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "file_changed(file, what): what must be a str");
+        return NULL;
+    }
+    const char *what = PyUnicode_AsUTF8(args[1]);
+    if (!what)
+        return NULL;
+    return file_changed_error(args[0], what);
 }
 
 /* ------------------------------------------------------------ RowSource */
@@ -106,7 +121,7 @@ typedef struct RowSourceObject {
     fl__native_source head;
     row_table core;
     PyObject *arrays; /* tuple of the arrays read by core */
-    PyObject *files;  /* tuple: None or (path, size) each */
+    PyObject *files;  /* tuple: None, (path, size) or (path, size, fd) each */
 } RowSourceObject;
 
 static int rows_plan(PyObject *source, fl__native_job *job)

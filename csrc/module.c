@@ -140,6 +140,8 @@ static PyMethodDef module_methods[] = {
     {"tar_index", (PyCFunction)(void (*)(void))fl__tar_index, METH_FASTCALL, FL__TAR_INDEX_DOC},
     {"copy_mapped", (PyCFunction)(void (*)(void))fl__copy_mapped, METH_FASTCALL,
      FL__COPY_MAPPED_DOC},
+    {"file_changed", (PyCFunction)(void (*)(void))fl__file_changed, METH_FASTCALL,
+     FL__FILE_CHANGED_DOC},
     {"sample_cache_key", (PyCFunction)(void (*)(void))fl__sample_cache_key, METH_FASTCALL,
      FL__SAMPLE_CACHE_KEY_DOC},
     {"build_info", (PyCFunction)fl__build_info, METH_NOARGS,

@@ -253,3 +253,24 @@ def test_token_stride_at_the_int64_limit():
     ds = fastload.TokenDataset(np.arange(100, dtype=np.uint16), 4, stride=2**63 - 1)
     assert len(ds) == 1
     np.testing.assert_array_equal(ds[0][0], [0, 1, 2, 3])
+
+
+def test_the_bus_handlers_thread_locals_need_no_allocation(tmp_path):
+    """The SIGBUS handler reads the guard's thread-locals on whatever thread
+    faulted.  In a dlopen'd module the default TLS model reaches them
+    through __tls_get_addr, whose first call on a thread may allocate: in a
+    signal handler.  They are initial-exec, so bus_guard.c, compiled as the
+    extension is (-fPIC), calls no __tls_get_addr."""
+    import pathlib
+    import shutil
+
+    cc, nm = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc"), shutil.which("nm")
+    if cc is None or nm is None:
+        pytest.skip("needs a C compiler and nm")
+    root = pathlib.Path(__file__).resolve().parent.parent
+    obj = tmp_path / "bus_guard.o"
+    subprocess.run([cc, "-std=c11", "-O2", "-fPIC", "-Icsrc", "-c", "csrc/core/bus_guard.c",
+                    "-o", str(obj)], cwd=root, check=True)
+    undefined = subprocess.run([nm, "-u", str(obj)], capture_output=True, text=True,
+                               check=True).stdout.split()
+    assert "__tls_get_addr" not in undefined, undefined

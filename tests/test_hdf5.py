@@ -204,9 +204,33 @@ def test_byte_swapped_file_truncated_raises(tmp_path):
         f["x"] = np.arange(4096 * 256, dtype=">f4").reshape(4096, 256)
     ds = fastload.HDF5Dataset(path, "x")
     assert ds[[1]][0][0, 0] == 256
+    size = os.path.getsize(path)
     os.truncate(path, PAGE)
     with pytest.raises(OSError, match=re.escape(f"{str(path)!r} is shorter than when it was "
-                                                "opened (dataset 'x')")):
+                                                f"opened (dataset 'x'; {size} bytes then, "
+                                                f"{PAGE} now)")):
+        ds[[4000]]
+
+
+def test_a_cut_file_is_measured_through_its_descriptor_not_its_path(tmp_path):
+    """The mapped file cut short after another file was put at its path: the
+    message gives the size now of the file mapped (read through the
+    dataset's kept descriptor), not of whatever lies at the path."""
+    path = tmp_path / "x.h5"
+    with h5py.File(path, "w") as f:
+        f["x"] = np.arange(4096 * 256, dtype="=f4").reshape(4096, 256)
+    ds = fastload.HDF5Dataset(path, "x")
+    assert ds.mapped_keys == ("x",)
+    size = os.path.getsize(path)
+    with open(path, "r+b") as original:
+        bigger = tmp_path / "new.h5"
+        with open(bigger, "wb") as f:
+            f.truncate(2 * size)
+        os.replace(bigger, path)
+        original.truncate(PAGE)
+    with pytest.raises(OSError, match=re.escape(
+            f"file changed under the loader: {str(path)!r} is shorter than when it was opened "
+            f"(sample index 4000; {size} bytes then, {PAGE} now)")):
         ds[[4000]]
 
 

@@ -6,9 +6,9 @@
  * read.  The jump leaves only the guarded function, which by contract holds
  * nothing.
  *
- * The handler looks at its thread-locals only while some thread is guarded:
- * the first use of a dlopen'd module's thread-local in a thread may
- * allocate, which a handler for a fault in unrelated code should not do.
+ * The handler looks at its thread-locals only while some thread is guarded,
+ * and they are initial-exec (see below), so that reading them never
+ * allocates.
  */
 #define _GNU_SOURCE
 #include "bus_guard.h"
@@ -30,8 +30,20 @@ static pthread_once_t bus_handler_once = PTHREAD_ONCE_INIT;
 static int bus_handler_installed;             /* written once, under bus_handler_once */
 static struct sigaction previous_bus_action;  /* likewise; read by the handler */
 static atomic_int guarded_threads;            /* guarded regions entered, all threads */
-static _Thread_local sigjmp_buf *bus_guard;   /* this thread's innermost return point */
-static _Thread_local const void *bus_address; /* where this thread's guarded fault hit */
+/* The handler reads these thread-locals, possibly on a thread that never
+ * armed a guard.  With the default (global-dynamic) model in a dlopen'd
+ * module, a thread's first access goes through __tls_get_addr, which may
+ * allocate that thread's block for the module: malloc in a signal handler.
+ * initial-exec puts them in the static TLS block instead, reached by a
+ * fixed offset from the thread pointer, with nothing allocated on access.
+ * For a module loaded by dlopen, glibc places initial-exec variables in the
+ * static TLS surplus it reserves for this (glibc.rtld.optional_static_tls,
+ * 512 bytes by default), which these two pointers (16 bytes) fit; were the
+ * surplus ever spent, dlopen itself would fail ("cannot allocate memory in
+ * static TLS block"), never a read here. */
+#define FL_TLS _Thread_local __attribute__((tls_model("initial-exec")))
+static FL_TLS sigjmp_buf *bus_guard;   /* this thread's innermost return point */
+static FL_TLS const void *bus_address; /* where this thread's guarded fault hit */
 
 static void pass_on_bus_error(int sig, siginfo_t *info, void *context)
 {
@@ -204,7 +216,7 @@ void fl_bus_fault_msg(char *msg, size_t msg_size, const char *path, int fd, int6
     char found[1024];
     int64_t mapped_to = -1;
     int rounded = 0; /* `opened` is the mapping's reach, page-rounded */
-    if (!path && fl_mapped_file(address, found, sizeof found, &mapped_to)) {
+    if (!path && address && fl_mapped_file(address, found, sizeof found, &mapped_to)) {
         path = found;
         opened = mapped_to;
         rounded = 1;

@@ -47,9 +47,12 @@ int fl_guarded_copy(void *dst, const void *src, size_t n, const void **fault_add
 int fl_mapped_file(const void *address, char *path, size_t path_size, int64_t *mapped_to);
 
 /* The message for a bus error at `address` while reading `what` (e.g.
- * "sample index 7"): the file is `path` (NULL: the file mapped at
- * `address`, if any), whose size was `opened` bytes when opened (-1: not
- * known); its size now is read from `fd` (-1: by its path).  One of
+ * "sample index 7", "dataset 'x'"): the file is `path` (NULL: the file
+ * mapped at `address`, if any; with `address` NULL too, none), whose size
+ * was `opened` bytes when opened (-1: not known); its size now is read
+ * from `fd`, a descriptor of the mapped file itself (-1: by its path,
+ * which may name another file by now).  Every "changed under the loader"
+ * message, C's and Python's, is written here.  One of
  *   file changed under the loader: '<file>' is shorter than when it was
  *     opened (<what>; N bytes then, M now)
  *   file changed under the loader: '<file>' could not be read (<what>; a

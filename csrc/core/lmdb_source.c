@@ -70,15 +70,13 @@ int fl_lmdb_open(fl_lmdb_source *src, const char *path, const char *db, char *ms
         return rc == MDB_NOTFOUND ? FL_ERR_IO : FL_ERR_DECODE;
     }
     /* What a read that faults needs: the data file's name, descriptor and
-     * size now, and where liblmdb maps it. */
-    MDB_envinfo info;
+     * size now, and its page size (the two meta pages lead the file). */
     MDB_stat env_stat;
     struct stat data_st;
     int fd = -1;
     size_t len = strlen(path);
     char *data_path = malloc(len + sizeof "/data.mdb");
-    if (!data_path || mdb_env_info(env, &info) != MDB_SUCCESS ||
-        mdb_env_stat(env, &env_stat) != MDB_SUCCESS || mdb_env_get_fd(env, &fd) != MDB_SUCCESS ||
+    if (!data_path || mdb_env_stat(env, &env_stat) != MDB_SUCCESS || mdb_env_get_fd(env, &fd) != MDB_SUCCESS ||
         fstat(fd, &data_st) != 0) {
         int status = data_path ? FL_ERR_IO : FL_ERR_NOMEM;
         fl_set_msg(msg, msg_size, "cannot open LMDB %s: %s", path,
@@ -96,7 +94,6 @@ int fl_lmdb_open(fl_lmdb_source *src, const char *path, const char *db, char *ms
     src->data_path = data_path;
     src->data_fd = fd;
     src->data_size = (int64_t)data_st.st_size;
-    src->map = info.me_mapaddr;
     src->page_size = env_stat.ms_psize;
     return FL_OK;
 }
@@ -141,11 +138,20 @@ static void describe_key(MDB_val key, char *out, size_t out_size)
 
 /* ---------------------------------------------------------- guarded reads
  *
- * A lookup runs under the bus-error guard: it begins the read transaction
- * and looks values up (copying raw records into their rows), recording how
- * far it got, so that after a fault the caller knows the transaction to
- * abort and the sample being read.  Messages are written after, outside the
- * guard. */
+ * A lookup's read transaction is begun outside the guard: mdb_txn_begin
+ * allocates the transaction and takes the reader-table mutex in lock.mdb to
+ * register a reader slot, none of which a jump out of it could undo.  What
+ * it reads of the data file is the two meta pages at its start: the file's
+ * size is looked at first (fstat of liblmdb's descriptor, the file mapped),
+ * so a file cut below them is reported instead of read.  (liblmdb does not
+ * tell where it maps the file, so the pages cannot be touched under the
+ * guard instead: MDB_envinfo's me_mapaddr is the fixed address asked for
+ * with MDB_FIXEDMAP, NULL otherwise.)  Only the reads of the map run under
+ * the guard (mdb_stat, the mdb_get lookups, copying raw records into their
+ * rows: in a read-only transaction they allocate nothing and take no
+ * lock), recording how far they got, so that after a fault the caller
+ * knows the sample being read; the transaction is then aborted, and the
+ * message written, outside the guard. */
 
 typedef struct lookup {
     const fl_lmdb_source *src;
@@ -160,27 +166,20 @@ typedef struct lookup {
     MDB_val value;           /* the last value looked up */
 } lookup;
 
-/* Reads a byte of each meta page, so a data file cut below them faults
- * here, before mdb_txn_begin allocates anything. */
-static void touch_meta_pages(const fl_lmdb_source *src)
+/* 0 when the data file is cut below its two meta pages, which
+ * mdb_txn_begin reads from the map. */
+static int meta_pages_there(const fl_lmdb_source *src)
 {
-    const volatile unsigned char *map = src->map;
-    if (map) {
-        (void)map[0];
-        (void)map[src->page_size];
-    }
+    struct stat st;
+    if (fstat(src->data_fd, &st) != 0)
+        return 1; /* not known: let liblmdb tell */
+    return (uint64_t)st.st_size >= 2 * (uint64_t)src->page_size;
 }
 
 static void run_lookup(void *arg)
 {
     lookup *l = arg;
     const fl_lmdb_source *src = l->src;
-    touch_meta_pages(src);
-    l->rc = mdb_txn_begin(src->env, NULL, MDB_RDONLY, &l->txn);
-    if (l->rc != MDB_SUCCESS) {
-        l->txn = NULL;
-        return;
-    }
     if (l->stat) {
         l->rc = mdb_stat(l->txn, src->dbi, &l->st);
         return;
@@ -197,23 +196,39 @@ static void run_lookup(void *arg)
     }
 }
 
-/* Runs the lookup; on a bus error aborts its transaction and writes the
- * message for sample `index` (-1: none).  Returns FL_OK or FL_ERR_CHANGED. */
-static int guarded_lookup(lookup *l, char *msg, size_t msg_size)
+/* The message for a bus error at `fault` (NULL: the file was found cut
+ * short before reading) while reading what `l` got to. */
+static void lookup_fault_msg(const lookup *l, const void *fault, char *msg, size_t msg_size)
 {
-    const void *fault = NULL;
-    l->txn = NULL;
-    l->done = 0;
-    if (fl_guarded(run_lookup, l, &fault) == FL_OK)
-        return FL_OK;
-    if (l->txn)
-        mdb_txn_abort(l->txn);
-    l->txn = NULL;
     char what[64] = "the database's header";
     if (l->n && l->done < l->n)
         snprintf(what, sizeof what, "sample index %" PRId64, l->idx[l->done]);
     const fl_lmdb_source *src = l->src;
     fl_bus_fault_msg(msg, msg_size, src->data_path, src->data_fd, src->data_size, fault, what);
+}
+
+/* Begins the lookup's transaction and runs it; on a bus error aborts the
+ * transaction and writes the message.  Returns FL_OK (l->txn NULL when the
+ * transaction could not begin, with l->rc) or FL_ERR_CHANGED. */
+static int guarded_lookup(lookup *l, char *msg, size_t msg_size)
+{
+    const void *fault = NULL;
+    l->txn = NULL;
+    l->done = 0;
+    if (!meta_pages_there(l->src)) {
+        lookup_fault_msg(l, NULL, msg, msg_size);
+        return FL_ERR_CHANGED;
+    }
+    l->rc = mdb_txn_begin(l->src->env, NULL, MDB_RDONLY, &l->txn);
+    if (l->rc != MDB_SUCCESS) {
+        l->txn = NULL;
+        return FL_OK;
+    }
+    if (fl_guarded(run_lookup, l, &fault) == FL_OK)
+        return FL_OK;
+    mdb_txn_abort(l->txn); /* frees its reader slot */
+    l->txn = NULL;
+    lookup_fault_msg(l, fault, msg, msg_size);
     return FL_ERR_CHANGED;
 }
 

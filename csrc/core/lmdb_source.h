@@ -16,16 +16,20 @@
  * readers correct while another process writes the database.
  *
  * liblmdb reads the B-tree pages straight from its mapping, inside
- * mdb_txn_begin and mdb_get, so a data file cut short under a reader would
- * raise SIGBUS there.  Each read (beginning its transaction, every lookup,
- * and the copy) runs under the bus-error guard (bus_guard.h); after a fault
- * the transaction is aborted outside the guard, so the environment stays
- * usable (nothing of liblmdb's is per thread: MDB_NOTLS), and the call
- * returns FL_ERR_CHANGED naming the data file.  liblmdb holds no lock while
- * it reads the map (its reader-table mutex guards only the lock file); a
- * fault inside mdb_txn_begin, which the guard's touch of the meta pages
- * first makes unlikely (the file would have to be cut between the two),
- * leaks that transaction's allocation and reader slot.
+ * mdb_txn_begin (the two meta pages) and mdb_get, so a data file cut short
+ * under a reader would raise SIGBUS there.  Each read checks that the data
+ * file still holds the meta pages (fstat of liblmdb's descriptor), then
+ * begins its transaction outside the bus-error guard (bus_guard.h):
+ * mdb_txn_begin allocates, and takes the reader-table mutex to register a
+ * reader slot, nothing a guarded function may do.  It then runs its lookups and the copy under the guard; after a
+ * fault the transaction is aborted outside the guard, which frees its
+ * reader slot, so the environment stays usable (nothing of liblmdb's is
+ * per thread: MDB_NOTLS) and no slot is left pinned to an old snapshot
+ * however many faults the process sees; the call returns FL_ERR_CHANGED
+ * naming the data file.  The one unguarded read left: a file cut below
+ * its meta pages between that check and mdb_txn_begin's read of them a few
+ * microseconds later ends the process with SIGBUS, as it would without
+ * fastload; a cut anywhere else, or at any other time, is reported.
  */
 #ifndef FL_LMDB_SOURCE_H
 #define FL_LMDB_SOURCE_H
@@ -46,8 +50,7 @@ typedef struct fl_lmdb_source {
     char *data_path;         /* owned (malloc); names it in messages */
     int data_fd;             /* liblmdb's descriptor of it (not ours to close) */
     int64_t data_size;       /* its size when opened */
-    const unsigned char *map; /* liblmdb's mapping of it: the two meta pages first */
-    size_t page_size;        /* the database's page size */
+    size_t page_size;        /* the database's page size (two meta pages lead the file) */
 } fl_lmdb_source;
 
 /* Opens `path` (a database directory, or the data file itself) read-only,

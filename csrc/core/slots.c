@@ -206,6 +206,9 @@ int fl_slot_acquire(fl_slot_pool *pool, size_t bytes, fl_slot **out)
 
     if (!best) {
         best = calloc(1, sizeof *best);
+        /* errno cleared: an allocator that does not set it (a CUDA one)
+         * must not be reported with a stale EMFILE from earlier. */
+        errno = 0;
         void *data = best ? pool->allocator.alloc(want, pool->allocator.ctx) : NULL;
         if (!data) {
             /* An allocator that needs a descriptor (shm.c) says so in errno. */

@@ -70,7 +70,7 @@ class HDF5Dataset(RowsDataset):
     other datasets naming the same path read instead of the file.
     """
 
-    _sources = ("_source", "_arrays", "_open", "_swapped")
+    _sources = ("_source", "_arrays", "_open", "_swapped", "_mapped_file")
     _file = None  # the _KeptFile every key reads
 
     def __init__(self, path, keys=("images", "labels"), chunk_cache_bytes=_DEFAULT_CACHE_BYTES,
@@ -102,6 +102,7 @@ class HDF5Dataset(RowsDataset):
             # since: no sources; every read raises the error, naming the file.
             self._arrays, self._gathered, self._native = (None,) * len(self._layouts), (), False
             self._source, self._open = None, [None, threading.Lock()]
+            self._swapped, self._mapped_file = {}, None
             return
         self._make_sources()
 
@@ -122,14 +123,16 @@ class HDF5Dataset(RowsDataset):
                                if layout.storage == "mapped")
         self._native = len(self._gathered) == len(self._layouts)
         self._source = None
-        size = self._file.size()
+        # The file as the C sources name it in errors: its size now is read
+        # from the kept descriptor (the file mapped), not from the path.
+        self._mapped_file = (self.path, self._file.size(), self._file.fd)
         if self._gathered:
             self._source = _C.RowSource(tuple(arrays[p] for p in self._gathered),
-                                        tuple((self.path, size) for _ in self._gathered))
+                                        tuple(self._mapped_file for _ in self._gathered))
         # Byte-swapped rows are gathered by the same guarded C copy (as raw
         # bytes, in the file's order), then swapped by NumPy: NumPy reading
         # the mapping itself would die of SIGBUS on a file cut short.
-        self._swapped = {p: _C.RowSource((arrays[p],), ((self.path, size),))
+        self._swapped = {p: _C.RowSource((arrays[p],), (self._mapped_file,))
                          for p, layout in enumerate(self._layouts)
                          if layout.storage == "swapped"}
         # (process id, h5py.File, {key: h5py.Dataset}), opened on the first
@@ -180,8 +183,7 @@ class HDF5Dataset(RowsDataset):
             # read; one cut during it, by the guarded gather.
             if 0 <= self._file.size() < layout.offset + layout.dtype.itemsize * int(
                     np.prod(layout.shape, dtype=np.int64)):
-                raise OSError(errno.EIO, f"file changed under the loader: {self.path!r} is "
-                              f"shorter than when it was opened (dataset {layout.key!r})")
+                raise _C.file_changed(self._mapped_file, f"dataset {layout.key!r}")
             rows = self._swapped[position].batch(np.asarray(indices, np.int64), None, None, 0,
                                                  0)[0][0]
             return rows.astype(native)

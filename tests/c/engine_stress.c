@@ -9,6 +9,7 @@
 #include "core/slots.h"
 #include "core/status.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
@@ -291,8 +292,37 @@ static void churn_slots(void)
     fl_slot_pool_release(pool);
 }
 
+/* An allocator that fails without setting errno (as a CUDA one does). */
+static void *failing_alloc(size_t bytes, void *ctx)
+{
+    (void)bytes;
+    (void)ctx;
+    return NULL;
+}
+
+static void no_free(void *data, size_t bytes, void *ctx)
+{
+    (void)data;
+    (void)bytes;
+    (void)ctx;
+}
+
+/* Its failure is out of memory, not "too many open files" read from a
+ * stale errno left by an earlier call. */
+static void allocator_failure_without_errno(void)
+{
+    fl_slot_allocator failing = {.alloc = failing_alloc, .free = no_free};
+    fl_slot_pool *pool = fl_slot_pool_new(4, SIZE_MAX, &failing);
+    CHECK(pool);
+    fl_slot *slot = NULL;
+    errno = EMFILE;
+    CHECK(fl_slot_acquire(pool, 4096, &slot) == FL_ERR_NOMEM);
+    fl_slot_pool_release(pool);
+}
+
 int main(void)
 {
+    allocator_failure_without_errno();
     churn_slots();
     for (int workers = 1; workers <= 4; workers++) {
         run_epochs(workers, 1, 2 * workers, 2000, -1);
