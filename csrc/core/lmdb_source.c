@@ -176,6 +176,12 @@ static int meta_pages_there(const fl_lmdb_source *src)
     return (uint64_t)st.st_size >= 2 * (uint64_t)src->page_size;
 }
 
+static void begin_txn(void *arg)
+{
+    lookup *l = arg;
+    l->rc = mdb_txn_begin(l->src->env, NULL, MDB_RDONLY, &l->txn);
+}
+
 static void run_lookup(void *arg)
 {
     lookup *l = arg;
@@ -219,7 +225,16 @@ static int guarded_lookup(lookup *l, char *msg, size_t msg_size)
         lookup_fault_msg(l, NULL, msg, msg_size);
         return FL_ERR_CHANGED;
     }
-    l->rc = mdb_txn_begin(l->src->env, NULL, MDB_RDONLY, &l->txn);
+    /* The check keeps every cut but one out of mdb_txn_begin: a file cut
+     * between it and the begin's read of the meta pages.  That read comes
+     * after liblmdb has allocated the transaction and released its reader
+     * mutex, so the guard may catch it: the transaction's memory and its
+     * reader slot are lost (nothing can free them), not the process. */
+    if (fl_guarded(begin_txn, l, &fault) != FL_OK) {
+        l->txn = NULL;
+        lookup_fault_msg(l, fault, msg, msg_size);
+        return FL_ERR_CHANGED;
+    }
     if (l->rc != MDB_SUCCESS) {
         l->txn = NULL;
         return FL_OK;

@@ -26,10 +26,11 @@
  * reader slot, so the environment stays usable (nothing of liblmdb's is
  * per thread: MDB_NOTLS) and no slot is left pinned to an old snapshot
  * however many faults the process sees; the call returns FL_ERR_CHANGED
- * naming the data file.  The one unguarded read left: a file cut below
- * its meta pages between that check and mdb_txn_begin's read of them a few
- * microseconds later ends the process with SIGBUS, as it would without
- * fastload; a cut anywhere else, or at any other time, is reported.
+ * naming the data file.  A file cut below its meta pages between that
+ * check and mdb_txn_begin's read of them (a window of microseconds that
+ * two workers and a cut can hit) is caught by the guard around the begin
+ * too, after liblmdb has released its mutex: still FL_ERR_CHANGED, at the
+ * cost of that transaction's memory and reader slot.
  */
 #ifndef FL_LMDB_SOURCE_H
 #define FL_LMDB_SOURCE_H
