@@ -20,6 +20,7 @@ import pytest
 pytest.importorskip("PIL")
 
 import fastload  # noqa: E402
+from c_shims import compile_shim  # noqa: E402
 from fastload import transforms as T  # noqa: E402
 from fl_helpers import fastload_only, wait_until  # noqa: E402
 from proc_info import native_thread_count  # noqa: E402
@@ -30,7 +31,6 @@ import imagenet_like  # noqa: E402
 pytestmark = fastload_only
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-CC = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
 
 
 def transform():
@@ -46,12 +46,7 @@ def good_jpeg(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def faulty_io(tmp_path_factory):
-    if CC is None:
-        pytest.skip("needs a C compiler")
-    lib = tmp_path_factory.mktemp("shim") / "faulty_io.so"
-    subprocess.run([CC, "-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", "-o", str(lib),
-                    str(ROOT / "tests" / "c" / "faulty_io.c"), "-ldl"], check=True)
-    return lib
+    return compile_shim("faulty_io", tmp_path_factory)
 
 
 SCRIPT = textwrap.dedent("""

@@ -14,17 +14,16 @@ library raises its own error."""
 import os
 import pathlib
 import re
-import shutil
 import subprocess
 import sys
 import textwrap
 
 import pytest
+from c_shims import compile_shim
 
 from fastload import _C
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-CC = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
 INFO = _C.build_info()
 BUILT = INFO["jpeg_lib_version"]
 FAKE = 80 if BUILT != 80 else 62
@@ -56,12 +55,7 @@ LIBS = [
 
 @pytest.fixture(scope="module")
 def shim(tmp_path_factory):
-    if CC is None:
-        pytest.skip("needs a C compiler")
-    lib = tmp_path_factory.mktemp("shim") / "library_abi_shim.so"
-    subprocess.run([CC, "-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", "-o", str(lib),
-                    str(ROOT / "tests" / "c" / "library_abi_shim.c"), "-ldl"], check=True)
-    return lib
+    return compile_shim("library_abi_shim", tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
