@@ -29,7 +29,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import fastload  # noqa: E402
 from fastload import transforms as T  # noqa: E402
-from fastload._autotune import usable_cores  # noqa: E402
+from fastload.loader.autotune import usable_cores  # noqa: E402
 
 import imagenet_like  # noqa: E402
 from workloads import NumpyWork, cpu_model  # noqa: E402

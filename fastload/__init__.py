@@ -6,16 +6,18 @@ threads with the GIL released; Python datasets run in worker processes, as
 torch's do, and hand batches over through shared buffers without a copy.
 """
 
-from . import profiler, transforms
-from .arrays import ArrayDataset, TokenDataset
-from .formats import ArrowDataset, ArrowImages, HDF5Dataset, LMDBDataset, ZarrDataset
-from .images import DecodeError, ImageFiles, ImageFolder
-from ._worker import WorkerInfo, get_worker_info
-from .collate import default_collate, default_convert
-from .dataloader import DataLoader
-from .shard_reader import ShardSampler, WebDataset
-from .datasets import Dataset, IterableDataset
-from .sampler import (
+import sys as _sys
+
+from . import transforms
+from .datasets.arrays import ArrayDataset, TokenDataset
+from .datasets.formats import ArrowDataset, ArrowImages, HDF5Dataset, LMDBDataset, ZarrDataset
+from .datasets.images import DecodeError, ImageFiles, ImageFolder
+from .loader.worker import WorkerInfo, get_worker_info
+from .loader.collate import default_collate, default_convert
+from .loader.dataloader import DataLoader
+from .datasets.webdataset import ShardSampler, WebDataset
+from .datasets.base import Dataset, IterableDataset
+from .loader.sampler import (
     BatchSampler,
     DistributedSampler,
     RandomSampler,
@@ -24,11 +26,37 @@ from .sampler import (
     SubsetRandomSampler,
     WeightedRandomSampler,
 )
-from .shards import shards_from_image_folder, write_shards
-from .stats import LoaderStats
-from .chunk_sampler import ChunkShuffleSampler
+from .datasets.shard_writer import shards_from_image_folder, write_shards
+from .observe.stats import LoaderStats
+from .loader.chunk_sampler import ChunkShuffleSampler
+
+from .observe import profiler, stats
 
 __version__ = "0.1.0"
+
+# The module paths of earlier releases, now stage folders' modules: the same
+# module objects, so ``import fastload.images`` and pickles naming the old
+# paths keep working.  (``fastload.tune`` is a module of its own: it runs
+# with ``python -m``.)
+from . import datasets as _datasets, loader as _loader  # noqa: E402
+
+for _old, _new in {
+    "arrays": _datasets.arrays,
+    "cache": _datasets.cache,
+    "chunk_sampler": _loader.chunk_sampler,
+    "collate": _loader.collate,
+    "dataloader": _loader.dataloader,
+    "formats": _datasets.formats,
+    "images": _datasets.images,
+    "profiler": profiler,
+    "sampler": _loader.sampler,
+    "shard_reader": _datasets.webdataset,
+    "shards": _datasets.shard_writer,
+    "stats": stats,
+}.items():
+    _sys.modules[f"{__name__}.{_old}"] = _new
+    globals()[_old] = _new
+del _old, _new
 
 __all__ = [
     "ArrayDataset",

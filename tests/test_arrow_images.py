@@ -12,7 +12,7 @@ import pyarrow.ipc  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from fastload.formats.arrow_images import ArrowImages  # noqa: E402
+from fastload.datasets.formats.arrow_images import ArrowImages  # noqa: E402
 from fl_helpers import check_parity, row_dataset_configs  # noqa: E402
 
 
@@ -262,7 +262,7 @@ import numpy as np, pyarrow as pa, pyarrow.ipc, torch
 from PIL import Image
 import fastload
 from fastload import transforms as T
-from fastload.formats.arrow_images import ArrowImages
+from fastload.datasets.formats.arrow_images import ArrowImages
 
 path, source, workers = {path!r}, {source!r}, {workers}
 PAGE = os.sysconf("SC_PAGESIZE")

@@ -329,7 +329,7 @@ def test_imagefolder_with_torchvision_compose_compiles_and_is_worker_independent
 
 def test_torchvision_parameters_are_carried_over(torchvision):
     from torchvision import transforms as v1
-    from fastload import _torchvision
+    from fastload.transforms import from_torchvision as _torchvision
     tf = v1.Compose([v1.CenterCrop(30), v1.RandAugment(3, 5, 12, v1.InterpolationMode.BILINEAR,
                                                        fill=[1, 2, 3])])
     plan = _torchvision.resolve(tf).compose.plan
@@ -342,7 +342,7 @@ def test_torchvision_parameters_are_carried_over(torchvision):
 def test_unmapped_parameters_stay_in_python(torchvision):
     from torchvision import transforms as v1
     from torchvision.transforms import v2
-    from fastload import _torchvision
+    from fastload.transforms import from_torchvision as _torchvision
     for step in (v1.RandAugment(interpolation=v1.InterpolationMode.BICUBIC),
                  v2.RandAugment(fill={Image.Image: 3}),  # a fill per image type
                  v2.TrivialAugmentWide(interpolation=v2.InterpolationMode.BICUBIC)):

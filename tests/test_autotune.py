@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 import fastload
-from fastload import _C, _autotune
-from fastload._autotune import Autotuner, Setting
+from fastload import _C
+from fastload.loader import autotune as _autotune
+from fastload.loader.autotune import Autotuner, Setting
 from fl_helpers import fastload_only, iterable_dataset, native_thread_names
 
 pytestmark = fastload_only

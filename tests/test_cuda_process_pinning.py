@@ -26,7 +26,7 @@ pytestmark = fastload_only
 
 PROCESS_PRELUDE = PRELUDE + """
 import gc
-from fastload import _process
+from fastload.loader import process_engine as _process
 
 class Rows:
     \"\"\"A Python dataset: row i is 1000 copies of i, with label i.\"\"\"
@@ -307,7 +307,7 @@ def test_pin_keeps_tensors_fastload_page_locked(fake_driver):  # noqa: F811
     # would raise, so returning the batch as it is shows no copy was asked for.
     run_case("""
         import torch
-        from fastload.dataloader import _pin
+        from fastload.loader.dataloader import _pin
         loader = fastload.DataLoader(Rows(), batch_size=4, num_workers=1, pin_memory=True,
                                      worker_mode="process", persistent_workers=True)
         it = iter(loader)

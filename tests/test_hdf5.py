@@ -245,7 +245,7 @@ def test_byte_swapped_file_cut_after_the_size_check_raises(tmp_path):
         f["x"] = np.arange(4096 * 256, dtype=">f4").reshape(4096, 256)
     result = run_in_child(f"""
         import os, fastload
-        import fastload.formats.hdf5 as hdf5
+        import fastload.datasets.formats.hdf5 as hdf5
         ds = fastload.HDF5Dataset({str(path)!r}, "x")
         size = os.path.getsize({str(path)!r})
         hdf5._KeptFile.size = lambda self: size  # the check sees the file whole

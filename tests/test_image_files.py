@@ -20,7 +20,7 @@ from PIL import Image  # noqa: E402
 
 import fastload  # noqa: E402
 from fastload import transforms as T  # noqa: E402
-from fastload.images import default_loader  # noqa: E402
+from fastload.datasets.images import default_loader  # noqa: E402
 from fl_helpers import fastload_only  # noqa: E402
 
 pytestmark = fastload_only
@@ -42,7 +42,7 @@ FIFO_SCRIPT = textwrap.dedent("""
     import numpy as np
     import fastload
     from fastload import transforms as T
-    from fastload.images import default_loader
+    from fastload.datasets.images import default_loader
 
     root = sys.argv[1]
     fifo = os.path.join(root, "a", "x.jpg")

@@ -349,11 +349,11 @@ def test_image_files_arguments():
 
 
 def test_non_jpeg_without_pillow_is_a_clear_error(test_images, monkeypatch):
-    import fastload.images
+    import fastload.datasets.images
 
     bmp = pathlib.Path(next(p for p, d in test_images if p.endswith(".png"))).with_suffix(".bmp")
     Image.new("RGB", (9, 9)).save(bmp)
-    monkeypatch.setattr(fastload.images, "_fallback", lambda: None)
+    monkeypatch.setattr(fastload.datasets.images, "_fallback", lambda: None)
     ds = fastload.ImageFiles([bmp], transform=T.Compose([T.CenterCrop(8), T.ToTensor()]))
     with pytest.raises(fastload.DecodeError, match=r"rgb_200x150.bmp \(sample index 0\): not a "
                                                    "JPEG, PNG or WebP, and Pillow is not "
@@ -384,7 +384,7 @@ def test_uint8_split_for_normalize_on_device(folder, channels_last):
     applies the fused normalisation on the device; done here on CPU
     tensors, it equals the float pipeline up to the 8-bit quantisation."""
     torch = pytest.importorskip("torch")
-    from fastload._upload import _normalize
+    from fastload.loader.upload import _normalize
 
     ds = fastload.ImageFolder(folder, transform=T.Compose(
         [T.RandomResizedCrop(40), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)],

@@ -14,7 +14,8 @@ pytest.importorskip("PIL")
 torch = pytest.importorskip("torch")
 
 import fastload  # noqa: E402
-from fastload import _C, _batch_transform  # noqa: E402
+from fastload import _C
+from fastload.transforms import batch as _batch_transform  # noqa: E402
 from fastload import transforms as T  # noqa: E402
 from fl_helpers import draw_base_seed, fastload_only  # noqa: E402
 

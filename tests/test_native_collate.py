@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fastload import _C
-from fastload.collate import NUMPY, collate
+from fastload.loader.collate import NUMPY, collate
 from np_compare import as_numpy
 
 torch = pytest.importorskip("torch")

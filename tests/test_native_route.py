@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import fastload
-from fastload import _C, _worker
+from fastload import _C
+from fastload.loader import worker as _worker
 from fastload import transforms as T
 
 PIL = pytest.importorskip("PIL.Image")
@@ -171,7 +172,7 @@ def test_samples_can_be_byte_ranges_of_one_file(tmp_path):
 
     def source(path, offsets, ranges=None):
         return _C.ImageSource(path, np.asarray(offsets, np.int64), np.array([0, 1], np.int64),
-                              plan, fallback=fastload.images._fallback(), ranges=ranges)
+                              plan, fallback=fastload.datasets.images._fallback(), ranges=ranges)
 
     files = os.fsencode(root / "a" / "0.jpg") + b"\0" + os.fsencode(root / "a" / "1.png") + b"\0"
     (expected, _), _ = source(files, [0, files.index(b"\0") + 1]).batch([0, 1], None, None,

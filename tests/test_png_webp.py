@@ -16,7 +16,7 @@ pytest.importorskip("PIL")
 from PIL import Image, PngImagePlugin, features  # noqa: E402
 
 import fastload  # noqa: E402
-import fastload.images  # noqa: E402
+import fastload.datasets.images  # noqa: E402
 from fastload import _C  # noqa: E402
 from fastload import transforms as T  # noqa: E402
 from fl_helpers import fastload_only  # noqa: E402
@@ -230,7 +230,7 @@ def test_the_cases_are_what_they_claim():
 def test_pixels_equal_pillow(folder, name, monkeypatch):
     """The C decode without a transform is Pillow's convert("RGB") exactly;
     the Pillow fallback is never called."""
-    monkeypatch.setattr(fastload.images, "_fallback", lambda: _refuse)
+    monkeypatch.setattr(fastload.datasets.images, "_fallback", lambda: _refuse)
     ds = fastload.ImageFiles([folder / "a" / name])
     image, _ = ds[0]
     expected = pillow_rgb(ALL_CASES[name])
@@ -267,7 +267,7 @@ def test_a_plan_equals_the_plan_on_pillow_pixels(folder, num_workers, monkeypatc
     """ImageFolder through the loader, in C, equals transform_image (the
     same C plan) on Pillow's pixels, for every file."""
     pytest.importorskip("torch")
-    monkeypatch.setattr(fastload.images, "_fallback", lambda: _refuse)
+    monkeypatch.setattr(fastload.datasets.images, "_fallback", lambda: _refuse)
     tf = deterministic_plan()
     ds = fastload.ImageFolder(folder, transform=tf)
     loader = fastload.DataLoader(ds, batch_size=5, num_workers=num_workers, output="numpy")
@@ -300,7 +300,7 @@ def test_workers_decode_pngs_without_the_python_fallback(folder, monkeypatch):
     loads on two workers; a GIF in it reaches the patched fallback (so the
     patch is live), and so do PNGs when the fallback is forced."""
     pytest.importorskip("torch")
-    monkeypatch.setattr(fastload.images, "_fallback", lambda: _refuse)
+    monkeypatch.setattr(fastload.datasets.images, "_fallback", lambda: _refuse)
     ds = fastload.ImageFolder(folder, transform=random_plan())
     images, labels = load_all(ds, 2)
     assert images.shape == (len(ALL_CASES), 3, 16, 16) and np.isfinite(images).all()

@@ -16,7 +16,8 @@ torch = pytest.importorskip("torch")
 import torch.utils.data as tud  # noqa: E402
 
 import fastload  # noqa: E402
-from fastload import _C, _process  # noqa: E402
+from fastload import _C
+from fastload.loader import process_engine as _process  # noqa: E402
 from fl_helpers import fastload_only  # noqa: E402
 
 pytestmark = fastload_only

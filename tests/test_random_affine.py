@@ -272,7 +272,7 @@ def test_imagefolder_with_torchvision_compose_compiles_and_is_worker_independent
 
 def test_torchvision_parameters_are_carried_over(torchvision):
     from torchvision import transforms as v1
-    from fastload import _torchvision
+    from fastload.transforms import from_torchvision as _torchvision
     tf = v1.Compose([v1.CenterCrop(30), v1.RandomAffine((-3, 9), (0.2, 0.4), (0.5, 1.5),
                                                         (1, 2, 3, 4),
                                                         v1.InterpolationMode.BILINEAR,
@@ -291,7 +291,7 @@ def test_torchvision_parameters_are_carried_over(torchvision):
 def test_unmapped_parameters_stay_in_python(torchvision):
     from torchvision import transforms as v1
     from torchvision.transforms import v2
-    from fastload import _torchvision
+    from fastload.transforms import from_torchvision as _torchvision
     for step in (v1.RandomRotation(10, expand=True),
                  v1.RandomAffine(5, interpolation=v1.InterpolationMode.BICUBIC),
                  v2.RandomRotation(10, fill={Image.Image: 3}),  # a fill per image type

@@ -15,7 +15,8 @@ pytest.importorskip("PIL")
 torch = pytest.importorskip("torch")
 
 import fastload  # noqa: E402
-from fastload import _C, _native  # noqa: E402
+from fastload import _C
+from fastload.datasets import native as _native  # noqa: E402
 from fastload import transforms as T  # noqa: E402
 from fl_helpers import fastload_only  # noqa: E402
 

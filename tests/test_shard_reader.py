@@ -10,7 +10,7 @@ import pytest
 
 import fastload
 from fastload import transforms as T
-from fastload.shard_reader import expand_urls
+from fastload.datasets.webdataset import expand_urls
 
 Image = pytest.importorskip("PIL.Image")
 torch = pytest.importorskip("torch")
@@ -219,7 +219,7 @@ def test_a_shard_cut_between_indexing_and_its_labels_raises(tmp_path):
             add(tf, f"k{i:02d}.jpg", encode(np.full((32, 32, 3), i, np.uint8)))
             add(tf, f"k{i:02d}.cls", b"%d" % i)
     result = run_in_child(f"""
-        import mmap, os, fastload, fastload.shard_reader as shard_reader
+        import mmap, os, fastload, fastload.datasets.webdataset as shard_reader
 
         class CutWhenMapped:
             ACCESS_READ = mmap.ACCESS_READ

@@ -10,7 +10,7 @@ import pytest
 
 import fastload
 from fastload import _C
-from fastload.stats import LoaderStats, ROW_FIELDS, STAGES, _percentile
+from fastload.observe.stats import LoaderStats, ROW_FIELDS, STAGES, _percentile
 
 from test_cuda_upload import run_case
 from test_cuda_driver import fake_driver  # noqa: F401 (fixture)

@@ -62,7 +62,7 @@ def test_generic_classes_subscript_and_still_load():
     assert fastload.Sampler[int].__origin__ is fastload.Sampler
     assert fastload.IterableDataset[str].__origin__ is fastload.IterableDataset
     assert issubclass(Counting, fastload.Dataset)
-    assert fastload.datasets.is_iterable_dataset(Counting())
+    assert fastload.datasets.base.is_iterable_dataset(Counting())
     loader = fastload.DataLoader[int](Counting(), batch_size=2)
     assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4]]
     assert [b.tolist() for b in fastload.DataLoader(Squares(), batch_size=3)] == [[0, 1, 4], [9]]

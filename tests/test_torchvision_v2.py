@@ -16,7 +16,7 @@ from PIL import Image  # noqa: E402
 
 import fastload  # noqa: E402
 from fastload import _C  # noqa: E402
-from fastload import _torchvision  # noqa: E402
+from fastload.transforms import from_torchvision as _torchvision  # noqa: E402
 from fastload import transforms as T  # noqa: E402
 from fl_helpers import fastload_only, synthesized_images  # noqa: E402
 

@@ -22,8 +22,8 @@ pytestmark = pytest.mark.skipif(
     bool(getattr(fastload, "__torch_shim__", False)), reason="fastload's own tool"
 )
 
-from fastload import tune  # noqa: E402
-from fastload.tune import TuneReport, TuneRow, recommend  # noqa: E402
+from fastload.observe import tune  # noqa: E402
+from fastload.observe.tune import TuneReport, TuneRow, recommend  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -379,7 +379,7 @@ WITHOUT_EXTRAS = textwrap.dedent("""
     import sys
     sys.modules["tqdm"] = sys.modules["matplotlib"] = None  # import fails, as if not installed
     import fastload
-    from fastload import tune
+    from fastload.observe import tune
     report = tune.sweep(list(range(8)), batch_size=4, workers=(0,), batches=2, warmup=0)
     assert report.rows[0].samples == 8
     try:

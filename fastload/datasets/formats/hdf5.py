@@ -27,7 +27,7 @@ import threading
 
 import numpy as np
 
-from .. import _C
+from ... import _C
 from ._common import (RowsDataset, check_keys, describe_layouts, is_run, names_shown,
                       read_distinct_rows, require)
 

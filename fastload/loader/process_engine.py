@@ -65,10 +65,11 @@ from multiprocessing.reduction import ForkingPickler, sendfds
 
 import numpy as np
 
-from . import _C, stats
-from ._native import NativeBatches, skip_reporter, source_of
-from ._torch import torch
-from ._worker import (
+from .. import _C
+from ..observe import stats
+from ..datasets.native import NativeBatches, skip_reporter, source_of
+from .._torch import torch
+from .worker import (
     ExceptionWrapper,
     FetchPlan,
     StopFlag,
@@ -99,7 +100,7 @@ class ProcessPlan:
                  drop_last, worker_init_fn, num_workers, base_seed, native, loader_token,
                  max_free_slots, mix=None, batch_transform=None, datapipe=None,
                  datapipe_seed=None, world=(1, 0)):
-        self.datapipe = datapipe  # torch DataPipe: "iter" or "map" (fastload._torch_compat)
+        self.datapipe = datapipe  # torch DataPipe: "iter" or "map" (fastload.loader.torch_compat)
         self.datapipe_seed = datapipe_seed  # an IterDataPipe's first epoch's seed
         self.world = world  # the loader's (world_size, rank) in torch.distributed
         self.dataset = dataset
@@ -112,7 +113,7 @@ class ProcessPlan:
         self.worker_init_fn = worker_init_fn
         self.num_workers = num_workers
         self.base_seed = base_seed
-        self.native = native  # the dataset's native source reads whole batches (fastload._native)
+        self.native = native  # the dataset's native source reads whole batches (fastload.datasets.native)
         self.loader_token = loader_token
         self.max_free_slots = max_free_slots
         self.mix = mix  # the native batch's MixUp/CutMix plan, or None
@@ -247,7 +248,7 @@ def worker_main(conn, plan, worker_id, parent_pid):
         torch.set_num_threads(1)
     _seed_globals(plan.base_seed, worker_id)
     _set_torch_worker_info(worker_id, plan, plan.dataset)
-    from ._torch_compat import route_torch_worker_info
+    from .torch_compat import route_torch_worker_info
 
     route_torch_worker_info()
     pool = _C.SlotPool(max_free=plan.max_free_slots, memory="shared")

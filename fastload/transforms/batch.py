@@ -16,8 +16,8 @@ transform apart from the collation instead:
   leaves the native path, which runs no Python per batch).
 """
 
-from . import _torchvision
-from . import transforms as T
+from . import from_torchvision as _torchvision
+from . import ops as T
 
 __all__ = ["CallStep", "MixStep", "resolve"]
 

@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-from .. import _C
+from ... import _C
 from ._common import (RowsDataset, check_keys, describe_layouts, file_size, is_run, names_shown,
                       read_distinct_rows, require)
 

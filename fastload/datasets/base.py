@@ -8,7 +8,7 @@ torch installed.
 
 from typing import Generic, TypeVar
 
-from ._torch import torch
+from .._torch import torch
 
 T_co = TypeVar("T_co", covariant=True)
 

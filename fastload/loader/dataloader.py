@@ -26,12 +26,16 @@ import warnings
 import weakref
 from typing import Generic, TypeVar
 
-from . import _C, _autotune, _batch_transform, _native, _process, _resume, cuda, profiler
-from .stats import ConsumerClock, LoaderStats, LoaderTimers, clock_ns
-from ._random import draw_seed
-from ._upload import DeviceIter, Pump
-from ._torch import torch
-from ._worker import (
+from .. import _C, cuda
+from ..datasets import native as _native
+from ..observe import profiler
+from ..transforms import batch as _batch_transform
+from . import autotune as _autotune, process_engine as _process, resume as _resume
+from ..observe.stats import ConsumerClock, LoaderStats, LoaderTimers, clock_ns
+from .._random import draw_seed
+from .upload import DeviceIter, Pump
+from .._torch import torch
+from .worker import (
     ExceptionWrapper,
     FetchPlan,
     StopFlag,
@@ -47,9 +51,9 @@ from .collate import (
     default_collate,
     default_convert,
 )
-from .datasets import is_iterable_dataset
+from ..datasets.base import is_iterable_dataset
 from .sampler import BatchSampler, RandomSampler, SequentialSampler
-from . import _torch_compat
+from . import torch_compat as _torch_compat
 
 __all__ = ["DataLoader"]
 
@@ -183,7 +187,7 @@ class DataLoader(Generic[T_co]):
 
         # A torch DataPipe is kept in torch's wrapper, as torch's loader
         # keeps it; an IterDataPipe's Shufflers follow `shuffle` (torch's
-        # DataPipe protocol: fastload._torch_compat).
+        # DataPipe protocol: fastload.loader.torch_compat).
         datapipe = _torch_compat.datapipe_kind(dataset)
         self.dataset = _torch_compat.wrap_datapipe(dataset)
         if datapipe == "iter" and shuffle is not None:
@@ -468,7 +472,7 @@ class DataLoader(Generic[T_co]):
         StatefulDataLoader names): mid-epoch, the batches still to come in
         this epoch; between epochs, the next epoch.  A dict of plain Python
         values (``torch.save``/``torch.load`` with its defaults, ``pickle``
-        and ``json`` all carry it).  See fastload._resume."""
+        and ``json`` all carry it).  See fastload.loader.resume."""
         if self._upload is not None:
             raise NotImplementedError(
                 "state_dict() is not available with device= (the upload stage reads ahead of "
@@ -727,7 +731,7 @@ class _BaseIter:
         self._counts_samples = self._batching["kind"] in ("samples", "flat")
         self._sizes = collections.deque()
         self._samples_yielded = 0
-        # A torch DataPipe (fastload._torch_compat): "iter" or "map", else None.
+        # A torch DataPipe (fastload.loader.torch_compat): "iter" or "map", else None.
         self._datapipe = _torch_compat.datapipe_kind(self._dataset)
         self._datapipe_seed = None  # an IterDataPipe's shared seed this epoch
         self._datapipe_group = None
@@ -789,7 +793,7 @@ class _BaseIter:
     def _open_epoch(self, loader, resume=None, index_iter=None):
         """The epoch's index iterator (``index_iter()``, by default
         ``_index_iter()``).  Records the random state its sampler draws
-        from (fastload._resume), or, resuming, replays the recorded one."""
+        from (fastload.loader.resume), or, resuming, replays the recorded one."""
         if resume is None:
             self._at_iter = _resume.snapshot(loader)
             it = self._index_iter()
@@ -854,7 +858,7 @@ class _BaseIter:
     def _resumed_index_iter(self, skip, eager):
         """The index iterator of an epoch resumed by samples: the sampler's
         indices after the first ``skip``, in this loader's batches
-        (fastload._resume.resumed_indices)."""
+        (fastload.loader.resume.resumed_indices)."""
         kind = self._batching["kind"]
         sampler = self._index_sampler if kind == "samples" else self._index_sampler.sampler
         batch_size = None if kind == "samples" else self._index_sampler.batch_size
@@ -996,7 +1000,7 @@ def _worker_mode(loader):
 
 
 def _native_source(it, loader):
-    """The dataset's native source (fastload._native) when the loader takes
+    """The dataset's native source (fastload.datasets.native) when the loader takes
     the native path: a map-style dataset collated by the default rules,
     which the source reproduces, and no batch_transform but MixUp/CutMix
     (which the batch job runs in C)."""
@@ -1253,7 +1257,7 @@ class _ThreadedIter(_BaseIter):
 
 class _ProcessIter(_ThreadedIter):
     """num_workers > 0 with worker_mode='process': the same scheduling over
-    worker processes (fastload._process)."""
+    worker processes (fastload.loader.process_engine)."""
 
     def __init__(self, loader, resume=None):
         _warn_about_worker_count(loader.num_workers)

@@ -30,10 +30,10 @@ import re
 
 import numpy as np
 
-from . import _C
+from .. import _C
 from .arrays import _check_index
 from .images import PILLOW_MAX_PIXELS, ImageFiles
-from .sampler import Sampler
+from ..loader.sampler import Sampler
 
 __all__ = ["WebDataset", "ShardSampler", "expand_urls"]
 

@@ -22,10 +22,10 @@ import threading
 
 import numpy as np
 
-from . import _C
-from ._torch import is_tensor, torch
-from .profiler import next_range, torch_profiling
-from .stats import UPLOAD, clock_ns
+from .. import _C
+from .._torch import is_tensor, torch
+from ..observe.profiler import next_range, torch_profiling
+from ..observe.stats import UPLOAD, clock_ns
 
 
 _POLL_S = 0.05  # how often a blocked upload thread checks for close()

@@ -18,7 +18,7 @@ consumer's own thread (``num_workers=0``), then one for the upload thread.
 
 import os
 
-from . import _C
+from .. import _C
 
 __all__ = ["LoaderStats"]
 

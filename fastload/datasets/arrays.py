@@ -16,8 +16,8 @@ import os
 
 import numpy as np
 
-from . import _C
-from ._native import SourceOwner
+from .. import _C
+from .native import SourceOwner
 
 __all__ = ["ArrayDataset", "TokenDataset"]
 
@@ -133,7 +133,7 @@ class _GatheredRows(SourceOwner):
         return self._source.batch(_index_array(indices), pool, convert, 0, 0)[0]
 
     def _native_source(self, uint8=False):
-        """The loader's batch path (see fastload._native): the rows
+        """The loader's batch path (see fastload.datasets.native): the rows
         gathered in C into the batch slot."""
         return None if uint8 else self._source
 

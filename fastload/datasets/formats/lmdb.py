@@ -14,12 +14,12 @@ import os
 
 import numpy as np
 
-from .. import _C
-from .._native import SourceOwner
+from ... import _C
+from ..native import SourceOwner
 from ..arrays import _check_index, _is_index_batch
 from ..cache import file_identity
 from ..images import ImageFiles, _fallback
-from ..transforms import PILLOW_MAX_PIXELS
+from ...transforms.ops import PILLOW_MAX_PIXELS
 from ._common import index_array
 
 __all__ = ["LMDBDataset"]
@@ -193,7 +193,7 @@ class _LMDBValues(_ReopenAfterFork, SourceOwner):
 
     def _native_source(self, uint8=False):
         """Raw records with no transform: the loader's batch path, the
-        records and labels copied in C (fastload._native)."""
+        records and labels copied in C (fastload.datasets.native)."""
         if (self.decode != "raw" or uint8 or self.transform is not None
                 or self.target_transform is not None):
             return None

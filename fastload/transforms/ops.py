@@ -56,7 +56,7 @@ torch's (or NumPy's) global generator, as torchvision's do.
 
 Any other callable given as a dataset's ``transform`` (a function) is
 called in the worker, with the GIL, on the image decoded in C; torchvision's
-transforms are compiled to these where they map (``fastload._torchvision``).
+transforms are compiled to these where they map (``fastload.transforms.from_torchvision``).
 """
 
 import collections.abc
@@ -64,9 +64,9 @@ import numbers
 
 import numpy as np
 
-from . import _C
-from ._random import draw_seed
-from ._torch import torch
+from .. import _C
+from .._random import draw_seed
+from .._torch import torch
 
 __all__ = [
     "AutoAugment",

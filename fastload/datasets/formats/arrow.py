@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 
-from .. import _C
+from ... import _C
 from ._common import MAX_COLUMNS, RowsDataset, file_size, hf_table, is_hf_dataset, require
 
 __all__ = ["ArrowDataset"]

@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from .._native import SourceOwner
+from ..native import SourceOwner
 from ..cache import SampleCache
 from ..arrays import _check_index, _index_array, _is_index_batch, _split_rows
 
@@ -117,7 +117,7 @@ class RowsDataset(SourceOwner):
     _cache_first = {}  # position -> the cache entry of its row 0
 
     def _native_source(self, uint8=False):
-        """The loader's batch path (fastload._native): the rows gathered in
+        """The loader's batch path (fastload.datasets.native): the rows gathered in
         C into the batch slot, when every column is a plain mapping."""
         return self._source if self._native and not uint8 else None
 

@@ -34,8 +34,8 @@ import os
 import socket
 import time
 
-from . import _C
-from ._torch import torch
+from .. import _C
+from .._torch import torch
 
 __all__ = ["export_chrome_trace", "merge_into_chrome_trace", "nvtx", "trace_handler"]
 

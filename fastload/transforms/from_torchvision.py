@@ -20,7 +20,7 @@ name and module, so fastload works without it.
 
 from typing import NamedTuple
 
-from . import transforms as T
+from . import ops as T
 
 __all__ = ["TransformPlan", "batch_transform", "resolve"]
 

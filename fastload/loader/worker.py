@@ -17,8 +17,9 @@ import weakref
 
 import numpy as np
 
-from . import _C, _torch_compat
-from ._torch import torch
+from .. import _C
+from . import torch_compat as _torch_compat
+from .._torch import torch
 
 _local = threading.local()
 
@@ -303,13 +304,13 @@ class FetchPlan:
     def __init__(self, dataset, iterable, auto_collation, collate_fn, drop_last, worker_init_fn,
                  num_workers, base_seed, native_batch=None, loader_token=None,
                  batch_transform=None, datapipe=None, datapipe_seed=None, world=(1, 0)):
-        self.datapipe = datapipe  # torch DataPipe: "iter" or "map" (fastload._torch_compat)
+        self.datapipe = datapipe  # torch DataPipe: "iter" or "map" (fastload.loader.torch_compat)
         self.datapipe_seed = datapipe_seed  # an IterDataPipe's shared seed, first epoch
         self.world = world  # the loader's (world_size, rank) in torch.distributed
-        self.batch_transform = batch_transform  # a fastload._batch_transform step, or None
+        self.batch_transform = batch_transform  # a fastload.transforms.batch step, or None
         self.dataset = dataset
         self.loader_token = loader_token  # marks the loader's own workers
-        self.native_batch = native_batch  # (indices, epoch) -> batch (fastload._native), or None
+        self.native_batch = native_batch  # (indices, epoch) -> batch (fastload.datasets.native), or None
         self.iterable = iterable
         self.auto_collation = auto_collation
         self.collate_fn = collate_fn

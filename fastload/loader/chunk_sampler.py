@@ -120,7 +120,7 @@ def _is_int(value):
 def _world(query, default):
     """torch.distributed's world size or rank when a process group is
     initialized, else ``default``."""
-    from ._torch import torch
+    from .._torch import torch
 
     if torch is None or not torch.distributed.is_available() or \
             not torch.distributed.is_initialized():

@@ -25,7 +25,7 @@ sizes or modification times differ) or of another size is replaced.
 import hashlib
 import os
 
-from . import _C
+from .. import _C
 
 __all__ = ["SampleCache", "file_identity"]
 

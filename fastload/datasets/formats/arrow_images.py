@@ -23,7 +23,7 @@ import numpy as np
 from ..cache import file_identity
 from ..images import ImageFiles
 from ._common import hf_table, is_hf_dataset
-from ..transforms import PILLOW_MAX_PIXELS
+from ...transforms.ops import PILLOW_MAX_PIXELS
 
 
 class ArrowImages(ImageFiles):
@@ -121,7 +121,7 @@ class ArrowImages(ImageFiles):
     def _image_source(self, plan, skip):
         if self._memory is None:
             return super()._image_source(plan, skip)
-        from .. import _C
+        from ... import _C
         from ..images import _fallback
         return _C.ImageSource(self._paths, self._offsets, self._labels, plan,
                               exact=self.decode == "exact", max_pixels=self.max_pixels,
@@ -199,7 +199,7 @@ def _copied_buffer(buf, what):
     ``_copied``)."""
     import pyarrow as pa
 
-    from .. import _C
+    from ... import _C
 
     out = bytearray(buf.size)
     _C.copy_mapped(buf, out, what)

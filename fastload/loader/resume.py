@@ -45,7 +45,7 @@ import random
 
 import numpy as np
 
-from ._torch import is_torch_generator, torch
+from .._torch import is_torch_generator, torch
 
 STATE_VERSION = 2
 _VERSIONS = (1, 2)  # the formats load_state_dict reads

@@ -10,7 +10,7 @@ Given a ``fastload.transforms.Compose`` whose output size is fixed, a
 DataLoader with the default collate decodes whole batches in C; so does a
 torchvision ``Compose`` whose steps all map onto fastload's, and one that
 does not keeps its leading geometric steps in C and runs the rest in Python
-on a PIL image (``fastload._torchvision``; ``transform_plan`` says which).
+on a PIL image (``fastload.transforms.from_torchvision``; ``transform_plan`` says which).
 Any other callable runs in Python on the image decoded in C (an HWC uint8
 NumPy array).  A ``loader`` (torchvision's argument: path -> sample) replaces the
 C decoder; it is called with the GIL, once a sample.
@@ -30,12 +30,13 @@ import warnings
 
 import numpy as np
 
-from . import _C, _torchvision
-from ._native import SourceOwner
+from .. import _C
+from ..transforms import from_torchvision as _torchvision
+from .native import SourceOwner
 from .cache import SampleCache
-from ._random import draw_seed
+from .._random import draw_seed
 from .arrays import _check_index
-from .transforms import PILLOW_MAX_PIXELS, _nchw_view
+from ..transforms.ops import PILLOW_MAX_PIXELS, _nchw_view
 
 __all__ = ["DecodeError", "ImageFiles", "ImageFolder", "IMG_EXTENSIONS", "default_loader"]
 
@@ -153,7 +154,7 @@ class ImageFiles(SourceOwner):
     a transform that runs in C) decodes in C instead.
 
     ``transform_plan``: the transform's steps by where they run, as
-    ``(native, python)`` (``fastload._torchvision.TransformPlan``).
+    ``(native, python)`` (``fastload.transforms.from_torchvision.TransformPlan``).
 
     ``cache``: None, ``"memory"`` or a file path (e.g. under /dev/shm): the
     files' bytes kept, as first read, in a shared cache of ``cache_size``
@@ -304,7 +305,7 @@ class ImageFiles(SourceOwner):
         return self._raw.sample(index, 0, 0)
 
     def _native_source(self, uint8=False):
-        """The loader's batch path (see fastload._native), when the
+        """The loader's batch path (see fastload.datasets.native), when the
         transform is fused and fixes the output size; with ``uint8``, the
         same crops as uint8 (``_device_normalization`` gives the rest)."""
         if not self._native or self.target_transform is not None:

@@ -11,7 +11,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from . import _random
+from .. import _random
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -134,7 +134,7 @@ class WeightedRandomSampler(Sampler):
 
 
 def _as_float64_vector(weights):
-    from ._torch import torch
+    from .._torch import torch
 
     if torch is not None:
         w = torch.as_tensor(weights, dtype=torch.double)
@@ -253,7 +253,7 @@ class DistributedSampler(Sampler):
 
 
 def _distributed(query):
-    from ._torch import torch
+    from .._torch import torch
 
     if torch is None or not torch.distributed.is_available():
         raise RuntimeError("Requires distributed package to be available")

@@ -18,8 +18,8 @@ import re
 
 import numpy as np
 
-from . import _C
-from ._torch import is_tensor, torch
+from .. import _C
+from .._torch import is_tensor, torch
 
 _STR_OR_OBJECT_DTYPE = re.compile("[SaUO]")
 

@@ -3,9 +3,9 @@
 import copy
 import threading
 
-from . import _worker
-from ._random import draw_seed
-from ._torch import torch
+from . import worker as _worker
+from .._random import draw_seed
+from .._torch import torch
 
 _route_lock = threading.Lock()
 _routed = False
