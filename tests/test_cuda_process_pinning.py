@@ -307,7 +307,7 @@ def test_pin_keeps_tensors_fastload_page_locked(fake_driver):  # noqa: F811
     # would raise, so returning the batch as it is shows no copy was asked for.
     run_case("""
         import torch
-        from fastload.loader.dataloader import _pin
+        from fastload.loader.upload import pin as _pin
         loader = fastload.DataLoader(Rows(), batch_size=4, num_workers=1, pin_memory=True,
                                      worker_mode="process", persistent_workers=True)
         it = iter(loader)

@@ -185,7 +185,7 @@ def test_stuck_worker_without_timeout_is_left_at_exit():
     """))
     assert_clean_exit(result)
     assert "got [0, 1, 2]" in result.stdout
-    grace = fastload.loader.dataloader._SHUTDOWN_GRACE_SECONDS
+    grace = fastload.loader.iterators._SHUTDOWN_GRACE_SECONDS
     assert (f"DataLoader worker 1 (stuck at sample index 3) did not stop within {grace:g} "
             "seconds of shutdown") in result.stderr
 

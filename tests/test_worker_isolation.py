@@ -277,7 +277,7 @@ def test_reused_sample_buffer_gives_torchs_batches():
 
 
 def test_auto_mode_picks_threads_for_native_datasets_only():
-    from fastload.loader.dataloader import _worker_mode
+    from fastload.loader.iterators import worker_mode as _worker_mode
 
     native = fastload.ArrayDataset(np.arange(8, dtype=np.float32))
     assert _worker_mode(fastload.DataLoader(native, num_workers=1)) == "thread"

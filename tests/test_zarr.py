@@ -107,7 +107,7 @@ def test_storage_is_told_apart(stores):
     assert mapped._native_source() is not None  # every key mapped: C worker threads
     # Chunk reads release the GIL: thread workers by default, unless zarr's
     # pipeline (one event-loop thread a process) reads a key.
-    modes = {keys: fastload.loader.dataloader._worker_mode(fastload.DataLoader(
+    modes = {keys: fastload.loader.iterators.worker_mode(fastload.DataLoader(
         fastload.ZarrDataset(stores[3], keys), batch_size=4, num_workers=2))
         for keys in (("raw", "images"), ("images", "sharded"))}
     assert modes == {("raw", "images"): "thread", ("images", "sharded"): "process"}

@@ -17,19 +17,12 @@ import os
 import numpy as np
 
 from .. import _C
+from .indexing import check_index, index_array, is_index_batch, split_rows
 from .native import SourceOwner
 
 __all__ = ["ArrayDataset", "TokenDataset"]
 
 _NPY_MAGIC = b"\x93NUMPY"
-
-
-def _is_index_batch(index):
-    """True for a sequence of indices (a list, or an array or tensor with
-    at least one dimension), False for one index."""
-    if isinstance(index, (list, tuple)):
-        return True
-    return hasattr(index, "__array__") and np.ndim(index) >= 1
 
 
 def _is_mapped(array):
@@ -130,7 +123,7 @@ class _GatheredRows(SourceOwner):
     (``self._source``, made by ``_make_sources``)."""
 
     def _gather(self, indices, pool, convert):
-        return self._source.batch(_index_array(indices), pool, convert, 0, 0)[0]
+        return self._source.batch(index_array(indices), pool, convert, 0, 0)[0]
 
     def _native_source(self, uint8=False):
         """The loader's batch path (see fastload.datasets.native): the rows
@@ -179,15 +172,15 @@ class ArrayDataset(_GatheredRows):
         # Every read goes through the C gather, whose bus-error guard turns
         # a mapped file cut short into OSError (NumPy indexing the mapping
         # itself would die of SIGBUS).
-        if _is_index_batch(index):
+        if is_index_batch(index):
             return tuple(self._gather(index, None, None))
         if isinstance(index, slice):
             return tuple(self._gather(np.arange(*index.indices(self._length)), None, None))
-        i = _check_index(index, self._length)
+        i = check_index(index, self._length)
         return tuple(rows[0, ...] for rows in self._gather([i], None, None))  # 0-d, not scalars
 
     def __getitems__(self, indices):
-        return _split_rows(self._gather(indices, None, None))
+        return split_rows(self._gather(indices, None, None))
 
     def __repr__(self):
         shapes = ", ".join(f"{a.dtype}{list(a.shape[1:])}" for a in self.arrays)
@@ -271,41 +264,17 @@ class TokenDataset(_GatheredRows):
         return self._length
 
     def __getitem__(self, index):
-        if _is_index_batch(index):
+        if is_index_batch(index):
             return tuple(self._gather(index, None, None))
-        x, y = self._gather([_check_index(index, self._length)], None, None)
+        x, y = self._gather([check_index(index, self._length)], None, None)
         return x[0], y[0]
 
     def __getitems__(self, indices):
-        return _split_rows(self._gather(indices, None, None))
+        return split_rows(self._gather(indices, None, None))
 
     def __repr__(self):
         return (f"TokenDataset({self._length} windows of {self.block_size}+1 "
                 f"{self.tokens.dtype} tokens, stride {self.stride})")
-
-
-def _split_rows(batch):
-    """One batch gather as a list of samples: row views (0-d arrays, not
-    NumPy scalars, for 1-d arrays, as ds[i] gives)."""
-    return [tuple(b[j, ...] for b in batch) for j in range(len(batch[0]))]
-
-
-def _index_array(indices):
-    """Lists, tuples and integer arrays go to C as they are; anything else
-    with __array__ (a tensor of indices) becomes an array first."""
-    if isinstance(indices, (list, tuple, np.ndarray)):
-        return indices
-    return np.asarray(indices)
-
-
-def _check_index(index, length):
-    try:
-        i = index.__index__()
-    except AttributeError:
-        raise TypeError(f"dataset indices must be integers, not {type(index).__name__}") from None
-    if not -length <= i < length:
-        raise IndexError(f"index {i} is out of range for a dataset of {length} samples")
-    return i + length if i < 0 else i
 
 
 _INT64_MAX = 2**63 - 1

@@ -35,7 +35,7 @@ from ..transforms import from_torchvision as _torchvision
 from .native import SourceOwner
 from .cache import SampleCache
 from .._random import draw_seed
-from .arrays import _check_index
+from .indexing import check_index
 from ..transforms.ops import PILLOW_MAX_PIXELS, _nchw_view
 
 __all__ = ["DecodeError", "ImageFiles", "ImageFolder", "IMG_EXTENSIONS", "default_loader"]
@@ -271,7 +271,7 @@ class ImageFiles(SourceOwner):
         return self._labels.tolist()
 
     def __getitem__(self, index):
-        index = _check_index(index, len(self))
+        index = check_index(index, len(self))
         for tries in range(MAX_SKIPS_PER_SAMPLE):
             try:
                 image = self._read(index)

@@ -31,7 +31,7 @@ import re
 import numpy as np
 
 from .. import _C
-from .arrays import _check_index
+from .indexing import check_index
 from .images import PILLOW_MAX_PIXELS, ImageFiles
 from ..loader.sampler import Sampler
 
@@ -294,7 +294,7 @@ class WebDataset(ImageFiles):
     def __getitem__(self, index):
         if self.fields is None:
             return super().__getitem__(index)
-        index = _check_index(index, len(self))
+        index = check_index(index, len(self))
         members = self.members(index)
         decoded = {}
 

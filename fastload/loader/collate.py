@@ -20,6 +20,7 @@ import numpy as np
 
 from .. import _C
 from .._torch import is_tensor, torch
+from . import torch_compat as _torch_compat
 
 _STR_OR_OBJECT_DTYPE = re.compile("[SaUO]")
 
@@ -225,3 +226,49 @@ def default_convert(data):
     """Converts NumPy arrays and scalars in a sample to tensors, by torch's
     rules (to NumPy arrays when torch is not installed)."""
     return convert(data, TORCH or NUMPY)
+
+
+# ------------------------------------------- the loader's collate wrappers
+
+
+class SlotCollate:
+    """default_collate for a loader: stacks in C into the loader's slots
+    when the samples allow it, else applies the same rules in Python.
+    ``convert`` turns slot arrays into the output type (torch.from_numpy for
+    torch output); a process worker passes None and its parent converts."""
+
+    _BY_BACKEND = object()
+
+    def __init__(self, pool, backend, convert=_BY_BACKEND):
+        self.pool = pool
+        self.backend = backend
+        if convert is SlotCollate._BY_BACKEND:
+            convert = torch.from_numpy if backend is TORCH else None
+        self.to_output = convert
+
+    def __call__(self, samples):
+        if type(samples) is list:
+            batch = _C.collate(samples, self.pool, self.to_output)
+            if batch is not NotImplemented:
+                return batch
+        return collate(samples, self.backend)
+
+
+class Convert:
+    def __init__(self, backend):
+        self.backend = backend
+
+    def __call__(self, sample):
+        return convert(sample, self.backend)
+
+
+def effective_collate(loader):
+    """The collate function workers call: fastload's fast paths stand in for
+    the default functions (torch's included), which they reproduce."""
+    backend = backend_for(loader.output)
+    fn = loader.collate_fn
+    if fn is default_collate or fn is _torch_compat.torch_default_collate():
+        return SlotCollate(loader._slot_pool, backend)
+    if fn is default_convert or fn is _torch_compat.torch_default_convert():
+        return Convert(backend)
+    return fn

@@ -74,9 +74,11 @@ from .worker import (
     FetchPlan,
     StopFlag,
     Worker,
+    get_worker_info,
     numpy_worker_seed,
 )
-from .collate import backend_for
+from .torch_compat import route_torch_worker_info
+from .collate import Convert, SlotCollate, backend_for
 
 # How long a worker waits for a request before checking that its parent is
 # still alive (a parent killed by SIGKILL cannot tell it to stop).
@@ -211,15 +213,14 @@ class _StepIntoSlots:
 
 
 def _fetch_plan(plan, pool):
-    from .dataloader import _Convert, _SlotCollate  # the loader's collate wrappers
 
     backend = backend_for(plan.output)
     if plan.collate_fn is not None:
         collate_fn = plan.collate_fn
     elif plan.convert_only:
-        collate_fn = _Convert(backend)
+        collate_fn = Convert(backend)
     else:
-        collate_fn = _SlotCollate(pool, backend, convert=None)  # the parent converts
+        collate_fn = SlotCollate(pool, backend, convert=None)  # the parent converts
     batch_step = plan.batch_transform
     if batch_step is not None and plan.collate_fn is None:
         batch_step = _StepIntoSlots(batch_step, pool)
@@ -248,9 +249,7 @@ def worker_main(conn, plan, worker_id, parent_pid):
         torch.set_num_threads(1)
     _seed_globals(plan.base_seed, worker_id)
     _set_torch_worker_info(worker_id, plan, plan.dataset)
-    from .torch_compat import route_torch_worker_info
-
-    route_torch_worker_info()
+    route_torch_worker_info(get_worker_info)
     pool = _C.SlotPool(max_free=plan.max_free_slots, memory="shared")
     try:
         worker = Worker(worker_id, _fetch_plan(plan, pool), StopFlag(), method="process")

@@ -3,7 +3,6 @@
 import copy
 import threading
 
-from . import worker as _worker
 from .._random import draw_seed
 from .._torch import torch
 
@@ -19,7 +18,7 @@ def torch_default_convert():
     return torch.utils.data.default_convert if torch is not None else None
 
 
-def route_torch_worker_info():
+def route_torch_worker_info(fastload_worker_info):
     """Makes ``torch.utils.data.get_worker_info()`` answer inside fastload's
     worker threads.
 
@@ -27,7 +26,8 @@ def route_torch_worker_info():
     reads a per-process global that threads cannot use.  The replacement
     returns fastload's thread-local info on a fastload worker thread and
     defers to torch's own function everywhere else, so torch's DataLoader is
-    unaffected.  Done once, the first time a loader starts workers.
+    unaffected.  ``fastload_worker_info`` is fastload's ``get_worker_info``.
+    Done once, the first time a loader starts workers.
     """
     global _routed
     if torch is None:
@@ -41,7 +41,7 @@ def route_torch_worker_info():
         torch_get = torch_worker.get_worker_info
 
         def get_worker_info_routed():
-            info = _worker.get_worker_info()
+            info = fastload_worker_info()
             return info if info is not None else torch_get()
 
         get_worker_info_routed.__doc__ = torch_get.__doc__

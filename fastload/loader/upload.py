@@ -18,6 +18,7 @@ holds for device memory too.
 
 import collections
 import queue
+import re
 import threading
 
 import numpy as np
@@ -25,7 +26,8 @@ import numpy as np
 from .. import _C
 from .._torch import is_tensor, torch
 from ..observe.profiler import next_range, torch_profiling
-from ..observe.stats import UPLOAD, clock_ns
+from ..datasets import native as _native
+from ..observe.stats import UPLOAD, ConsumerClock, clock_ns
 
 
 _POLL_S = 0.05  # how often a blocked upload thread checks for close()
@@ -229,3 +231,59 @@ def _rebuild(structure, leaves):
     if issubclass(kind, tuple) and hasattr(kind, "_fields"):
         return kind(*items)
     return kind(items)
+
+
+def pin_device(pin_memory_device):
+    """The device whose context page-locks the slots (any: they are portable)."""
+    match = re.fullmatch(r"cuda:(\d+)", str(pin_memory_device or ""))
+    return int(match.group(1)) if match else 0
+
+
+class Upload:
+    """A loader's upload stage: its stream and device pool, shared by epochs,
+    and the latest upload thread (with persistent workers, the one that reads
+    the shared host iterator: a new epoch stops it first)."""
+
+    def __init__(self, loader, device_index, in_flight):
+        self.stream = _C.CudaStream(device_index)
+        self.depth = max(2, in_flight)
+        self.pool = _C.SlotPool(max_free=self.depth + 2, memory="device", device=device_index)
+        self.to_torch = loader.output == "torch"
+        self.normalize = None     # (mul, add, dtype) applied on the device
+        self.native_source = None  # the dataset's uint8 source, with normalize
+        if loader.normalize_on_device:
+            source = _native.source_of(loader.dataset, uint8=True)
+            if source is None:
+                raise ValueError(
+                    "normalize_on_device=True needs a fastload image dataset whose transform "
+                    "is a fastload.transforms.Compose ending in ToTensor (and Normalize)")
+            self.native_source = source
+            self.normalize = loader.dataset._device_normalization()
+        self._pump = None
+
+    def stop(self):
+        if self._pump is not None:
+            self._pump.close()
+            self._pump = None
+
+    def start(self, host_iter, timers):
+        self._pump = Pump(host_iter, self.stream, self.pool, self.depth, timers.timers,
+                          timers.upload_row)
+        return DeviceIter(self._pump, self.to_torch, self.normalize,
+                          ConsumerClock(timers.timers))
+
+
+def pin(data, pinned=None):
+    """Page-locks the tensors in a batch (only reached with an accelerator),
+    except those `pinned(tensor)` says fastload page-locked already."""
+    if pinned is not None and isinstance(data, torch.Tensor) and pinned(data):
+        return data
+    if hasattr(data, "pin_memory"):  # tensors, and custom batch types that opt in
+        return data.pin_memory()
+    if isinstance(data, dict):
+        return type(data)({k: pin(v, pinned) for k, v in data.items()})
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(pin(v, pinned) for v in data))
+    if isinstance(data, (list, tuple)):
+        return type(data)(pin(v, pinned) for v in data)
+    return data

@@ -8,9 +8,9 @@ import numpy as np
 
 from ..native import SourceOwner
 from ..cache import SampleCache
-from ..arrays import _check_index, _index_array, _is_index_batch, _split_rows
+from ..indexing import check_index, checked_index_array, index_array, is_index_batch, split_rows
 
-__all__ = ["require", "file_size", "index_array", "RowsDataset"]
+__all__ = ["require", "file_size", "RowsDataset"]
 
 
 def require(module, needed_by):
@@ -57,23 +57,6 @@ def file_size(path):
         return os.stat(path).st_size
     except OSError:
         return -1
-
-
-def index_array(indices, length):
-    """A batch of indices as int64 with negatives resolved; IndexError
-    naming an index out of range, TypeError for a non-integer."""
-    indices = _index_array(indices)
-    if isinstance(indices, (list, tuple)):
-        indices = [_check_index(i, length) for i in indices]
-        return np.asarray(indices, dtype=np.int64).reshape(-1)
-    if indices.dtype.kind not in "iu":
-        raise TypeError(f"dataset indices must be integers, not {indices.dtype}")
-    indices = indices.astype(np.int64).reshape(-1)
-    bad = (indices < -length) | (indices >= length)
-    if bad.any():
-        raise IndexError(f"index {indices[bad][0]} is out of range for a dataset of "
-                         f"{length} samples")
-    return np.where(indices < 0, indices + length, indices)
 
 
 def read_distinct_rows(layout, indices, read):
@@ -127,8 +110,8 @@ class RowsDataset(SourceOwner):
     def _batch(self, indices):
         """Each column's rows ``indices`` as one array, in column order."""
         if self._native:
-            return self._source.batch(_index_array(indices), None, None, 0, 0)[0]
-        indices = index_array(indices, self._length)
+            return self._source.batch(index_array(indices), None, None, 0, 0)[0]
+        indices = checked_index_array(indices, self._length)
         out = [None] * len(self._names)
         if self._gathered:
             for position, rows in zip(self._gathered,
@@ -175,15 +158,15 @@ class RowsDataset(SourceOwner):
         return rows
 
     def __getitem__(self, index):
-        if _is_index_batch(index):
+        if is_index_batch(index):
             return tuple(self._batch(index))
         if isinstance(index, slice):
             return tuple(self._batch(np.arange(*index.indices(self._length))))
-        i = _check_index(index, self._length)
+        i = check_index(index, self._length)
         return tuple(rows[0, ...] for rows in self._batch([i]))
 
     def __getitems__(self, indices):
-        return _split_rows(self._batch(indices))
+        return split_rows(self._batch(indices))
 
 
 def is_hf_dataset(obj):

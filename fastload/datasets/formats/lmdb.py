@@ -16,11 +16,10 @@ import numpy as np
 
 from ... import _C
 from ..native import SourceOwner
-from ..arrays import _check_index, _is_index_batch
+from ..indexing import check_index, checked_index_array, is_index_batch
 from ..cache import file_identity
 from ..images import ImageFiles, _fallback
 from ...transforms.ops import PILLOW_MAX_PIXELS
-from ._common import index_array
 
 __all__ = ["LMDBDataset"]
 
@@ -228,14 +227,14 @@ class _LMDBValues(_ReopenAfterFork, SourceOwner):
         return value, label
 
     def __getitem__(self, index):
-        if _is_index_batch(index) or isinstance(index, slice):
+        if is_index_batch(index) or isinstance(index, slice):
             if isinstance(index, slice):
                 index = np.arange(*index.indices(self._length))
             return self.__getitems__(index)
-        i = _check_index(index, self._length)
+        i = check_index(index, self._length)
         return self._finish(self._values(np.array([i], np.int64))[0], self._labels[i])
 
     def __getitems__(self, indices):
-        indices = index_array(indices, self._length)
+        indices = checked_index_array(indices, self._length)
         values = self._values(indices)
         return [self._finish(v, l) for v, l in zip(values, self._labels[indices])]

@@ -1,0 +1,112 @@
+"""The package's layout holds: no import circle in fastload/, and
+docs/design.md's map names every source file.
+
+An import counts wherever it stands (a function-level import is still a
+dependency: deferring it only hides a circle).  Importing a package's
+submodule is an edge to that submodule, not to the package's __init__.
+"""
+
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "fastload"
+
+
+def _module_name(path):
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules():
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    modules["fastload._C"] = None  # the extension: it imports nothing of fastload
+    return modules
+
+
+def _imported(module, path, node, modules):
+    """The fastload modules an import statement of ``module`` names."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names if alias.name in modules]
+    if node.level:
+        base = package.split(".")
+        base = base[:len(base) - node.level + 1]
+        target = ".".join(base + ([node.module] if node.module else []))
+    else:
+        target = node.module or ""
+    if not (target == "fastload" or target.startswith("fastload.")):
+        return []
+    names = [f"{target}.{alias.name}" for alias in node.names]
+    found = [name for name in names if name in modules]
+    # Names that are not modules are attributes of ``target`` itself.
+    if len(found) < len(names) and target in modules:
+        found.append(target)
+    return found
+
+
+def _graph():
+    modules = _modules()
+    graph = {}
+    for module, path in modules.items():
+        if path is None:
+            graph[module] = set()
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        edges = set()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                edges.update(_imported(module, path, node, modules))
+        edges.discard(module)
+        graph[module] = edges
+    return graph
+
+
+def _cycles(graph):
+    """Every strongly connected component of more than one module (Tarjan)."""
+    index, low, on_stack, stack, found = {}, {}, set(), [], []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_graph_sees_the_package():
+    graph = _graph()
+    assert "fastload.loader.dataloader" in graph
+    assert "fastload.loader.iterators" in graph["fastload.loader.dataloader"]
+    assert "fastload.datasets.indexing" in graph["fastload.datasets.arrays"]
+
+
+def test_cycle_finder_finds_a_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+
+
+def test_no_import_circle_in_the_package():
+    cycles = _cycles(_graph())
+    assert not cycles, f"modules that import each other: {cycles}"
