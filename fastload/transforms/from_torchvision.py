@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 from . import ops as T
 
-__all__ = ["TransformPlan", "batch_transform", "resolve"]
+__all__ = ["TransformPlan", "is_torchvision", "resolve", "torchvision_name"]
 
 # The Python part is slower per image than the same chain in C by about
 # this factor (benchmarks/images_bench.py, "torchvision classes" rows).
@@ -38,12 +38,12 @@ class TransformPlan(NamedTuple):
     python: tuple
 
 
-def _is_torchvision(obj):
+def is_torchvision(obj):
     module = type(obj).__module__ or ""
     return module == "torchvision.transforms" or module.startswith("torchvision.transforms.")
 
 
-def _name(obj):
+def torchvision_name(obj):
     return type(obj).__name__
 
 
@@ -237,7 +237,7 @@ _GEOMETRIC = {"RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip
 
 def _fastload_ops(t):
     """The fastload transforms for torchvision step ``t``, or None."""
-    build = _TABLE.get(_name(t)) if _is_torchvision(t) else None
+    build = _TABLE.get(torchvision_name(t)) if is_torchvision(t) else None
     if build is None:
         return None
     try:
@@ -249,11 +249,11 @@ def _fastload_ops(t):
 
 def _steps(transform):
     """The steps of a torchvision transform: a Compose's, flattened."""
-    if _name(transform) == "Compose" and isinstance(getattr(transform, "transforms", None),
+    if torchvision_name(transform) == "Compose" and isinstance(getattr(transform, "transforms", None),
                                                     (list, tuple)):
         steps = []
         for t in transform.transforms:
-            steps.extend(_steps(t) if _is_torchvision(t) else [t])
+            steps.extend(_steps(t) if is_torchvision(t) else [t])
         return steps
     return [transform]
 
@@ -293,7 +293,7 @@ def _compose(steps):
     converted_at = None  # where the tensor conversion's ops begin in ops
     is_float = False  # it made a float tensor, and only colour steps followed
     for t in steps:
-        name, mapped = _name(t), _fastload_ops(t)
+        name, mapped = torchvision_name(t), _fastload_ops(t)
         if converted_at is not None and name in _FLOAT_COLOUR:
             mapped = _tensor_form(mapped, uint8=not is_float)
             if mapped is None:
@@ -331,7 +331,7 @@ class PythonSteps:
         return image
 
     def __repr__(self):
-        return f"PythonSteps({', '.join(_name(t) for t in self.steps)})"
+        return f"PythonSteps({', '.join(torchvision_name(t) for t in self.steps)})"
 
 
 def _split(steps):
@@ -339,7 +339,7 @@ def _split(steps):
     longest geometric prefix that compiles, or nothing."""
     for k in range(len(steps), 0, -1):
         prefix = steps[:k]
-        if all(_name(t) in _GEOMETRIC and _fastload_ops(t) is not None for t in prefix):
+        if all(torchvision_name(t) in _GEOMETRIC and _fastload_ops(t) is not None for t in prefix):
             compose = _compose(prefix)
             if compose is not None and compose.transforms:
                 return compose, k
@@ -349,7 +349,7 @@ def _split(steps):
 def _warning(steps, k):
     """The message for a chain of which ``steps[k:]`` run in Python."""
     unmapped = [t for t in steps[k:] if _fastload_ops(t) is None]
-    names = lambda ts: ", ".join(_name(t) for t in ts)  # noqa: E731
+    names = lambda ts: ", ".join(torchvision_name(t) for t in ts)  # noqa: E731
     why = (f"{names(unmapped)} {'has' if len(unmapped) == 1 else 'have'} no exact C equivalent"
            if unmapped else "this order of steps does not fuse into one C operation")
     where = f" (after {names(steps[:k])} in C)" if k else ""
@@ -371,7 +371,7 @@ def resolve(transform, loader=False):
     it is."""
     if transform is None:
         return Resolved(None, None, TransformPlan((), ()), None)
-    torchvision = _is_torchvision(transform)
+    torchvision = is_torchvision(transform)
     steps = _steps(transform) if torchvision else [transform]
     if loader:
         return Resolved(None, PythonSteps(steps) if torchvision else transform,
@@ -387,31 +387,3 @@ def resolve(transform, loader=False):
     compose, k = _split(steps)
     return Resolved(compose, PythonSteps(steps[k:]),
                     TransformPlan(tuple(steps[:k]), tuple(steps[k:])), _warning(steps, k))
-
-
-# ------------------------------------------------------ batch transforms
-
-
-def _default_labels(t):
-    getter = getattr(t, "_labels_getter", None)
-    return getattr(getter, "__name__", "") == "_find_labels_default_heuristic"
-
-
-def batch_transform(t):
-    """torchvision v2's MixUp, CutMix, or RandomChoice of them, as fastload's
-    (run in C); None for anything else (a labels_getter of its own, another
-    transform), which then runs as the callable it is."""
-    if not _is_torchvision(t):
-        return None
-    name = _name(t)
-    try:
-        if name in ("MixUp", "CutMix") and _default_labels(t):
-            cls = T.MixUp if name == "MixUp" else T.CutMix
-            return cls(alpha=t.alpha, num_classes=t.num_classes)
-        if name == "RandomChoice":
-            parts = [batch_transform(step) for step in t.transforms]
-            if parts and all(isinstance(p, (T.MixUp, T.CutMix)) for p in parts):
-                return T.RandomChoice(parts, p=list(t.p))
-    except (AttributeError, TypeError, ValueError):
-        return None
-    return None

@@ -67,6 +67,7 @@ import numpy as np
 from .. import _C
 from .._random import draw_seed
 from .._torch import torch
+from .plan import AUTO_POLICIES, FILTERS, compile_plan
 
 __all__ = [
     "AutoAugment",
@@ -75,17 +76,14 @@ __all__ = [
     "ColorJitter",
     "Compose",
     "ConvertImageDtype",
-    "CutMix",
     "GaussianBlur",
     "Grayscale",
     "InterpolationMode",
-    "MixUp",
     "Normalize",
     "PILToTensor",
     "RandAugment",
     "RandomAffine",
     "RandomApply",
-    "RandomChoice",
     "RandomCrop",
     "RandomErasing",
     "RandomGrayscale",
@@ -106,14 +104,13 @@ class InterpolationMode:
     BICUBIC = "bicubic"
 
 
-_FILTERS = {InterpolationMode.NEAREST: 0, InterpolationMode.BILINEAR: 1,
-            InterpolationMode.BICUBIC: 2}
+
 
 
 def _interpolation(value):
     name = getattr(value, "value", value)  # torchvision's enum, or a string
-    if name not in _FILTERS:
-        raise ValueError(f"interpolation {value!r} is not one of {sorted(_FILTERS)}")
+    if name not in FILTERS:
+        raise ValueError(f"interpolation {value!r} is not one of {sorted(FILTERS)}")
     return name
 
 
@@ -167,6 +164,8 @@ class RandomResizedCrop(_Transform):
     """A random box of ``scale`` of the area and ``ratio`` aspect, resized to
     ``size`` (torchvision's get_params rules)."""
 
+    op = "random_resized_crop"
+
     def __init__(self, size, scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3.0),
                  interpolation=InterpolationMode.BILINEAR, antialias=True):
         self.size = _size_pair(size, "RandomResizedCrop")
@@ -187,6 +186,8 @@ class RandomResizedCrop(_Transform):
 class Resize(_Transform):
     """An int size resizes the short side (the long side keeps the aspect,
     capped by ``max_size``); a pair is the exact (height, width)."""
+
+    op = "resize"
 
     def __init__(self, size, interpolation=InterpolationMode.BILINEAR, max_size=None,
                  antialias=True):
@@ -215,6 +216,8 @@ class Resize(_Transform):
 class CenterCrop(_Transform):
     """The centred box of ``size`` (height, width)."""
 
+    op = "center_crop"
+
     def __init__(self, size):
         self.size = _size_pair(size, "CenterCrop")
 
@@ -224,6 +227,8 @@ class CenterCrop(_Transform):
 
 class RandomHorizontalFlip(_Transform):
     """Mirrors the image with probability ``p``."""
+
+    op = "flip"
 
     def __init__(self, p=0.5):
         if not 0.0 <= p <= 1.0:
@@ -281,6 +286,8 @@ class ColorJitter(_Transform):
     contrast and saturation blend with floored first, and the hue shift
     taken through [0, 1] and back with v2's ``ToDtype`` scaling."""
 
+    op = "color_jitter"
+
     def __init__(self, brightness=0, contrast=0, saturation=0, hue=0, *, pil=False,
                  uint8=False):
         _one_arithmetic(self, pil, uint8)
@@ -315,6 +322,8 @@ class RandomGrayscale(_Transform):
     ``uint8=True``: the tensor weights, truncated, as on a uint8 tensor
     (with ``ColorJitter(uint8=True)``)."""
 
+    op = "random_grayscale"
+
     def __init__(self, p=0.1, *, pil=False, uint8=False):
         if not 0.0 <= p <= 1.0:
             raise ValueError(f"RandomGrayscale: p must be in [0, 1], got {p}")
@@ -330,6 +339,8 @@ class Grayscale(_Transform):
     equal ones.  One channel needs a tensor conversion after it (ToTensor
     or PILToTensor): the batches are then (N, 1, H, W).  ``pil=True`` and
     ``uint8=True``: as ``RandomGrayscale``'s."""
+
+    op = "grayscale"
 
     def __init__(self, num_output_channels=1, *, pil=False, uint8=False):
         if num_output_channels not in (1, 3):
@@ -416,6 +427,8 @@ class RandomRotation(_Transform):
     Interpolation NEAREST or BILINEAR.  The angle comes from fastload's
     generator, keyed by (seed, epoch, index)."""
 
+    op = "rotation"
+
     def __init__(self, degrees, interpolation=InterpolationMode.NEAREST, expand=False,
                  center=None, fill=0):
         self.degrees = _angle_range(degrees, "degrees")
@@ -439,6 +452,8 @@ class RandomAffine(_Transform):
     arithmetic: for the same parameters, torchvision's output on the PIL
     image, bit for bit.  Interpolation NEAREST or BILINEAR.  The parameters
     come from fastload's generator, keyed by (seed, epoch, index)."""
+
+    op = "affine"
 
     def __init__(self, degrees, translate=None, scale=None, shear=None,
                  interpolation=InterpolationMode.NEAREST, fill=0, center=None):
@@ -474,9 +489,6 @@ class RandomAffine(_Transform):
                 f"fill={self.fill}, center={self.center})")
 
 
-_WARPS = (RandomRotation, RandomAffine)
-
-
 MAX_AUGMENT_OPS = 16  # csrc/core/pil_ops.h FL_AUGMENT_MAX_OPS
 
 
@@ -492,6 +504,8 @@ class RandAugment(_Transform):
     output as ``torchvision.transforms.functional`` on that image, bit for
     bit.  The draws come from fastload's generator, keyed by (seed, epoch,
     index).  fastload allows ``num_ops`` up to 16."""
+
+    op = "rand_augment"
 
     def __init__(self, num_ops=2, magnitude=9, num_magnitude_bins=31,
                  interpolation=InterpolationMode.NEAREST, fill=None):
@@ -524,6 +538,8 @@ class TrivialAugmentWide(_Transform):
     """torchvision's TrivialAugmentWide: one op of RandAugment's 14 at a
     uniform magnitude bin of the wide ranges; as ``RandAugment`` otherwise."""
 
+    op = "trivial_augment"
+
     def __init__(self, num_magnitude_bins=31, interpolation=InterpolationMode.NEAREST, fill=None):
         if not isinstance(num_magnitude_bins, numbers.Integral) or num_magnitude_bins < 2:
             raise ValueError(f"TrivialAugmentWide: num_magnitude_bins must be an int >= 2, "
@@ -546,7 +562,6 @@ class AutoAugmentPolicy:
     SVHN = "svhn"
 
 
-_AUTO_TABLES = (AutoAugmentPolicy.IMAGENET, AutoAugmentPolicy.CIFAR10, AutoAugmentPolicy.SVHN)
 
 
 class AutoAugment(_Transform):
@@ -554,10 +569,12 @@ class AutoAugment(_Transform):
     uniformly, each of its two ops applied with its probability at its
     magnitude bin of 10; as ``RandAugment`` otherwise."""
 
+    op = "auto_augment"
+
     def __init__(self, policy=AutoAugmentPolicy.IMAGENET,
                  interpolation=InterpolationMode.NEAREST, fill=None):
         name = getattr(policy, "value", policy)  # torchvision's enum, or a string
-        if name not in _AUTO_TABLES:
+        if name not in AUTO_POLICIES:
             raise ValueError(f"The provided policy {policy} is not recognized.")
         self.policy = name
         self.interpolation = _augment_interpolation(interpolation, "AutoAugment")
@@ -568,11 +585,10 @@ class AutoAugment(_Transform):
         return f"AutoAugment(policy={self.policy}, fill={self.fill})"
 
 
-_AUGMENT = (RandAugment, TrivialAugmentWide, AutoAugment)
-
-
 class ToTensor(_Transform):
     """HWC uint8 -> CHW float32 in [0, 1]."""
+
+    op = "to_tensor"
 
     def __repr__(self):
         return "ToTensor()"
@@ -581,12 +597,16 @@ class ToTensor(_Transform):
 class PILToTensor(_Transform):
     """HWC uint8 -> CHW uint8."""
 
+    op = "pil_to_tensor"
+
     def __repr__(self):
         return "PILToTensor()"
 
 
 class ConvertImageDtype(_Transform):
     """uint8 -> float32 / float16 in [0, 1] (after PILToTensor)."""
+
+    op = "convert_dtype"
 
     def __init__(self, dtype):
         name = str(dtype).replace("torch.", "")
@@ -601,6 +621,8 @@ class ConvertImageDtype(_Transform):
 
 class Normalize(_Transform):
     """(x - mean) / std per channel, on float output."""
+
+    op = "normalize"
 
     def __init__(self, mean, std, inplace=False):
         self.mean = tuple(float(m) for m in mean)
@@ -624,6 +646,8 @@ class RandomErasing(_Transform):
     on the stored sample, after Normalize: the value is in those units.
     ``inplace`` is accepted for torchvision's signature (the row is always
     written in place)."""
+
+    op = "erasing"
 
     def __init__(self, p=0.5, scale=(0.02, 0.33), ratio=(0.3, 3.3), value=0, inplace=False):
         if not isinstance(value, (numbers.Number, str, tuple, list)):
@@ -692,342 +716,6 @@ class Compose:
         return f"Compose({body}\n)"
 
 
-_GEOMETRY = (RandomResizedCrop, Resize, CenterCrop)
-
-
-class Plan:
-    """A compiled transform chain: what the C pipeline does per sample.
-
-    Fields (plain numbers and strings, read by name in csrc/image_plan.c):
-    ``crop``: 0 none, 1 random-resized, 2 resize-then-center-crop (either
-    part may be absent); ``out_h``/``out_w`` (0: the decoded size, only
-    without geometry); ``scale``/``ratio`` (random-resized);
-    ``resize``/``resize_hw``/``max_size`` and ``crop_hw`` (the other kind);
-    ``filter``, ``antialias``; ``flip_p``; colour ops on the resized image:
-    ``brightness``/``contrast``/``saturation``/``hue`` factor ranges
-    ((1, 1) and, for hue, (0, 0): off), ``jitter_order`` (None: a random
-    order per image; a permutation of 0..3 fixes it, for tests),
-    ``gray_p`` (grayscale probability), ``gray_first`` (grayscale before the
-    jitter), ``color_uint8`` (those ops as on a uint8 tensor, each step
-    truncated); crop 3 is RandomCrop (``crop_hw`` its size, after a Resize or
-    with ``pad_left_right``/``pad_top_bottom``, ``pad_if_needed``,
-    ``pad_once`` (v2's one pad), ``pad_mode`` and ``pad_fill``, RGB);
-    ``jitter_p`` (RandomApply of the jitter); ``blur_kernel`` (x, y; (0, 0):
-    no blur), ``blur_sigma`` (min, max), ``blur_p``; ``dtype`` ("uint8", "float32",
-    "float16"); ``layout`` ("CHW", "HWC"); ``mul``/``add``: per channel,
-    out = value_0_255 * mul + add; ``tensor_output``: the transform converts to
-    a tensor (else the output is an HWC uint8 image, as PIL would hold it);
-    RandomErasing on the stored row: ``erase_p`` (0: off), ``erase_scale``,
-    ``erase_ratio``, ``erase_value`` (per channel, in the row's units) and
-    ``erase_random`` (standard normal values instead).
-    """
-
-    def __init__(self):
-        self.crop = 0
-        self.out_h = self.out_w = 0
-        self.scale = (0.0, 0.0)
-        self.ratio = (0.0, 0.0)
-        self.resize = 0            # short side, or 0
-        self.resize_hw = (0, 0)    # exact (height, width), or (0, 0)
-        self.max_size = 0
-        self.crop_hw = (0, 0)
-        self.filter = _FILTERS[InterpolationMode.BILINEAR]
-        self.antialias = True
-        self.flip_p = 0.0
-        self.brightness = (1.0, 1.0)
-        self.contrast = (1.0, 1.0)
-        self.saturation = (1.0, 1.0)
-        self.hue = (0.0, 0.0)
-        self.jitter_order = None
-        self.gray_p = 0.0
-        self.gray_first = False
-        self.dtype = "uint8"
-        self.layout = "HWC"
-        self.channels = 3          # 1: Grayscale(1), the first of three equal channels
-        self.gray_at_decode = False  # a leading Grayscale(pil=True): on the decoded pixels
-        self.mul = (1.0, 1.0, 1.0)
-        self.add = (0.0, 0.0, 0.0)
-        self.tensor_output = False
-        self.pad_left_right = (0, 0)
-        self.pad_top_bottom = (0, 0)
-        self.pad_if_needed = False
-        self.pad_once = False
-        self.pad_mode = "constant"
-        self.pad_fill = (0, 0, 0)
-        self.jitter_p = 1.0
-        self.blur_kernel = (0, 0)
-        self.blur_sigma = (0.0, 0.0)
-        self.blur_p = 0.0
-        self.erase_p = 0.0
-        self.erase_scale = (0.0, 0.0)
-        self.erase_ratio = (1.0, 1.0)
-        self.erase_value = (0.0, 0.0, 0.0)
-        self.erase_random = False
-        # RandAugment / TrivialAugmentWide / AutoAugment on the resampled
-        # uint8 image (csrc/core/pil_ops.h): policy 0 none, 1 rand,
-        # 2 trivial, 3 auto; its table 0 imagenet, 1 cifar10, 2 svhn;
-        # interpolation 0 nearest, 1 bilinear; fill 0..255 per channel.
-        self.augment = 0
-        self.augment_num_ops = 0
-        self.augment_magnitude = 0
-        self.augment_bins = 0
-        self.augment_table = 0
-        self.augment_interpolation = 0
-        self.augment_fill = (0.0, 0.0, 0.0)
-        # RandomRotation / RandomAffine on that uint8 image, before the
-        # policy (csrc/core/random_affine.h): warp 0 none, 1 rotation,
-        # 2 affine; degrees (min, max); translate: the largest shift as a
-        # fraction of (width, height); scale and shears (min, max);
-        # interpolation and fill as above; center when has_center.
-        self.warp = 0
-        self.warp_degrees = (0.0, 0.0)
-        self.warp_translate = (0.0, 0.0)
-        self.warp_scale = (1.0, 1.0)
-        self.warp_shear_x = (0.0, 0.0)
-        self.warp_shear_y = (0.0, 0.0)
-        self.warp_interpolation = 0
-        self.warp_fill = (0.0, 0.0, 0.0)
-        self.warp_has_center = False
-        self.warp_center = (0.0, 0.0)
-        # The colour ops above with Pillow's arithmetic, on the uint8 image
-        # after the policy (csrc/core/pil_color.h), instead of on floats.
-        self.color_pil = False
-        self.color_uint8 = False  # colour ops as on a uint8 tensor (ColorJitter(uint8=True))
-        # the policy's Solarize thresholds are torchvision.transforms.v2's
-        self.augment_solarize_v2 = False
-        # RandomAffine's matrix is torchvision.transforms.v2's
-        self.warp_v2 = False
-
-    def output_shape(self):
-        """(C, H, W) or (H, W, C); None when it depends on the image."""
-        if not self.out_h:
-            return None
-        c = self.channels
-        return (c, self.out_h, self.out_w) if self.layout == "CHW" else (self.out_h, self.out_w, c)
-
-
-def compile_plan(transforms, channels_last=False):
-    """Checks the chain's order and folds it into a Plan; ValueError says
-    which transform is out of place."""
-    plan = Plan()
-    # 0 geometry, 1 flip, 2 colour, 3 blur, 4 tensor conversion, 5 dtype, 6 normalize,
-    # 7 erasing
-    stage = 0
-
-    def out_of_place(t):
-        raise ValueError(
-            f"fastload.transforms.Compose cannot fuse {t!r} here: the order must be "
-            "[Grayscale(pil=True)], "
-            "[RandomResizedCrop | Resize [CenterCrop | RandomCrop] | CenterCrop | RandomCrop], "
-            "[RandomHorizontalFlip], [RandomRotation | RandomAffine], "
-            "[RandAugment | TrivialAugmentWide | AutoAugment], "
-            "[ColorJitter] [RandomGrayscale | Grayscale] (either order), [GaussianBlur], "
-            "[ToTensor | PILToTensor [ConvertImageDtype]], [Normalize], [RandomErasing]")
-
-    dtype = "uint8"
-    normalize = None
-    jitter = gray = blur = augment = warp = None
-    for t in transforms:
-        applied = 1.0
-        if isinstance(t, RandomApply):
-            applied, t = t.p, t.transforms[0]
-        if isinstance(t, RandomCrop):
-            if stage > 0 or plan.crop not in (0, 2) or plan.crop_hw != (0, 0):
-                out_of_place(t)
-            if plan.crop == 2 and t.pads:
-                raise ValueError(
-                    f"fastload.transforms.Compose cannot fuse {t!r} after a Resize: "
-                    "RandomCrop pads only as the first geometric step")
-            if plan.crop == 0:
-                plan.filter = _FILTERS[InterpolationMode.NEAREST]  # whole pixels, 1:1
-                left, top, right, bottom = t.padding_ltrb
-                plan.pad_left_right, plan.pad_top_bottom = (left, right), (top, bottom)
-                plan.pad_if_needed, plan.pad_once = t.pad_if_needed, t.pad_once
-                plan.pad_mode, plan.pad_fill = t.padding_mode, t.fill_rgb
-            plan.crop = 3
-            plan.crop_hw = t.size
-            plan.out_h, plan.out_w = t.size
-        elif isinstance(t, _GEOMETRY):
-            if stage > 0:
-                out_of_place(t)
-            if isinstance(t, RandomResizedCrop):
-                if plan.crop != 0:
-                    out_of_place(t)
-                plan.crop = 1
-                plan.out_h, plan.out_w = t.size
-                plan.scale, plan.ratio = t.scale, t.ratio
-                plan.filter, plan.antialias = _FILTERS[t.interpolation], t.antialias
-            elif isinstance(t, Resize):
-                if plan.crop != 0:
-                    out_of_place(t)
-                plan.crop = 2
-                if isinstance(t.size, int):
-                    plan.resize, plan.max_size = t.size, t.max_size or 0
-                else:
-                    plan.resize_hw = t.size
-                    plan.out_h, plan.out_w = t.size
-                plan.filter, plan.antialias = _FILTERS[t.interpolation], t.antialias
-            else:  # CenterCrop
-                if plan.crop == 1 or plan.crop_hw != (0, 0):
-                    out_of_place(t)
-                plan.crop = 2
-                plan.crop_hw = t.size
-                plan.out_h, plan.out_w = t.size
-        elif isinstance(t, RandomHorizontalFlip):
-            # A flip commutes exactly with the colour ops and the blur (a
-            # symmetric kernel, symmetric padding): it may follow them, but
-            # not a rotation's or an augmentation's warps, which run after it.
-            if stage > 3 or plan.flip_p or augment is not None or warp is not None:
-                out_of_place(t)
-            plan.flip_p = t.p
-            stage = max(stage, 1)
-        elif isinstance(t, _WARPS):
-            if stage > 1 or warp is not None or augment is not None:
-                out_of_place(t)
-            if isinstance(t, RandomRotation) and t.expand:
-                raise ValueError(f"fastload.transforms.Compose cannot fuse {t!r}: expand=True "
-                                 "makes the output size differ per image")
-            warp = t
-            plan.warp = 1 + _WARPS.index(type(t))
-            plan.warp_degrees = t.degrees
-            plan.warp_interpolation = _FILTERS[t.interpolation]
-            plan.warp_fill = tuple(float(v) for v in t.fill)
-            plan.warp_has_center = t.center is not None
-            plan.warp_center = t.center or (0.0, 0.0)
-            plan.warp_v2 = isinstance(t, RandomAffine) and t.matrix_v2
-            if isinstance(t, RandomAffine):
-                plan.warp_translate = t.translate or (0.0, 0.0)
-                plan.warp_scale = t.scale or (1.0, 1.0)
-                if t.shear is not None:
-                    plan.warp_shear_x = t.shear[:2]
-                    plan.warp_shear_y = t.shear[2:] or (0.0, 0.0)
-            stage = 1
-        elif isinstance(t, _AUGMENT):
-            if stage > 1 or augment is not None:
-                out_of_place(t)
-            augment = t
-            plan.augment = 1 + _AUGMENT.index(type(t))
-            plan.augment_interpolation = _FILTERS[t.interpolation]
-            plan.augment_fill = tuple(float(v) for v in t.fill)
-            if isinstance(t, RandAugment):
-                plan.augment_num_ops = t.num_ops
-                plan.augment_magnitude = t.magnitude
-            if isinstance(t, (RandAugment, TrivialAugmentWide)):
-                plan.augment_bins = t.num_magnitude_bins
-            if isinstance(t, AutoAugment):
-                plan.augment_table = _AUTO_TABLES.index(t.policy)
-            plan.augment_solarize_v2 = t.solarize_v2
-            stage = 1
-        elif isinstance(t, ColorJitter):
-            if stage > 2 or jitter is not None:
-                out_of_place(t)
-            jitter = t
-            plan.jitter_p = applied
-            stage = 2
-        elif isinstance(t, GaussianBlur):
-            if stage > 3 or blur is not None:
-                out_of_place(t)
-            blur = t
-            plan.blur_kernel, plan.blur_sigma, plan.blur_p = t.kernel_size, t.sigma, applied
-            stage = 3
-        elif (isinstance(t, Grayscale) and t.pil and stage == 0 and plan.crop == 0
-              and not plan.gray_at_decode):
-            # First of all, as torchvision converts the PIL image: the decoded
-            # pixels are made gray, then the geometry resamples them.
-            plan.gray_at_decode = True
-            if t.num_output_channels == 1:
-                plan.channels = 1
-        elif isinstance(t, (RandomGrayscale, Grayscale)):
-            if stage > 2 or gray is not None:
-                out_of_place(t)
-            gray = t
-            plan.gray_p = t.p if isinstance(t, RandomGrayscale) else 1.0
-            plan.gray_first = jitter is None
-            if isinstance(t, Grayscale) and t.num_output_channels == 1:
-                plan.channels = 1
-            stage = 2
-        elif isinstance(t, (ToTensor, PILToTensor)):
-            if stage >= 4:
-                out_of_place(t)
-            dtype = "float32" if isinstance(t, ToTensor) else "uint8"
-            plan.tensor_output = True
-            stage = 4
-        elif isinstance(t, ConvertImageDtype):
-            if stage != 4:
-                out_of_place(t)
-            if t.dtype != "uint8":
-                dtype = t.dtype
-            stage = 5
-        elif isinstance(t, Normalize):
-            if stage == 7:
-                out_of_place(t)
-            if stage not in (4, 5) or dtype == "uint8":
-                raise ValueError("Normalize needs a float image: put ToTensor (or PILToTensor "
-                                 "and ConvertImageDtype) before it")
-            normalize = t
-            stage = 6
-        elif isinstance(t, RandomErasing):
-            if stage < 4:
-                raise ValueError("RandomErasing needs a tensor: put ToTensor (or PILToTensor) "
-                                 "and Normalize before it")
-            if stage == 7:
-                out_of_place(t)
-            plan.erase_p = t.p
-            plan.erase_scale, plan.erase_ratio = t.scale, t.ratio
-            if t.value == "random":
-                plan.erase_random = True
-            else:
-                if len(t.value) > plan.channels:
-                    raise ValueError("If value is a sequence, it should have either a single "
-                                     f"value or {plan.channels} (got {len(t.value)})")
-                plan.erase_value = t.value * (3 // len(t.value))
-            stage = 7
-        else:
-            raise TypeError(
-                f"{type(t).__name__} is not a fastload transform; give the dataset a plain "
-                "callable instead (it then runs in Python on the decoded image)")
-    if jitter is not None and gray is not None and (jitter.pil, jitter.uint8) != (gray.pil,
-                                                                                gray.uint8):
-        raise ValueError(f"fastload.transforms.Compose cannot fuse {jitter!r} with {gray!r}: "
-                         "both need the same arithmetic (pil=True, uint8=True or neither)")
-    plan.color_pil = any(t is not None and t.pil for t in (jitter, gray))
-    plan.color_uint8 = any(t is not None and t.uint8 for t in (jitter, gray))
-    if plan.color_uint8 and blur is not None:
-        raise ValueError(f"fastload.transforms.Compose cannot fuse {blur!r} after uint8=True "
-                         "colour ops: torchvision rounds a uint8 blur, which fastload's float "
-                         "blur does not")
-    if plan.channels == 1 and not plan.tensor_output:
-        raise ValueError("fastload.transforms.Compose cannot fuse Grayscale(num_output_channels"
-                         "=1) without ToTensor or PILToTensor after it: fastload's images are "
-                         "RGB until then")
-    if plan.gray_at_decode:
-        fills = [plan.pad_fill, plan.warp_fill, plan.augment_fill]
-        if any(len(set(fill)) > 1 for fill in fills):
-            raise ValueError("fastload.transforms.Compose cannot fuse a fill of three different "
-                             "values after a leading Grayscale: the image has one band there")
-    if jitter is not None:
-        plan.brightness = jitter.brightness or plan.brightness
-        plan.contrast = jitter.contrast or plan.contrast
-        plan.saturation = jitter.saturation or plan.saturation
-        plan.hue = jitter.hue or plan.hue
-    if plan.crop == 2 and plan.resize and not plan.crop_hw[0]:
-        plan.out_h = plan.out_w = 0  # Resize(int) alone: the size depends on the image
-    plan.dtype = dtype
-    plan.layout = "HWC" if (channels_last or not plan.tensor_output) else "CHW"
-    unit = 1.0 / 255.0 if dtype != "uint8" else 1.0
-    if normalize is not None:
-        if plan.channels == 1 and 3 in (len(normalize.mean), len(normalize.std)):
-            raise ValueError(f"{normalize!r} has 3 channels' statistics for the 1 channel of "
-                             "Grayscale(num_output_channels=1)")
-        mean = normalize.mean * (3 // len(normalize.mean))
-        std = normalize.std * (3 // len(normalize.std))
-        plan.mul = tuple(unit / s for s in std)
-        plan.add = tuple(-m / s for m, s in zip(mean, std))
-    else:
-        plan.mul = (unit,) * 3
-    return plan
-
-
 def crop_seed():
     """A seed for a transform used outside a loader: from the global RNG,
     as torchvision's transforms draw theirs."""
@@ -1048,6 +736,8 @@ class RandomCrop(_Transform):
     triple), edge, reflect or symmetric.  Only the part of the window inside
     the image is decoded.  A crop larger than the padded image is an error
     for that sample, as torchvision's ValueError."""
+
+    op = "random_crop"
 
     def __init__(self, size, padding=None, pad_if_needed=False, fill=0, padding_mode="constant"):
         self.size = _size_pair(size, "RandomCrop")
@@ -1114,6 +804,8 @@ class GaussianBlur(_Transform):
     PIL image torchvision rounds the result to 8 bits; here it is not
     rounded before the tensor conversion (docs/design.md)."""
 
+    op = "blur"
+
     def __init__(self, kernel_size, sigma=(0.1, 2.0)):
         if isinstance(kernel_size, numbers.Integral):
             kernel_size = (kernel_size, kernel_size)
@@ -1149,6 +841,8 @@ class RandomApply(_Transform):
     """Runs ``transforms`` with probability ``p``: one ColorJitter or one
     GaussianBlur, drawn from that op's own random stream."""
 
+    op = "apply"
+
     def __init__(self, transforms, p=0.5):
         transforms = list(transforms)
         if len(transforms) != 1 or not isinstance(transforms[0], (ColorJitter, GaussianBlur)):
@@ -1161,162 +855,3 @@ class RandomApply(_Transform):
 
     def __repr__(self):
         return f"RandomApply({self.transforms!r}, p={self.p})"
-# ------------------------------------------------------------ batch transforms
-
-_MIXUP, _CUTMIX = 0, 1  # csrc/core/mix.h FL_MIX_*
-
-
-class MixPlan:
-    """A compiled batch transform, read by csrc/mixing.c: one of ``kinds``
-    (0 MixUp, 1 CutMix) with Beta(``alphas[i]``, ``alphas[i]``), picked
-    with ``probs[i]``, labels one-hot over ``num_classes``."""
-
-    def __init__(self, kinds, alphas, probs, num_classes):
-        self.kinds = tuple(kinds)
-        self.alphas = tuple(alphas)
-        self.probs = tuple(probs)
-        self.num_classes = num_classes
-
-
-def _labels_array(labels):
-    """Class indices as a contiguous int64 vector (a view where it can be)."""
-    array = labels.numpy() if hasattr(labels, "numpy") and hasattr(labels, "dim") else labels
-    array = np.ascontiguousarray(array, dtype=np.int64)
-    if array.ndim != 1:
-        raise ValueError(
-            f"fastload's MixUp and CutMix take class indices of shape (batch_size,), got "
-            f"labels of shape {tuple(array.shape)} (probability labels are not supported)")
-    return array
-
-
-def apply_mix(plan, images, labels, seed, epoch=0, batch=0, inplace=False):
-    """Runs a MixPlan on (images, labels) in C, the draws keyed by (seed,
-    epoch, batch): returns (images, soft labels (N, num_classes) float32),
-    torch tensors for torch input.  Images are (N, C, H, W): a torch tensor
-    (contiguous or channels_last) or a NumPy array."""
-    if plan.num_classes is None:
-        raise ValueError("num_classes must be passed if the labels are index-based (1D)")
-    is_tensor = torch is not None and isinstance(images, torch.Tensor)
-    if is_tensor:
-        if images.device.type != "cpu":
-            raise ValueError("fastload's MixUp and CutMix run on CPU batches (in the loader's "
-                             "workers); this batch is on " + str(images.device))
-        if images.ndim != 4:
-            raise ValueError(f"Expected a batched input with 4 dims, but got {images.ndim} "
-                             "dimensions instead.")
-        nhwc = not images.is_contiguous() and images.is_contiguous(
-            memory_format=torch.channels_last)
-        if not (nhwc or images.is_contiguous()):
-            images, inplace = images.contiguous(), True
-        if not inplace:
-            images = images.clone()  # keeps the memory format
-        array = (images.permute(0, 2, 3, 1) if nhwc else images).numpy()
-    else:
-        array = np.asarray(images)
-        if array.ndim != 4:
-            raise ValueError(f"Expected a batched input with 4 dims, but got {array.ndim} "
-                             "dimensions instead.")
-        nhwc = False
-        if not inplace or not (array.flags.c_contiguous and array.flags.writeable):
-            array = np.array(array, order="C", copy=True)
-        images = array
-    label_array = _labels_array(labels)
-    if label_array.shape[0] != array.shape[0]:
-        raise ValueError(f"The batch size of the image or video does not match the batch size "
-                         f"of the labels: {array.shape[0]} != {label_array.shape[0]}.")
-    soft = _C.mix_batch(array, label_array, plan, seed, epoch, batch, nhwc)
-    if is_tensor or (torch is not None and isinstance(labels, torch.Tensor)):
-        soft = torch.from_numpy(soft)
-    return images, soft
-
-
-class _BatchMix:
-    """MixUp / CutMix: called on a batch, ``(images, labels) -> (images,
-    soft labels)``, with draws from the global RNG, as torchvision's; given
-    to ``DataLoader(batch_transform=...)``, run in C in the workers with
-    draws keyed by (seed, epoch, batch number)."""
-
-    _kind = None
-
-    def __init__(self, *, alpha=1.0, num_classes=None, labels_getter="default"):
-        alpha = float(alpha)
-        if not alpha > 0:
-            raise ValueError(f"{type(self).__name__}: alpha must be positive, got {alpha}")
-        if num_classes is not None and (not isinstance(num_classes, numbers.Integral)
-                                        or num_classes < 1):
-            raise ValueError(f"{type(self).__name__}: num_classes must be a positive int, "
-                             f"got {num_classes!r}")
-        if labels_getter != "default":
-            raise ValueError(f"{type(self).__name__}: fastload takes the labels as the second "
-                             "item of the batch (labels_getter='default')")
-        self.alpha = alpha
-        self.num_classes = None if num_classes is None else int(num_classes)
-        self.labels_getter = labels_getter
-
-    @property
-    def mix_plan(self):
-        return MixPlan((self._kind,), (self.alpha,), (1.0,), self.num_classes)
-
-    def __call__(self, images, labels):
-        return apply_mix(self.mix_plan, images, labels, draw_seed(None))
-
-    def __repr__(self):
-        return f"{type(self).__name__}(alpha={self.alpha}, num_classes={self.num_classes})"
-
-
-class MixUp(_BatchMix):
-    """torchvision.transforms.v2.MixUp: each image i becomes lam * image i +
-    (1 - lam) * image i - 1 (the batch rolled by one), lam ~ Beta(alpha,
-    alpha) per batch; the labels, one-hot, are mixed alike.  Float images
-    only (float32, float16), as torchvision's."""
-
-    _kind = _MIXUP
-
-
-class CutMix(_BatchMix):
-    """torchvision.transforms.v2.CutMix: a box of image i - 1 is pasted into
-    image i, its sides sqrt(1 - lam) of the image's around a uniform centre,
-    clipped; the labels are mixed by the area pasted.  float32, float16 or
-    uint8 images."""
-
-    _kind = _CUTMIX
-
-
-class RandomChoice:
-    """torchvision.transforms.v2.RandomChoice of MixUp and CutMix: one of
-    them per batch, with probabilities ``p`` (default equal; normalised)."""
-
-    def __init__(self, transforms, p=None):
-        if not isinstance(transforms, (list, tuple)):
-            raise TypeError("Argument transforms should be a sequence of callables")
-        if p is None:
-            p = [1] * len(transforms)
-        elif len(p) != len(transforms):
-            raise ValueError(f"Length of p doesn't match the number of transforms: {len(p)} != "
-                             f"{len(transforms)}")
-        if not transforms or not all(isinstance(t, _BatchMix) for t in transforms):
-            raise TypeError("fastload's RandomChoice picks among MixUp and CutMix; give any "
-                            "other batch function as a plain callable")
-        if len(transforms) > 8:
-            raise ValueError("RandomChoice: at most 8 transforms")
-        classes = {t.num_classes for t in transforms}
-        if len(classes) != 1:
-            raise ValueError(f"RandomChoice: the transforms disagree on num_classes ({classes})")
-        total = sum(p)
-        self.transforms = list(transforms)
-        self.p = [prob / total for prob in p]
-
-    @property
-    def num_classes(self):
-        return self.transforms[0].num_classes
-
-    @property
-    def mix_plan(self):
-        return MixPlan([t._kind for t in self.transforms], [t.alpha for t in self.transforms],
-                       self.p, self.num_classes)
-
-    def __call__(self, images, labels):
-        return apply_mix(self.mix_plan, images, labels, draw_seed(None))
-
-    def __repr__(self):
-        return f"RandomChoice({self.transforms!r}, p={self.p})"
