@@ -220,3 +220,28 @@ def test_example_takes_data_of_its_own(tmp_path):
     np.save(tmp_path / "y.npy", np.arange(300) % 3)
     out = run_example("arrays.py", "--data", str(tmp_path), "--epochs", "1", cwd=tmp_path)
     assert "epoch 0" in out
+
+
+def github_anchor(heading):
+    """The anchor GitHub (and the site, mkdocs.yml's slugify) gives a heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def test_readme_links_reach_files_and_headings():
+    """README.md is not part of the site (mkdocs checks the pages' links), so
+    its links are checked here: each relative one names a file of the
+    repository, and its #anchor a heading there."""
+    text = (ROOT / "README.md").read_text()
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    assert links
+    for link in links:
+        if re.match(r"[a-z]+:", link):
+            continue
+        path, _, anchor = link.partition("#")
+        target = ROOT / path if path else ROOT / "README.md"
+        assert target.exists(), f"README.md links to {link}: no such file"
+        if anchor:
+            headings = re.findall(r"^#+ (.+)$", target.read_text(), flags=re.M)
+            assert anchor in {github_anchor(h) for h in headings}, \
+                f"README.md links to {link}: no such heading"
