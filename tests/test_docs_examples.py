@@ -163,6 +163,14 @@ def test_page_blocks_run(page, in_docs_data, request):
                 os.unlink(path)
 
 
+# The scripts spend their time training torch models, which the sanitizer run
+# (scripts/test.sh sets FASTLOAD_SANITIZER_RUN) would only make slower: it runs
+# the pages' blocks, and the plain run runs the scripts too.
+skip_under_sanitizer = pytest.mark.skipif(
+    bool(os.environ.get("FASTLOAD_SANITIZER_RUN")),
+    reason="examples/ trains torch models: run by the plain run, not the sanitizer run")
+
+
 def run_example(script, *args, cwd):
     """Runs examples/<script> as `python examples/<script> ARGS` would, in this
     process (torch is imported once for all of them; warnings are errors here
@@ -195,6 +203,7 @@ def test_every_example_is_run():
 
 @pytest.mark.parametrize("script", sorted(name for name, args in EXAMPLE_ARGS.items()
                                           if args is not None))
+@skip_under_sanitizer
 def test_example_runs_on_generated_data(script, tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("PIL")
@@ -202,6 +211,7 @@ def test_example_runs_on_generated_data(script, tmp_path):
     assert out.strip(), f"{script} printed nothing"
 
 
+@skip_under_sanitizer
 def test_resume_example_ends_where_the_uninterrupted_run_ends(tmp_path):
     pytest.importorskip("torch")
     out = run_example("resume.py", "--checkpoint", "run.pt", "--stop-after", "7", cwd=tmp_path)
@@ -213,6 +223,7 @@ def test_resume_example_ends_where_the_uninterrupted_run_ends(tmp_path):
     assert checksum.search(resumed).group(1) == checksum.search(straight).group(1)
 
 
+@skip_under_sanitizer
 def test_example_takes_data_of_its_own(tmp_path):
     """--data is the user's way in: arrays.py reads a folder it did not make."""
     pytest.importorskip("torch")
