@@ -39,7 +39,7 @@ def headers_missing_message(missing):
         f"    Debian, Ubuntu:          sudo apt-get install {' '.join(packages[0])}\n"
         f"    Fedora, RHEL, CentOS:    sudo dnf install {' '.join(packages[1])}\n"
         f"    Alpine:                  apk add {' '.join(packages[2])}\n\n"
-        "(a binary wheel, fastload-*-manylinux_*.whl, needs none of this: it carries "
+        "(a binary wheel, fastload_torch-*-manylinux_*.whl, needs none of this: it carries "
         "its own copies).")
 
 

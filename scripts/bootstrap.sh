@@ -14,3 +14,5 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 python -m pip install -q "setuptools>=77" wheel "numpy>=1.24"
 # torch is pinned: an unpinned torch pulls several GB of CUDA packages.
 python -m pip install -q --no-build-isolation -e ".[test]"
+# The documentation site's builder (mkdocs.yml), pinned like the rest.
+python -m pip install -q -r requirements-docs.txt

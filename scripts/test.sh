@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds the binary wheel (scripts/wheel.sh) and
+# Installs what is missing, builds the documentation site (strict: a broken
+# link or a missing page fails), builds the binary wheel (scripts/wheel.sh) and
 # runs the whole test suite against that wheel installed in a clean virtual
 # environment; then again against an AddressSanitizer +
 # UndefinedBehaviorSanitizer build in the source tree, with warnings as
@@ -10,6 +11,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 FASTLOAD_EXTRA_PACKAGES="clang"  # libFuzzer
 . scripts/bootstrap.sh
+
+# The documentation site (mkdocs.yml, strict: warnings are errors), into
+# build/site.  Its Python blocks and examples/ run with the suite
+# (tests/test_docs_examples.py).
+echo "fastload: building the documentation site (mkdocs --strict)"
+python -m mkdocs build --strict --quiet
 
 # A hang fails the run within 50 minutes, with every thread's stack printed
 # (faulthandler_timeout in pyproject.toml), rather than stalling it.

