@@ -398,7 +398,7 @@ def test_works_without_tqdm_and_matplotlib_until_a_plot_is_asked_for(tmp_path):
                           env={**os.environ, "PYTHONPATH": str(ROOT)},
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "plot: TuneReport.plot needs matplotlib: pip install fastload[tune]" in proc.stdout
+    assert "plot: TuneReport.plot needs matplotlib: pip install \"fastload-torch[tune]\"" in proc.stdout
     assert "exit: 2" in proc.stdout
-    assert "--plot needs matplotlib: pip install fastload[tune]" in proc.stderr
+    assert "--plot needs matplotlib: pip install \"fastload-torch[tune]\"" in proc.stderr
     assert not (tmp_path / "never.png").exists()

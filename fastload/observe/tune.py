@@ -16,7 +16,7 @@ which a training step only lowers.  The recommendation is the cheapest
 setting (fewest workers, then least prefetch) within 5 % of the fastest.
 
 ``sweep()`` is the same measurement from Python.  tqdm (the progress bar) and
-matplotlib (the plot) are optional: ``pip install fastload[tune]``.  Without
+matplotlib (the plot) are optional: ``pip install "fastload-torch[tune]"``.  Without
 tqdm the sweep runs without a bar; without matplotlib only ``plot`` fails.
 """
 
@@ -35,7 +35,7 @@ __all__ = ["TuneReport", "TuneRow", "default_workers", "load_dataset", "recommen
 
 TOLERANCE = 0.05  # a setting this close to the fastest counts as fast enough
 DEFAULT_PREFETCH = (1, 2, 4)
-INSTALL_HINT = "pip install fastload[tune]"
+INSTALL_HINT = 'pip install "fastload-torch[tune]"'
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 

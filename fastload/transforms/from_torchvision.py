@@ -355,7 +355,7 @@ def _warning(steps, k):
     where = f" (after {names(steps[:k])} in C)" if k else ""
     return (f"fastload: {why}, so {names(steps[k:])} {'runs' if len(steps) - k == 1 else 'run'} "
             f"in Python per image{where}, with the GIL: expect ~{PYTHON_SLOWDOWN}x slower than "
-            "the whole chain in C; see README, \"torchvision transforms work as they are\"")
+            "the whole chain in C; see docs/guide/images-and-transforms.md")
 
 
 class Resolved(NamedTuple):

@@ -8,7 +8,7 @@ metadata and opens the file (zarr also reads compressed chunks); rows that lie
 in the file as plain fixed-width arrays are memory-mapped and gathered in C,
 as ``ArrayDataset`` gathers them.  No library is imported until a dataset is
 made, so ``import fastload`` works without them; ``pip install
-fastload[formats]`` installs them.
+"fastload-torch[formats]"`` installs them.
 """
 
 from .arrow import ArrowDataset

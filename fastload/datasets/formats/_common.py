@@ -22,7 +22,7 @@ def require(module, needed_by):
         package = module.split(".")[0]
         raise ImportError(
             f"{needed_by} needs the {package} package: pip install {package} "
-            f"(or pip install fastload[formats])"
+            '(or pip install "fastload-torch[formats]")'
         ) from e
 
 
