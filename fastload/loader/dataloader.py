@@ -410,7 +410,7 @@ class DataLoader(Generic[T_co]):
                 # The child starts its own, as a fresh loader would.
                 previous._shutdown()
                 previous = self._iterator = None
-            if previous is None or type(previous) is not workers:
+            if previous is None or previous._kind != iterators.worker_mode(self):
                 if previous is not None:
                     previous._shutdown()
                 self._iterator = workers(self)

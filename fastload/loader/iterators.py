@@ -30,12 +30,17 @@ from . import torch_compat as _torch_compat
 from .collate import Convert, SlotCollate, default_collate, effective_collate
 from .sampler import BatchSampler, RandomSampler, SequentialSampler
 from .upload import pin, pin_device
+from .engine import ThreadEngine
 from .worker import (ExceptionWrapper, FetchPlan, StopFlag, Worker, get_worker_info,
                      make_fetcher)
 
 
+_TRACE_NAMES = {None: "_SingleThreadIter", "thread": "_ThreadedIter", "process": "_ProcessIter"}
+
+
 class _BaseIter:
     _already_pinned = None  # tensor -> bool, for pin(); None: ask torch
+    _kind = None            # the workers' kind: None (no workers), "thread" or "process"
 
     def __init__(self, loader, resume=None):
         self._dataset = loader.dataset
@@ -216,8 +221,13 @@ class _BaseIter:
         open_indices = sampler._index_chunks if arrays else lambda: iter(sampler)
         return _resume.resumed_indices(open_indices, skip, eager, batch_size, drop_last, arrays)
 
+    # On the class, not looked up in the module: an iterator still alive at
+    # interpreter exit is dropped (__del__ -> _leave) after module globals
+    # may have been cleared.
+    _getpid = staticmethod(os.getpid)
+
     def _pid_ok(self):
-        return getattr(self, "_pid", os.getpid()) == os.getpid()
+        return getattr(self, "_pid", None) in (None, self._getpid())
 
     def _reset(self, loader):
         profiler.sync()
@@ -255,8 +265,9 @@ class _BaseIter:
 
     @property
     def _profile_name(self):
-        # torch's name for the range: profiler views file it under DataLoader.
-        return f"enumerate(DataLoader)#{type(self).__name__}.__next__"
+        # torch's form of the range's name: profiler views file it under
+        # DataLoader.  The iterator names are those traces have always shown.
+        return f"enumerate(DataLoader)#{_TRACE_NAMES[self._kind]}.__next__"
 
     def _next(self):
         called_at = clock_ns()
@@ -336,10 +347,8 @@ def _default_collation(loader):
 
 
 def iterator_class(loader):
-    """The iterator class that runs ``loader``'s workers."""
-    if loader.num_workers == 0:
-        return SingleThreadIter
-    return ProcessIter if worker_mode(loader) == "process" else ThreadedIter
+    """The iterator class for ``loader``."""
+    return SingleThreadIter if loader.num_workers == 0 else WorkerIter
 
 
 def worker_mode(loader):
@@ -447,12 +456,17 @@ def _stuck_at(worker):
     return f"at sample index {position!r}"
 
 
-class ThreadedIter(_BaseIter):
-    """num_workers > 0: batches are fetched by the engine's worker threads."""
+class WorkerIter(_BaseIter):
+    """num_workers > 0: batches are fetched by an engine's workers (threads
+    or processes, ``worker_mode``), scheduled as torch schedules them (see
+    the module docstring and ``engine.Engine``)."""
 
     _timed_out = False  # a wait for a batch has timed out: workers may be stuck
 
     def __init__(self, loader, resume=None):
+        self._kind = worker_mode(loader)
+        if self._kind == "process":
+            warn_about_worker_count(loader.num_workers)
         super().__init__(loader, resume)
         self._prefetch_factor = loader.prefetch_factor
         self._persistent = loader.persistent_workers
@@ -477,18 +491,9 @@ class ThreadedIter(_BaseIter):
         self._prime()
 
     def _start_workers(self, loader):
-        plan = _fetch_plan(self, loader, self._num_workers)
-        workers = [Worker(i, plan, self._stop_flag) for i in range(self._num_workers)]
-        _torch_compat.route_torch_worker_info(get_worker_info)
-        if self._native_source is None:
-            return _C.Engine(workers, self._max_in_flight, bool(loader.in_order),
-                             stats=self._timers)
-        # Native jobs: each batch runs in C on a worker, without the GIL.
-        return _C.Engine(workers, self._max_in_flight, bool(loader.in_order),
-                         source=self._native_source, pool=loader._slot_pool,
-                         convert=self._collate_fn.to_output, seed=self._base_seed,
-                         report=_native.skip_reporter(self._dataset), stats=self._timers,
-                         mix=_mix_plan(self))
+        if self._kind == "process":
+            return _start_processes(self, loader)
+        return _start_threads(self, loader)
 
     def _prime(self):
         if self._tuner is not None:
@@ -506,28 +511,45 @@ class ThreadedIter(_BaseIter):
         self._target = setting.in_flight
 
     def _reset(self, loader):
-        """Persistent workers: a new epoch on the same threads."""
-        super()._reset(loader)
-        self._discard_in_flight()
-        self._engine.reset()
+        """Persistent workers: a new epoch on the same workers, or on new
+        ones when a worker died in the last (the engine is broken)."""
+        if self._engine.broken:
+            self._engine.close(_SHUTDOWN_GRACE_SECONDS)
+            super()._reset(loader)
+            self._engine = self._start_workers(loader)
+        else:
+            super()._reset(loader)
+            self._discard_in_flight()
+            self._engine.reset()
         self._epoch += 1
         self._finished = False
         self._prime()
 
     def _discard_in_flight(self):
-        # Batches still queued are cancelled; the ones running stop between
-        # samples (the stop flag) and are dropped.  The wait for them is a
-        # wait for a batch, so the loader's timeout bounds it.
-        self._stop_flag.stopped = True
-        self._engine.cancel_pending()
+        # The wait for the batches still out is a wait for a batch, so the
+        # loader's timeout bounds it.
         timeout = self._timeout if self._timeout > 0 else None
         try:
-            while self._engine.next(timeout) is not None:
-                pass
+            self._engine.discard_in_flight(timeout)
         except TimeoutError:
             self._timed_out = True
             raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from None
-        self._stop_flag.stopped = False
+
+    @property
+    def _workers(self):
+        """torch's attribute: the workers started (processes: ``is_alive()``,
+        ``pid``, ``join()``); all of them unless the autotuner holds some
+        back.  Empty once worker processes are shut down."""
+        return self._engine.workers
+
+    def _note_depth(self):
+        self._engine.note_depth(self._timers)
+
+    def _already_pinned(self, tensor):
+        # Slot tensors a process engine page-locked in place; torch's
+        # pin_memory() would return them as they are too, after asking the
+        # driver per tensor.
+        return self._engine.pinned(tensor.data_ptr())
 
     def _try_put_index(self):
         # One batch per batch delivered, as torch; autotuned, as many as
@@ -539,7 +561,7 @@ class ThreadedIter(_BaseIter):
                 index = self._next_index()
             except StopIteration:
                 return
-            # 1 means every worker has retired: the index is dropped, as torch does.
+            # False: every worker has retired; the index is dropped, as torch does.
             self._engine.submit(self._request(index))
 
     def _next_delivery(self, timeout):
@@ -591,7 +613,6 @@ class ThreadedIter(_BaseIter):
     def _shutdown(self):
         engine = getattr(self, "_engine", None)
         if engine is not None and not engine.closed:
-            self._stop_flag.stopped = True
             grace = _SHUTDOWN_GRACE_SECONDS
             if self._timed_out:
                 grace = min(grace, max(self._timeout, _MIN_GRACE_SECONDS))
@@ -610,87 +631,62 @@ class ThreadedIter(_BaseIter):
         self._shutdown()
 
 
-class ProcessIter(ThreadedIter):
-    """num_workers > 0 with worker_mode='process': the same scheduling over
-    worker processes (fastload.loader.process_engine)."""
+def _start_threads(it, loader):
+    """The thread engine for iterator ``it``: ``Worker`` threads under
+    ``_C.Engine``."""
+    plan = _fetch_plan(it, loader, it._num_workers)
+    workers = [Worker(i, plan, it._stop_flag) for i in range(it._num_workers)]
+    _torch_compat.route_torch_worker_info(get_worker_info)
+    if it._native_source is None:
+        engine = _C.Engine(workers, it._max_in_flight, bool(loader.in_order), stats=it._timers)
+    else:
+        # Native jobs: each batch runs in C on a worker, without the GIL.
+        engine = _C.Engine(workers, it._max_in_flight, bool(loader.in_order),
+                           source=it._native_source, pool=loader._slot_pool,
+                           convert=it._collate_fn.to_output, seed=it._base_seed,
+                           report=_native.skip_reporter(it._dataset), stats=it._timers,
+                           mix=_mix_plan(it))
+    return ThreadEngine(engine, workers, it._stop_flag)
 
-    def __init__(self, loader, resume=None):
-        warn_about_worker_count(loader.num_workers)
-        super().__init__(loader, resume)
 
-    def _start_workers(self, loader):
-        if loader._upload is not None and loader._upload.native_source is not None:
-            raise ValueError("normalize_on_device=True needs worker_mode='thread'")
-        collate_fn = loader.collate_fn
-        default = isinstance(self._collate_fn, SlotCollate)
-        plan = _process.ProcessPlan(
-            dataset=self._dataset,
-            iterable=self._iterable,
-            auto_collation=self._auto_collation,
-            collate_fn=None if default or isinstance(self._collate_fn, Convert) else collate_fn,
-            convert_only=isinstance(self._collate_fn, Convert),
-            output=loader.output,
-            drop_last=self._drop_last,
-            worker_init_fn=loader.worker_init_fn,
-            num_workers=self._num_workers,
-            base_seed=self._base_seed,
-            native=self._native_source is not None,
-            loader_token=loader._token,
-            max_free_slots=self._max_in_flight + 2,
-            mix=_mix_plan(self),
-            batch_transform=_python_batch_step(self),
-            datapipe=self._datapipe,
-            datapipe_seed=self._datapipe_seed,
-            world=self._world,
-        )
-        context = loader.multiprocessing_context or _process.default_context()
-        to_output = torch.from_numpy if loader.output == "torch" else None
-        page_locking = None
-        if loader.pin_memory and loader._upload is None and cuda.is_available():
-            page_locking = _process.PageLocking(pin_device(loader.pin_memory_device),
-                                                max_waiting=self._max_in_flight)
-        return _process.ProcessWorkers(plan, self._num_workers, self._max_in_flight,
-                                       bool(loader.in_order), context, to_output,
-                                       getattr(self._dataset, "_merge_worker_report", None),
-                                       page_locking,
-                                       self._tuner.setting.workers if self._tuner else None,
-                                       on_times=self._timers.add)
-
-    @property
-    def _workers(self):
-        """torch's attribute: the worker processes started (``is_alive()``,
-        ``pid``, ``join()``); all of them unless the autotuner holds some
-        back.  Empty once the workers are shut down."""
-        return [channel.process for channel in self._engine.channels]
-
-    def _note_depth(self):
-        self._timers.note_depth(*self._engine.depth())
-
-    def _already_pinned(self, tensor):
-        # The slot tensors page-locked in place; torch's pin_memory() would
-        # return them as they are too, after asking the driver per tensor.
-        return self._engine.pinned(tensor.data_ptr())
-
-    def _reset(self, loader):
-        if not self._engine.broken:
-            return super()._reset(loader)
-        # A worker died last epoch: the new one starts on fresh workers.
-        self._engine.close()
-        _BaseIter._reset(self, loader)
-        self._engine = self._start_workers(loader)
-        self._epoch += 1
-        self._finished = False
-        self._prime()
-
-    def _discard_in_flight(self):
-        # A process cannot be interrupted between samples: wait for its
-        # tasks (bounded by the loader's timeout) and drop what they made.
-        timeout = self._timeout if self._timeout > 0 else None
-        try:
-            self._engine.discard_in_flight(timeout)
-        except TimeoutError:
-            self._timed_out = True
-            raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from None
+def _start_processes(it, loader):
+    """The process engine for iterator ``it``: ``ProcessWorkers``."""
+    if loader._upload is not None and loader._upload.native_source is not None:
+        raise ValueError("normalize_on_device=True needs worker_mode='thread'")
+    collate_fn = loader.collate_fn
+    default = isinstance(it._collate_fn, SlotCollate)
+    plan = _process.ProcessPlan(
+        dataset=it._dataset,
+        iterable=it._iterable,
+        auto_collation=it._auto_collation,
+        collate_fn=None if default or isinstance(it._collate_fn, Convert) else collate_fn,
+        convert_only=isinstance(it._collate_fn, Convert),
+        output=loader.output,
+        drop_last=it._drop_last,
+        worker_init_fn=loader.worker_init_fn,
+        num_workers=it._num_workers,
+        base_seed=it._base_seed,
+        native=it._native_source is not None,
+        loader_token=loader._token,
+        max_free_slots=it._max_in_flight + 2,
+        mix=_mix_plan(it),
+        batch_transform=_python_batch_step(it),
+        datapipe=it._datapipe,
+        datapipe_seed=it._datapipe_seed,
+        world=it._world,
+    )
+    context = loader.multiprocessing_context or _process.default_context()
+    to_output = torch.from_numpy if loader.output == "torch" else None
+    page_locking = None
+    if loader.pin_memory and loader._upload is None and cuda.is_available():
+        page_locking = _process.PageLocking(pin_device(loader.pin_memory_device),
+                                            max_waiting=it._max_in_flight)
+    return _process.ProcessWorkers(plan, it._num_workers, it._max_in_flight,
+                                   bool(loader.in_order), context, to_output,
+                                   getattr(it._dataset, "_merge_worker_report", None),
+                                   page_locking,
+                                   it._tuner.setting.workers if it._tuner else None,
+                                   on_times=it._timers.add)
 
 
 def warn_about_worker_count(num_workers):

@@ -679,8 +679,8 @@ def _describe_exit(process):
 class ProcessWorkers:
     """A loader iterator's worker processes and torch's scheduling over them.
 
-    ``submit(request)`` and ``next(timeout)`` mirror the thread engine's
-    calls, so the iterator's logic is the same for both kinds of worker.
+    An ``engine.Engine``: the iterator drives it as it drives the thread
+    engine.
     """
 
     def __init__(self, plan, num_workers, max_in_flight, in_order, context, to_output,
@@ -845,6 +845,14 @@ class ProcessWorkers:
             elif channel.process.sentinel in ready:
                 channel.process.join()
                 raise RuntimeError(channel.death())
+
+    @property
+    def workers(self):
+        """The worker processes started (torch's ``_workers``)."""
+        return [channel.process for channel in self.channels]
+
+    def note_depth(self, timers):
+        timers.note_depth(*self.depth())
 
     def pinned(self, address):
         """Whether `address` lies in a slot mapping page-locked by this parent."""
