@@ -15,7 +15,7 @@
  */
 #define _GNU_SOURCE
 #include "core/status.h"
-#include "core/tar.h"
+#include "core/source/tar.h"
 
 #include <stdint.h>
 #include <stdlib.h>
