@@ -1,12 +1,13 @@
-/* fastload core: the image pipeline — one sample from file to batch row.
+/* fastload core: the image pipeline — one sample from its encoded bytes to
+ * its batch row.
  *
- * read the file → pick the crop box (the plan's rules, counter-based
- * draws) → decode only the box, DCT-scaled when the output is much smaller
- * (a JPEG; a PNG or WebP is decoded whole) → resample, flip, convert and
- * normalise into the sample's row — through a float image, adjusted in colour,
- * when the plan has colour ops.  Each
- * thread keeps its own decoder, resampling scratch and read buffer
- * (fl_image_worker), so samples run in parallel with no shared state.
+ * the bytes (read by the source layer into the worker's buffer) → pick the
+ * crop box (the plan's rules, counter-based draws) → decode only the box,
+ * DCT-scaled when the output is much smaller (a JPEG; a PNG or WebP is
+ * decoded whole) → resample, flip, convert and normalise into the sample's
+ * row — through a float image, adjusted in colour, when the plan has colour
+ * ops.  Each thread keeps its own decoder, resampling scratch and read
+ * buffer (fl_image_worker), so samples run in parallel with no shared state.
  */
 #ifndef FL_PIPELINE_H
 #define FL_PIPELINE_H
@@ -94,24 +95,9 @@ typedef struct fl_image_worker fl_image_worker;
  * tries again. */
 int fl_image_worker_get(fl_image_worker **out, char *msg, size_t msg_size);
 
-/* Reads the whole file at `path` into the worker's buffer.  Returns FL_OK
- * (setting *data and *size, valid until the next read on this thread) or
- * FL_ERR_IO with strerror in msg and the errno in *err.  Anything but a
- * regular file (a FIFO, a directory, a device, a socket) is refused with
- * "not a regular file" (EISDIR or EINVAL) without blocking in open(). */
-int fl_read_file(fl_image_worker *w, const char *path, const unsigned char **data, size_t *size,
-                 int *err, char *msg, size_t msg_size);
-
-/* Reads `length` bytes at `offset` of the file at `path` (a member of an
- * archive; FL_TO_END: the rest of the file), as fl_read_file does.  A range
- * past the end of the file (one truncated since it was indexed) is
- * FL_ERR_IO with EIO and a message saying so. */
-#define FL_TO_END UINT64_MAX
-int fl_read_range(fl_image_worker *w, const char *path, uint64_t offset, uint64_t length,
-                  const unsigned char **data, size_t *size, int *err, char *msg, size_t msg_size);
-
-/* The buffer fl_read_range reads into, grown to at least `size` bytes (and
- * one spare); also for bytes that come from elsewhere (a cache, an LMDB
+/* The worker's read buffer, grown to at least `size` bytes (and one spare):
+ * where a sample's encoded bytes are put before decoding, by the source
+ * layer (a file read by fl_read_range, file_read.h; a cache entry; an LMDB
  * value).  Valid until the next read on this thread.  NULL when out of
  * memory. */
 unsigned char *fl_image_worker_file_buffer(fl_image_worker *w, size_t size);

@@ -1,6 +1,7 @@
 /* fastload core: an image source's batches (see image_source.h). */
 #include "core/source/image_source.h"
 
+#include "core/source/file_read.h"
 #include "core/image/resample.h"
 #include "core/source/sample_cache.h"
 #include "core/observe/stats.h"
@@ -39,6 +40,12 @@ static int read_cached(struct fl_sample_cache *cache, fl_image_worker *w, int64_
     return 1;
 }
 
+/* fl_read_range's room: the worker's read buffer. */
+static unsigned char *worker_room(void *w, size_t size)
+{
+    return fl_image_worker_file_buffer(w, size);
+}
+
 int fl_image_source_read(const fl_image_source *src, fl_image_worker *w, int64_t index,
                          fl_image_file *file, fl_image_failure *failure)
 {
@@ -64,8 +71,9 @@ int fl_image_source_read(const fl_image_source *src, fl_image_worker *w, int64_t
         rc = src->read_bytes(src->bytes_ctx, w, index, &file->data, &file->size, failure->msg,
                              sizeof failure->msg);
     } else {
-        rc = fl_read_range(w, fl_image_source_path(src, index), offset, length, &file->data,
-                           &file->size, &failure->err, failure->msg, sizeof failure->msg);
+        rc = fl_read_range(fl_image_source_path(src, index), offset, length, worker_room, w,
+                           &file->data, &file->size, &failure->err, failure->msg,
+                           sizeof failure->msg);
         if (rc == FL_OK && src->cache && !src->cache_pixels)
             fl_sample_cache_put(src->cache, index, file->data, file->size);
     }
