@@ -1,24 +1,37 @@
 /* fastload._C: the private header of the binding layer.
  *
  * The binding converts between Python objects and the core (csrc/core/),
- * which never sees a PyObject.  Files: module.c (module init and state),
- * slot_pool.c (SlotPool and SlotOwner types: batch memory and its lifetime),
- * native_batch.c (a native source's batch as a job: checked with the GIL,
- * run without it on any thread, wrapped or raised with it),
- * image_source.c (ImageSource: the native source of the image datasets),
- * image_plan.c (reading a transform plan; transform_image()),
- * gather.c (RowSource and WindowSource: the array datasets' sources),
- * collate.c (GIL-free collation of NumPy-compatible samples into a slot),
- * cuda.c (the run-time-loaded CUDA driver: what it reports, and the driver
- * helpers the files below share), upload.c (CudaStream and CudaEvent:
- * host-to-device copies of batches, returned as DeviceArrays),
- * device_array.c (DeviceArray: uploaded memory, exported through DLPack;
- * calls nothing in upload.c),
- * host_register.c (HostRegistration: mapped memory page-locked in place),
- * engine_type.c (the Engine type: worker threads that run a Python fetch
- * or a native job), stats_type.c (Timers: a loader's timers),
- * mixing.c (batch transforms: MixUp/CutMix plans and their calls; the
- * RandomErasing and mixing draws for tests).
+ * which never sees a PyObject.  Its folders mirror the core's:
+ *
+ *   module.c        the module: definition, state, exec (registers every type
+ *                   and function below)
+ *   errors.c        raising and carrying exceptions  } the generic helpers,
+ *   convert.c       Python objects to C values       } which call no feature file
+ *   testing.c       the test probes (functions only the tests call)
+ *   engine/         engine_type.c (the Engine type: worker threads running a
+ *                   Python fetch or a native job), native_batch.c (a native
+ *                   source's batch as a job: checked with the GIL, run without
+ *                   it on any thread, wrapped or raised with it), collate.c
+ *                   (GIL-free collation of NumPy-compatible samples into a slot)
+ *   memory/         slot_pool.c (SlotPool and SlotOwner: batch memory and its
+ *                   lifetime; shared slots)
+ *   image/          image_plan.c (reading a transform plan; transform_image();
+ *                   the calling thread's image worker), mixing.c (MixUp/CutMix
+ *                   plans and batches)
+ *   source/         image_source.c (ImageSource), gather.c (RowSource and
+ *                   WindowSource), lmdb_source.c (LMDBSource and LMDBRows),
+ *                   sample_cache.c (SampleCache), tar_index.c (tar_index())
+ *   cuda/           cuda.c (the run-time-loaded driver and the helpers the
+ *                   files below share), upload.c (CudaStream and CudaEvent),
+ *                   device_array.c (DeviceArray, exported through DLPack),
+ *                   host_register.c (HostRegistration)
+ *   observe/        stats_type.c (Timers, stages, traces, NVTX), build_info.c
+ *                   (what the extension was built with and runs on)
+ *
+ * Calls between binding files go one way only (tests/test_c_layout.py): the
+ * sources (source/) call the native batch path (engine/), which calls
+ * memory/ and image/; nothing calls back up, errors.c and convert.c call no
+ * feature file, and no file calls into module.c.
  */
 #ifndef FASTLOAD_H
 #define FASTLOAD_H
@@ -56,10 +69,48 @@ typedef struct fastload_state {
     PyTypeObject *LMDBRows_type;
 } fastload_state;
 
-fastload_state *fl__state_of_module(PyObject *module);
-fastload_state *fl__state_of_type(PyTypeObject *type);
+static inline fastload_state *fl__state_of_module(PyObject *module)
+{
+    return (fastload_state *)PyModule_GetState(module);
+}
 
-/* slot_pool.c */
+static inline fastload_state *fl__state_of_type(PyTypeObject *type)
+{
+    return (fastload_state *)PyType_GetModuleState(type);
+}
+
+/* errors.c */
+
+/* The raised exception, with its traceback, taken out of the thread state
+ * (NULL when none); and raising one again (the reference is stolen; NULL
+ * raises nothing). */
+PyObject *fl__take_exception(void);
+void fl__raise_exception(PyObject *exc);
+
+/* Raises IndexError: "index I is out of range for a dataset of N samples".
+ * Returns -1. */
+int fl__index_error(long long index, int64_t count);
+
+/* convert.c */
+
+/* Converts a sequence of integers (or an integer array) into a PyMem_Raw
+ * array of int64 in [0, count), wrapping negative indices once, as NumPy and
+ * torch do.  Returns 0, or -1 with IndexError naming the first bad index. */
+int fl__convert_indices(PyObject *obj, int64_t count, int64_t **out, Py_ssize_t *n_out);
+
+/* A Python int as a C int: 0, or -1 with OverflowError (out of range) or
+ * the conversion's error. */
+int fl__as_int(PyObject *obj, int *out);
+
+/* Reads `obj`, a sequence of exactly `n` numbers, into out: as C ints (then
+ * stored as doubles) when `ints`, else as doubles.  0, or -1 with an
+ * exception set. */
+int fl__read_numbers(PyObject *obj, int n, int ints, double *out);
+
+/* testing.c: the test probes, added to the module by its exec. */
+extern PyMethodDef fl__testing_methods[];
+
+/* memory/slot_pool.c */
 typedef struct SlotPoolObject {
     PyObject_HEAD
     fl_slot_pool *pool; /* owns one pool reference */
@@ -103,11 +154,7 @@ PyObject *fl__shared_slot(PyObject *module, PyObject *array);
 /* The ids of shared arenas freed since the last call, as a list. */
 PyObject *fl__take_freed_shared_slots(PyObject *module, PyObject *unused);
 
-/* collate.c */
-PyObject *fl__collate(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-PyObject *fl__set_tensor_type(PyObject *module, PyObject *type);
-
-/* native_batch.c: the native batch path.  A native source (ImageSource,
+/* engine/native_batch.c: the native batch path.  A native source (ImageSource,
  * RowSource, WindowSource) turns an index array into a collated batch in
  * plain C, so a worker thread runs the whole batch without the GIL: the
  * Python work (checking the request, wrapping the slot as arrays, raising a
@@ -206,26 +253,56 @@ void fl__native_job_free(fl__native_job *job);
  * (batch, skipped list). */
 PyObject *fl__native_batch_method(PyObject *source, PyObject *const *args, Py_ssize_t nargs);
 
-/* Converts a sequence of integers (or an integer array) into a PyMem_Raw
- * array of int64 in [0, count), wrapping negative indices once, as NumPy and
- * torch do.  Returns 0, or -1 with IndexError naming the first bad index. */
-int fl__convert_indices(PyObject *obj, int64_t count, int64_t **out, Py_ssize_t *n_out);
+/* engine/collate.c */
+PyObject *fl__collate(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fl__set_tensor_type(PyObject *module, PyObject *type);
 
-/* Raises IndexError: "index I is out of range for a dataset of N samples".
- * Returns -1. */
-int fl__index_error(long long index, int64_t count);
+/* engine/engine_type.c */
+extern PyType_Spec fl__Engine_spec;
 
-/* The raised exception, with its traceback, taken out of the thread state
- * (NULL when none); and raising one again (the reference is stolen; NULL
- * raises nothing). */
-PyObject *fl__take_exception(void);
-void fl__raise_exception(PyObject *exc);
+PyObject *fl__yield_to_consumer(PyObject *module, PyObject *unused);
+int fl__engine_module_exec(PyObject *module);
 
-/* gather.c: RowSource and WindowSource, the native sources of ArrayDataset
+/* image/image_plan.c: reading a fastload.transforms Plan; transform_image();
+ * the calling thread's image worker */
+struct fl_image_plan;
+/* 0, or -1 with ValueError naming the malformed field. */
+int fl__parse_plan(PyObject *plan, struct fl_image_plan *out);
+/* The NumPy dtype of the plan's output, and one image's shape in its layout. */
+PyArray_Descr *fl__plan_descr(const struct fl_image_plan *plan);
+void fl__image_dims(const struct fl_image_plan *plan, int width, int height, npy_intp *dims);
+PyObject *fl__transform_image(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+/* The calling thread's image worker (fl_image_worker_get), or NULL with
+ * MemoryError (out of memory) or RuntimeError (libjpeg refused to make a
+ * decoder) set, carrying the core's message.  Needs the GIL. */
+struct fl_image_worker *fl__image_worker(void);
+/* That exception, as a new instance (NULL if it could not be made), for a
+ * worker that failed with `status` and `msg`. */
+PyObject *fl__image_worker_error(int status, const char *msg);
+
+/* image/mixing.c */
+/* Reads a fastload.transforms mix plan (kinds, alphas, probs, num_classes),
+ * or None (out->n = 0).  0, or -1 with ValueError. */
+int fl__parse_mix_plan(PyObject *plan, fl_mix_plan *out);
+PyObject *fl__mix_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+/* Checks (images, labels), a writable contiguous 4-D batch and its int64
+ * labels, and describes them in *b (soft left NULL).  0, or -1 with
+ * TypeError / ValueError. */
+int fl__mix_array_batch(PyObject *images, PyObject *labels, int nhwc, fl_mix_batch *b);
+/* Runs `params` on the arrays of *b with the GIL released; returns the
+ * float32 soft labels, or NULL with an error naming the batch (`batch` < 0:
+ * none). */
+PyObject *fl__mix_on_arrays(const fl_mix_params *params, int num_classes, fl_mix_batch *b,
+                            long long batch);
+
+/* source/image_source.c: ImageSource, the native source of the image datasets */
+extern PyType_Spec fl__ImageSource_spec;
+
+/* source/gather.c: RowSource and WindowSource, the native sources of ArrayDataset
  * and TokenDataset */
 extern PyType_Spec fl__RowSource_spec;
 extern PyType_Spec fl__WindowSource_spec;
-/* gather.c: copy_mapped(), a copy out of memory that may map a file another
+/* source/gather.c: copy_mapped(), a copy out of memory that may map a file another
  * process cuts short (csrc/core/memory/bus_guard.h) */
 PyObject *fl__copy_mapped(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 #define FL__COPY_MAPPED_DOC                                                                 \
@@ -235,7 +312,7 @@ PyObject *fl__copy_mapped(PyObject *module, PyObject *const *args, Py_ssize_t na
     "that was cut short raises OSError (EIO) naming the file and `what` (a str\n"          \
     "saying what was read), where NumPy would end the process with SIGBUS."
 
-/* gather.c: file_changed(), the OSError for a mapped file found cut short */
+/* source/gather.c: file_changed(), the OSError for a mapped file found cut short */
 PyObject *fl__file_changed(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 #define FL__FILE_CHANGED_DOC                                                                \
     "file_changed(file, what, /)\n--\n\n"                                                \
@@ -244,11 +321,7 @@ PyObject *fl__file_changed(PyObject *module, PyObject *const *args, Py_ssize_t n
     "or None, as RowSource takes it; the message is the one a guarded gather\n"         \
     "gives (csrc/core/memory/bus_guard.h: fl_bus_fault_msg)."
 
-/* image_source.c: ImageSource, the native source of the image datasets;
- * image_plan.c: reading a fastload.transforms.Plan */
-extern PyType_Spec fl__ImageSource_spec;
-
-/* LMDBSource and LMDBRows (csrc/bind/source/lmdb_source.c): LMDBSource is added to the
+/* source/lmdb_source.c: LMDBSource and LMDBRows.  LMDBSource is added to the
  * module by fl__add_lmdb_type, LMDBRows (a native source) as the others;
  * fl__lmdb_core gives an LMDBSource's core source (NULL with TypeError for
  * any other object), and fl__lmdb_read_bytes is the image source byte
@@ -260,48 +333,37 @@ const struct fl_lmdb_source *fl__lmdb_core(PyObject *obj);
 struct fl_image_worker;
 int fl__lmdb_read_bytes(const void *ctx, struct fl_image_worker *w, int64_t index,
                         const unsigned char **data, size_t *size, char *msg, size_t msg_size);
-/* The calling thread's image worker (fl_image_worker_get), or NULL with
- * MemoryError (out of memory) or RuntimeError (libjpeg refused to make a
- * decoder) set, carrying the core's message.  Needs the GIL. */
-struct fl_image_worker *fl__image_worker(void);
-struct fl_image_plan;
-int fl__parse_plan(PyObject *plan, struct fl_image_plan *out);
-/* The arguments `(plan, seed, epoch, index, ...)` of the test hooks that
- * report a sample's draws: checks there are `expected` (else TypeError with
- * `usage`), parses the plan and the key.  -1 with an exception set. */
-struct fl_sample_key;
-int fl__parse_draw_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t expected,
-                        const char *usage, struct fl_image_plan *plan,
-                        struct fl_sample_key *key);
-/* The NumPy dtype of the plan's output, and one image's shape in its layout. */
-PyArray_Descr *fl__plan_descr(const struct fl_image_plan *plan);
-void fl__image_dims(const struct fl_image_plan *plan, int width, int height, npy_intp *dims);
-PyObject *fl__transform_image(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-PyObject *fl__color_draws(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-PyObject *fl__pil_op(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-PyObject *fl__augment_draws(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-PyObject *fl__warp_draws(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
-/* mixing.c */
-/* Reads a fastload.transforms mix plan (kinds, alphas, probs, num_classes),
- * or None (out->n = 0).  0, or -1 with ValueError. */
-int fl__parse_mix_plan(PyObject *plan, fl_mix_plan *out);
-PyObject *fl__mix_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-PyObject *fl__mix_apply(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-PyObject *fl__mix_draws(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-PyObject *fl__cutmix_box(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-PyObject *fl__erase_draws(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+/* source/sample_cache.c: SampleCache (csrc/core/source/sample_cache.h) and sample_cache_key() */
+extern PyType_Spec fl__SampleCache_spec;
+struct fl_sample_cache;
+/* The core cache of a SampleCache; NULL with TypeError for anything else. */
+struct fl_sample_cache *fl__sample_cache_of(PyObject *obj);
+PyObject *fl__sample_cache_key(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+#define FL__SAMPLE_CACHE_KEY_DOC                                                            \
+    "sample_cache_key(paths, offsets, ranges, /)\n--\n\n"                                    \
+    "(key, total_bytes) of the samples (paths and offsets as ImageSource takes\n"            \
+    "them; ranges None or (offset, size) rows): a hash of each sample's path,\n"             \
+    "range, and its file's size and modification time, and the bytes of all\n"              \
+    "the samples.  Stats the files with the GIL released."
 
-/* cuda.c */
+/* source/tar_index.c: tar_index(), the member index of a tar shard (csrc/core/source/tar.h) */
+PyObject *fl__tar_index(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+#define FL__TAR_INDEX_DOC                                                                   \
+    "tar_index(path, group=True, /)\n--\n\n"                                               \
+    "Indexes the regular members of an uncompressed tar file, reading it with\n"           \
+    "the GIL released.  Returns a dict: 'names' (bytes: NUL-terminated names\n"            \
+    "back to back), and int64 arrays 'name_offsets', 'offsets' (of each member's\n"       \
+    "data in the file) and 'sizes'; with `group`, also WebDataset samples:\n"             \
+    "'key_lengths' (bytes of each member's key, -1 if in no sample),\n"                   \
+    "'sample_members' and 'sample_starts' (sample s is the members\n"                      \
+    "sample_members[sample_starts[s]:sample_starts[s + 1]]).  Raises OSError\n"           \
+    "when the file cannot be read, fastload.DecodeError when it is not a tar\n"           \
+    "archive fastload accepts (the message names the member and offset)."
+
+/* cuda/cuda.c */
 PyObject *fl__cuda_driver(PyObject *module, PyObject *unused);
 
-/* build_info.c: the libjpeg fastload was built with and loaded, and the
- * CPU's SIMD features, as a dict (python -m fastload prints it). */
-PyObject *fl__build_info(PyObject *module, PyObject *unused);
-/* At import: 0 when libjpeg, libpng and libwebp take the ABI of the headers
- * built with; else -1 with ImportError set (fl_check_image_libraries says
- * why: which library, the file loaded, what to do), or MemoryError. */
-int fl__check_image_libraries(void);
 
 /* The loaded driver, or NULL with RuntimeError "CUDA is not available: ..."
  * set. */
@@ -315,11 +377,7 @@ int fl__cuda_raise(const fl_cuda *cuda, fl_cu_result rc, const char *what, int d
  * 0, or -1 with an exception set. */
 int fl__cuda_wait_event(fl_cu_event event, int device, fl_cu_stream stream);
 
-/* host_register.c: makes the HostRegistration type (fastload._process keeps
- * it; only process workers with pin_memory=True need it). */
-PyObject *fl__host_registration_type(PyObject *module, PyObject *unused);
-
-/* upload.c */
+/* cuda/upload.c */
 typedef struct CudaStreamObject {
     PyObject_HEAD
     fl_cu_stream stream; /* owned: destroyed with the object */
@@ -335,7 +393,7 @@ typedef struct CudaEventObject {
 extern PyType_Spec fl__CudaStream_spec;
 extern PyType_Spec fl__CudaEvent_spec;
 
-/* device_array.c */
+/* cuda/device_array.c */
 struct fl_device_block;
 
 /* GC-tracked: the three object fields are strong references, NULL once the
@@ -357,24 +415,11 @@ PyObject *fl__DeviceArray_new(fastload_state *state, fl_slot *slot, int device,
                               PyArray_Descr *descr, int ndim, const npy_intp *dims,
                               PyObject *ready, PyObject *stream);
 
-/* tar_index.c: tar_index(), the member index of a tar shard (csrc/core/source/tar.h) */
-PyObject *fl__tar_index(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-#define FL__TAR_INDEX_DOC                                                                   \
-    "tar_index(path, group=True, /)\n--\n\n"                                               \
-    "Indexes the regular members of an uncompressed tar file, reading it with\n"           \
-    "the GIL released.  Returns a dict: 'names' (bytes: NUL-terminated names\n"            \
-    "back to back), and int64 arrays 'name_offsets', 'offsets' (of each member's\n"       \
-    "data in the file) and 'sizes'; with `group`, also WebDataset samples:\n"             \
-    "'key_lengths' (bytes of each member's key, -1 if in no sample),\n"                   \
-    "'sample_members' and 'sample_starts' (sample s is the members\n"                      \
-    "sample_members[sample_starts[s]:sample_starts[s + 1]]).  Raises OSError\n"           \
-    "when the file cannot be read, fastload.DecodeError when it is not a tar\n"           \
-    "archive fastload accepts (the message names the member and offset)."
+/* cuda/host_register.c: makes the HostRegistration type (fastload._process keeps
+ * it; only process workers with pin_memory=True need it). */
+PyObject *fl__host_registration_type(PyObject *module, PyObject *unused);
 
-/* engine_type.c */
-extern PyType_Spec fl__Engine_spec;
-
-/* stats_type.c */
+/* observe/stats_type.c */
 struct fl_stats;
 extern PyType_Spec fl__Timers_spec;
 struct fl_stats *fl__stats_of(PyObject *loader_stats); /* borrowed */
@@ -391,20 +436,13 @@ PyObject *fl__nvtx_stop(PyObject *module, PyObject *unused);
 PyObject *fl__nvtx_on(PyObject *module, PyObject *unused);
 PyObject *fl__set_stats_enabled(PyObject *module, PyObject *arg);
 int fl__stats_module_exec(PyObject *module);
-PyObject *fl__yield_to_consumer(PyObject *module, PyObject *unused);
-int fl__engine_module_exec(PyObject *module);
 
-/* sample_cache.c: SampleCache (csrc/core/source/sample_cache.h) and sample_cache_key() */
-extern PyType_Spec fl__SampleCache_spec;
-struct fl_sample_cache;
-/* The core cache of a SampleCache; NULL with TypeError for anything else. */
-struct fl_sample_cache *fl__sample_cache_of(PyObject *obj);
-PyObject *fl__sample_cache_key(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-#define FL__SAMPLE_CACHE_KEY_DOC                                                            \
-    "sample_cache_key(paths, offsets, ranges, /)\n--\n\n"                                    \
-    "(key, total_bytes) of the samples (paths and offsets as ImageSource takes\n"            \
-    "them; ranges None or (offset, size) rows): a hash of each sample's path,\n"             \
-    "range, and its file's size and modification time, and the bytes of all\n"              \
-    "the samples.  Stats the files with the GIL released."
+/* observe/build_info.c: the libjpeg fastload was built with and loaded, and the
+ * CPU's SIMD features, as a dict (python -m fastload prints it). */
+PyObject *fl__build_info(PyObject *module, PyObject *unused);
+/* At import: 0 when libjpeg, libpng and libwebp take the ABI of the headers
+ * built with; else -1 with ImportError set (fl_check_image_libraries says
+ * why: which library, the file loaded, what to do), or MemoryError. */
+int fl__check_image_libraries(void);
 
 #endif /* FASTLOAD_H */

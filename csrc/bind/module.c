@@ -1,18 +1,13 @@
-/* fastload._C: module definition, state and exec. */
+/* fastload._C: module definition, state and exec.
+ *
+ * The one file that names every other: exec registers each file's types
+ * and this table holds their module functions (the test probes come from
+ * testing.c's own table).  No other file calls into this one; module state
+ * is reached through fastload.h's fl__state_of_module/_type. */
 #define FASTLOAD_MODULE_C
 #include "bind/fastload.h"
 
 #include "core/status.h"
-
-fastload_state *fl__state_of_module(PyObject *module)
-{
-    return (fastload_state *)PyModule_GetState(module);
-}
-
-fastload_state *fl__state_of_type(PyTypeObject *type)
-{
-    return (fastload_state *)PyType_GetModuleState(type);
-}
 
 static PyObject *status_str(PyObject *module, PyObject *arg)
 {
@@ -36,41 +31,10 @@ static PyMethodDef module_methods[] = {
      "transform_image(plan, image, seed, max_pixels, /)\n--\n\n"
      "Runs a compiled transform plan (fastload.transforms) on an HWC uint8 RGB\n"
      "array, its random draws keyed by `seed`; returns a fresh array."},
-    {"color_draws", (PyCFunction)(void (*)(void))fl__color_draws, METH_FASTCALL,
-     "color_draws(plan, seed, epoch, index, /)\n--\n\n"
-     "The colour ops a plan draws for one sample, for tests: (order, factors\n"
-     "(None where off), grayscale)."},
     {"mix_batch", (PyCFunction)(void (*)(void))fl__mix_batch, METH_FASTCALL,
      "mix_batch(images, labels, plan, seed, epoch, batch, nhwc, /)\n--\n\n"
      "MixUp/CutMix (a mix plan) on a contiguous 4-D batch, in place, with the\n"
      "draws keyed by (seed, epoch, batch); returns the float32 soft labels."},
-    {"mix_apply", (PyCFunction)(void (*)(void))fl__mix_apply, METH_FASTCALL,
-     "mix_apply(images, labels, kind, lam, box, num_classes, nhwc, /)\n--\n\n"
-     "MixUp (kind 0, lam) or CutMix (kind 1, box (x1, y1, x2, y2)) with the\n"
-     "given parameters, for tests; returns the soft labels."},
-    {"mix_draws", (PyCFunction)(void (*)(void))fl__mix_draws, METH_FASTCALL,
-     "mix_draws(plan, seed, epoch, batch, height, width, /)\n--\n\n"
-     "A batch's mixing draws, for tests: (kind, lam, box, label weight)."},
-    {"cutmix_box", (PyCFunction)(void (*)(void))fl__cutmix_box, METH_FASTCALL,
-     "cutmix_box(lam, cx, cy, height, width, /)\n--\n\n"
-     "CutMix's box and label weight for lam and a centre, for tests."},
-    {"erase_draws", (PyCFunction)(void (*)(void))fl__erase_draws, METH_FASTCALL,
-     "erase_draws(plan, seed, epoch, index, width, height, /)\n--\n\n"
-     "RandomErasing's box (i, j, h, w) for one sample, or None, for tests."},
-    {"pil_op", (PyCFunction)(void (*)(void))fl__pil_op, METH_FASTCALL,
-     "pil_op(name, image, magnitude, interpolation, fill, /)\n--\n\n"
-     "torchvision's autoaugment op `name` with Pillow's semantics on a C-contiguous\n"
-     "HWC uint8 RGB array (interpolation 0 nearest, 1 bilinear; fill 3 ints);\n"
-     "returns a new array.  For tests."},
-    {"augment_draws", (PyCFunction)(void (*)(void))fl__augment_draws, METH_FASTCALL,
-     "augment_draws(plan, seed, epoch, index, width, height, /)\n--\n\n"
-     "The augmentation ops a plan draws for one sample of width x height, for\n"
-     "tests: a list of (op name, magnitude bin, signed magnitude)."},
-    {"warp_draws", (PyCFunction)(void (*)(void))fl__warp_draws, METH_FASTCALL,
-     "warp_draws(plan, seed, epoch, index, width, height, /)\n--\n\n"
-     "The RandomRotation / RandomAffine parameters a plan draws for one sample of\n"
-     "a width x height image, for tests: (angle, (tx, ty), scale, (shear_x,\n"
-     "shear_y)), or None without either."},
     {"cuda_driver", (PyCFunction)fl__cuda_driver, METH_NOARGS,
      "cuda_driver()\n--\n\n"
      "Loads the CUDA driver once (libcuda.so.1, or $FASTLOAD_LIBCUDA) and\n"
@@ -175,6 +139,9 @@ static int module_exec(PyObject *module)
         return -1;
     /* A library that refuses every image is refused here, once, in its own words. */
     if (fl__check_image_libraries() < 0)
+        return -1;
+    /* The test probes, beside the production functions of module_methods. */
+    if (PyModule_AddFunctions(module, fl__testing_methods) < 0)
         return -1;
     fastload_state *state = fl__state_of_module(module);
     if (add_type(module, &fl__SlotPool_spec, NULL, &state->SlotPool_type) < 0 ||

@@ -1,6 +1,7 @@
 /* fastload._C: reading a compiled transform plan (fastload.transforms.Plan)
- * into the core's fl_image_plan, and transform_image(), which runs one on
- * an image in memory.
+ * into the core's fl_image_plan; transform_image(), which runs one on an
+ * image in memory; and the calling thread's image worker, which every
+ * binding that decodes shares.
  *
  * The plan is read by attribute name from a table, so a field added or
  * renamed on one side fails loudly (AttributeError naming it) instead of
@@ -14,6 +15,7 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <string.h>
 
 typedef enum {
     F_INT,
@@ -105,45 +107,6 @@ static const plan_field PLAN_FIELDS[] = {
     FIELD("warp_v2", F_BOOL, warp.v2),
 };
 
-static int as_int(PyObject *obj, int *out)
-{
-    long v = PyLong_AsLong(obj);
-    if (v == -1 && PyErr_Occurred())
-        return -1;
-    if (v < INT_MIN || v > INT_MAX) {
-        PyErr_SetString(PyExc_OverflowError, "out of range");
-        return -1;
-    }
-    *out = (int)v;
-    return 0;
-}
-
-/* Reads `obj` as a tuple of `n` numbers into out (ints or doubles). */
-static int read_numbers(PyObject *obj, int n, int ints, double *out)
-{
-    PyObject *seq = PySequence_Fast(obj, "a tuple of numbers");
-    if (!seq)
-        return -1;
-    int rc = 0;
-    if (PySequence_Fast_GET_SIZE(seq) != n) {
-        PyErr_Format(PyExc_ValueError, "%d numbers expected", n);
-        rc = -1;
-    }
-    for (int i = 0; rc == 0 && i < n; i++) {
-        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
-        if (ints) {
-            int v = 0;
-            rc = as_int(item, &v);
-            out[i] = v;
-        } else {
-            out[i] = PyFloat_AsDouble(item);
-            rc = out[i] == -1.0 && PyErr_Occurred() ? -1 : 0;
-        }
-    }
-    Py_DECREF(seq);
-    return rc;
-}
-
 static int read_choice(PyObject *obj, const char *const *names, int count, int *out)
 {
     for (int i = 0; i < count; i++) {
@@ -165,7 +128,7 @@ static int read_field(PyObject *value, const plan_field *f, fl_image_plan *p)
     double v[3], v4[FL_COLOR_OPS];
     switch (f->kind) {
     case F_INT:
-        return as_int(value, (int *)(base + f->offset));
+        return fl__as_int(value, (int *)(base + f->offset));
     case F_BOOL: {
         int truth = PyObject_IsTrue(value);
         *(int *)(base + f->offset) = truth;
@@ -175,19 +138,19 @@ static int read_field(PyObject *value, const plan_field *f, fl_image_plan *p)
         *(double *)(base + f->offset) = PyFloat_AsDouble(value);
         return PyErr_Occurred() ? -1 : 0;
     case F_INT_PAIR:
-        if (read_numbers(value, 2, 1, v) < 0)
+        if (fl__read_numbers(value, 2, 1, v) < 0)
             return -1;
         *(int *)(base + f->offset) = (int)v[0];
         *(int *)(base + f->offset2) = (int)v[1];
         return 0;
     case F_DOUBLE_PAIR:
-        if (read_numbers(value, 2, 0, v) < 0)
+        if (fl__read_numbers(value, 2, 0, v) < 0)
             return -1;
         *(double *)(base + f->offset) = v[0];
         *(double *)(base + f->offset2) = v[1];
         return 0;
     case F_FLOAT3:
-        if (read_numbers(value, 3, 0, v) < 0)
+        if (fl__read_numbers(value, 3, 0, v) < 0)
             return -1;
         for (int c = 0; c < 3; c++)
             ((float *)(base + f->offset))[c] = (float)v[c];
@@ -199,7 +162,7 @@ static int read_field(PyObject *value, const plan_field *f, fl_image_plan *p)
     case F_PAD_MODE:
         return read_choice(value, pad_modes, 4, (int *)(base + f->offset));
     case F_FILL:
-        if (read_numbers(value, 3, 1, v) < 0)
+        if (fl__read_numbers(value, 3, 1, v) < 0)
             return -1;
         for (int c = 0; c < 3; c++) {
             if (v[c] < 0 || v[c] > 255) {
@@ -215,7 +178,7 @@ static int read_field(PyObject *value, const plan_field *f, fl_image_plan *p)
             order[0] = -1;
             return 0;
         }
-        if (read_numbers(value, FL_COLOR_OPS, 1, v4) < 0)
+        if (fl__read_numbers(value, FL_COLOR_OPS, 1, v4) < 0)
             return -1;
         int seen = 0;
         for (int i = 0; i < FL_COLOR_OPS; i++) {
@@ -396,22 +359,29 @@ int fl__parse_plan(PyObject *plan, fl_image_plan *out)
     return 0;
 }
 
-int fl__parse_draw_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t expected,
-                        const char *usage, fl_image_plan *plan, fl_sample_key *key)
+/* ------------------------------------------------- transforms on an image */
+
+/* A worker that cannot be made is not a sample's fault: no file is named. */
+PyObject *fl__image_worker_error(int status, const char *msg)
 {
-    if (nargs != expected) {
-        PyErr_Format(PyExc_TypeError, "%s takes %zd arguments", usage, expected);
-        return -1;
-    }
-    if (fl__parse_plan(args[0], plan) < 0)
-        return -1;
-    key->seed = PyLong_AsUnsignedLongLongMask(args[1]);
-    key->epoch = PyLong_AsUnsignedLongLongMask(args[2]);
-    key->index = PyLong_AsUnsignedLongLongMask(args[3]);
-    return PyErr_Occurred() ? -1 : 0;
+    return PyObject_CallFunction(status == FL_ERR_NOMEM ? PyExc_MemoryError : PyExc_RuntimeError,
+                                 "N", PyUnicode_DecodeUTF8(msg, (Py_ssize_t)strlen(msg),
+                                                           "replace"));
 }
 
-/* ------------------------------------------------- transforms on an image */
+fl_image_worker *fl__image_worker(void)
+{
+    fl_image_worker *w;
+    char msg[FL__MSG_SIZE];
+    int rc = fl_image_worker_get(&w, msg, sizeof msg);
+    if (rc != FL_OK) {
+        PyObject *exc = fl__image_worker_error(rc, msg);
+        if (exc)
+            fl__raise_exception(exc);
+        return NULL;
+    }
+    return w;
+}
 
 PyArray_Descr *fl__plan_descr(const fl_image_plan *plan)
 {
@@ -488,149 +458,4 @@ PyObject *fl__transform_image(PyObject *module, PyObject *const *args, Py_ssize_
         return NULL;
     }
     return out;
-}
-
-PyObject *fl__color_draws(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    (void)module;
-    fl_image_plan plan;
-    fl_sample_key key;
-    if (fl__parse_draw_args(args, nargs, 4, "color_draws(plan, seed, epoch, index)", &plan,
-                            &key) < 0)
-        return NULL;
-    fl_sample_geometry g;
-    fl_plan_geometry(&plan, &key, 1, 1, &g);
-    const fl_color_draw *d = &g.color;
-    PyObject *factors[FL_COLOR_OPS] = {NULL};
-    PyObject *result = NULL;
-    for (int op = 0; op < FL_COLOR_OPS; op++) {
-        factors[op] = d->on[op] ? PyFloat_FromDouble(d->factor[op]) : Py_NewRef(Py_None);
-        if (!factors[op])
-            goto out;
-    }
-    result = Py_BuildValue("(iiii)(OOOO)O", d->order[0], d->order[1], d->order[2], d->order[3],
-                           factors[0], factors[1], factors[2], factors[3],
-                           d->gray ? Py_True : Py_False);
-out:
-    for (int op = 0; op < FL_COLOR_OPS; op++)
-        Py_XDECREF(factors[op]);
-    return result;
-}
-
-/* ------------------------------------------------ augmentation test hooks */
-
-/* The op named `name` (torchvision's spelling), or -1. */
-static int op_by_name(PyObject *name)
-{
-    for (int op = 0; op < FL_PIL_OPS; op++)
-        if (PyUnicode_Check(name) && PyUnicode_CompareWithASCIIString(name, fl_pil_op_names[op]) == 0)
-            return op;
-    return -1;
-}
-
-PyObject *fl__pil_op(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    (void)module;
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError,
-                        "pil_op(name, image, magnitude, interpolation, fill) takes 5 arguments");
-        return NULL;
-    }
-    int op = op_by_name(args[0]);
-    if (op < 0) {
-        PyErr_Format(PyExc_ValueError, "pil_op: unknown op %R", args[0]);
-        return NULL;
-    }
-    PyArrayObject *image = (PyArrayObject *)args[1];
-    if (!PyArray_Check(args[1]) || PyArray_NDIM(image) != 3 || PyArray_DIM(image, 2) != 3 ||
-        PyArray_TYPE(image) != NPY_UINT8 || !PyArray_IS_C_CONTIGUOUS(image) ||
-        PyArray_DIM(image, 0) < 1 || PyArray_DIM(image, 1) < 1) {
-        PyErr_SetString(PyExc_TypeError, "pil_op: image must be a C-contiguous HWC uint8 RGB "
-                                         "array, not empty");
-        return NULL;
-    }
-    double magnitude = PyFloat_AsDouble(args[2]);
-    int interpolation = 0;
-    double fill[3];
-    if ((magnitude == -1.0 && PyErr_Occurred()) || as_int(args[3], &interpolation) < 0 ||
-        read_numbers(args[4], 3, 1, fill) < 0)
-        return NULL;
-    unsigned char fill8[3];
-    for (int c = 0; c < 3; c++) {
-        if (fill[c] < 0 || fill[c] > 255) {
-            PyErr_SetString(PyExc_ValueError, "pil_op: fill values must be in 0..255");
-            return NULL;
-        }
-        fill8[c] = (unsigned char)fill[c];
-    }
-    if (interpolation != FL_WARP_NEAREST && interpolation != FL_WARP_BILINEAR) {
-        PyErr_SetString(PyExc_ValueError, "pil_op: interpolation must be 0 (nearest) or 1 "
-                                          "(bilinear)");
-        return NULL;
-    }
-    int h = (int)PyArray_DIM(image, 0), w = (int)PyArray_DIM(image, 1);
-    npy_intp dims[3] = {h, w, 3};
-    PyObject *out = PyArray_SimpleNew(3, dims, NPY_UINT8);
-    if (!out)
-        return NULL;
-    int rc = fl_pil_apply(op, magnitude, interpolation, fill8, PyArray_DATA(image),
-                          PyArray_DATA((PyArrayObject *)out), w, h);
-    if (rc != FL_OK) {
-        Py_DECREF(out);
-        PyErr_Format(PyExc_ValueError, "pil_op: %s refuses magnitude %R", fl_pil_op_names[op],
-                     args[2]);
-        return NULL;
-    }
-    return out;
-}
-
-PyObject *fl__augment_draws(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    (void)module;
-    fl_image_plan plan;
-    fl_sample_key key;
-    int width = 0, height = 0;
-    if (fl__parse_draw_args(args, nargs, 6, "augment_draws(plan, seed, epoch, index, width, height)",
-                            &plan, &key) < 0 ||
-        as_int(args[4], &width) < 0 || as_int(args[5], &height) < 0)
-        return NULL;
-    fl_sample_geometry g;
-    fl_plan_geometry(&plan, &key, 1, 1, &g);
-    PyObject *result = PyList_New(g.augment.count);
-    if (!result)
-        return NULL;
-    for (int i = 0; i < g.augment.count; i++) {
-        double m = fl_augment_magnitude(&plan.augment, &g.augment, i, width, height);
-        PyObject *item = Py_BuildValue("(sid)", fl_pil_op_names[g.augment.op[i]],
-                                       g.augment.bin[i], m);
-        if (!item) {
-            Py_DECREF(result);
-            return NULL;
-        }
-        PyList_SET_ITEM(result, i, item);
-    }
-    return result;
-}
-
-PyObject *fl__warp_draws(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    (void)module;
-    fl_image_plan plan;
-    fl_sample_key key;
-    int width = 0, height = 0;
-    if (fl__parse_draw_args(args, nargs, 6, "warp_draws(plan, seed, epoch, index, width, height)",
-                            &plan, &key) < 0 ||
-        as_int(args[4], &width) < 0 || as_int(args[5], &height) < 0)
-        return NULL;
-    if (width < 1 || height < 1) {
-        PyErr_SetString(PyExc_ValueError, "warp_draws: width and height must be >= 1");
-        return NULL;
-    }
-    if (plan.warp.kind == FL_RANDOM_WARP_NONE)
-        Py_RETURN_NONE;
-    fl_sample_geometry g;
-    fl_plan_geometry(&plan, &key, width, height, &g);
-    const fl_warp_draw *d = &g.warp;
-    return Py_BuildValue("(d(ii)d(dd))", d->angle, d->tx, d->ty, d->scale, d->shear_x,
-                         d->shear_y);
 }

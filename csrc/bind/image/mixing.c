@@ -1,7 +1,7 @@
 /* fastload._C: batch transforms (MixUp / CutMix, csrc/core/image/mix.h) on
- * arrays, for batches collated outside the native path and for tests; the
- * mix plan reader the native jobs share; and the draws of RandomErasing
- * and of the mixing, exposed so tests can check their distributions.
+ * arrays, for batches collated outside the native path; the mix plan reader
+ * the native jobs share; and the array checks and the apply step the test
+ * probes (testing.c) use as well.
  */
 #include "bind/fastload.h"
 
@@ -87,8 +87,7 @@ int fl__parse_mix_plan(PyObject *plan, fl_mix_plan *out)
 
 /* ------------------------------------------------------------ on arrays */
 
-/* Checks (images, labels) and describes them in *b (soft left NULL). */
-static int array_batch(PyObject *images, PyObject *labels, int nhwc, fl_mix_batch *b)
+int fl__mix_array_batch(PyObject *images, PyObject *labels, int nhwc, fl_mix_batch *b)
 {
     PyArrayObject *im = (PyArrayObject *)images, *lb = (PyArrayObject *)labels;
     if (!PyArray_Check(images) || PyArray_NDIM(im) != 4 || !PyArray_IS_C_CONTIGUOUS(im) ||
@@ -128,10 +127,8 @@ static int array_batch(PyObject *images, PyObject *labels, int nhwc, fl_mix_batc
     return 0;
 }
 
-/* Runs params on the arrays; returns the soft labels or NULL with an error
- * naming the batch (`batch` < 0: none). */
-static PyObject *apply_on_arrays(const fl_mix_params *params, int num_classes, fl_mix_batch *b,
-                                 long long batch)
+PyObject *fl__mix_on_arrays(const fl_mix_params *params, int num_classes, fl_mix_batch *b,
+                            long long batch)
 {
     npy_intp dims[2] = {(npy_intp)b->n, num_classes};
     PyObject *soft = PyArray_SimpleNew(2, dims, NPY_FLOAT32);
@@ -185,122 +182,9 @@ PyObject *fl__mix_batch(PyObject *module, PyObject *const *args, Py_ssize_t narg
     if (PyErr_Occurred() || nhwc < 0)
         return NULL;
     fl_mix_batch b;
-    if (array_batch(args[0], args[1], nhwc, &b) < 0)
+    if (fl__mix_array_batch(args[0], args[1], nhwc, &b) < 0)
         return NULL;
     fl_mix_params params;
     fl_mix_draw(&plan, seed, epoch, (uint64_t)batch, b.height, b.width, &params);
-    return apply_on_arrays(&params, plan.num_classes, &b, batch);
-}
-
-PyObject *fl__mix_apply(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    (void)module;
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "mix_apply(images, labels, kind, lam, box, "
-                                         "num_classes, nhwc) takes 7 arguments");
-        return NULL;
-    }
-    fl_mix_params params = {0};
-    params.kind = PyLong_AsLong(args[2]);
-    params.lam = PyFloat_AsDouble(args[3]);
-    int num_classes = PyLong_AsLong(args[5]);
-    int nhwc = PyObject_IsTrue(args[6]);
-    if (PyErr_Occurred() || nhwc < 0)
-        return NULL;
-    if ((params.kind != FL_MIX_MIXUP && params.kind != FL_MIX_CUTMIX) || num_classes < 1) {
-        PyErr_SetString(PyExc_ValueError, "mix_apply: bad kind or num_classes");
-        return NULL;
-    }
-    fl_mix_batch b;
-    if (array_batch(args[0], args[1], nhwc, &b) < 0)
-        return NULL;
-    params.weight = params.lam;
-    if (params.kind == FL_MIX_CUTMIX) {
-        if (!PyArg_ParseTuple(args[4], "iiii", &params.x1, &params.y1, &params.x2, &params.y2))
-            return NULL;
-        if (params.x1 < 0 || params.y1 < 0 || params.x2 > b.width || params.y2 > b.height) {
-            PyErr_SetString(PyExc_ValueError, "mix_apply: the box is outside the images");
-            return NULL;
-        }
-        double area = params.x2 > params.x1 && params.y2 > params.y1
-                          ? (double)(params.x2 - params.x1) * (params.y2 - params.y1)
-                          : 0.0;
-        params.weight = 1.0 - area / ((double)b.width * b.height);
-    }
-    return apply_on_arrays(&params, num_classes, &b, -1);
-}
-
-PyObject *fl__cutmix_box(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    (void)module;
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "cutmix_box(lam, cx, cy, height, width) takes 5 "
-                                         "arguments");
-        return NULL;
-    }
-    double lam = PyFloat_AsDouble(args[0]);
-    long cx = PyLong_AsLong(args[1]), cy = PyLong_AsLong(args[2]);
-    long height = PyLong_AsLong(args[3]), width = PyLong_AsLong(args[4]);
-    if (PyErr_Occurred())
-        return NULL;
-    if (height < 1 || width < 1 || height > INT32_MAX || width > INT32_MAX || cx < 0 ||
-        cy < 0 || cx >= width || cy >= height || !(lam >= 0.0 && lam <= 1.0)) {
-        PyErr_SetString(PyExc_ValueError, "cutmix_box: out of range");
-        return NULL;
-    }
-    fl_mix_params p;
-    fl_cutmix_box(lam, (int)cx, (int)cy, (int)height, (int)width, &p);
-    return Py_BuildValue("(iiii)d", p.x1, p.y1, p.x2, p.y2, p.weight);
-}
-
-PyObject *fl__mix_draws(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    (void)module;
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "mix_draws(plan, seed, epoch, batch, height, width) "
-                                         "takes 6 arguments");
-        return NULL;
-    }
-    fl_mix_plan plan;
-    if (fl__parse_mix_plan(args[0], &plan) < 0)
-        return NULL;
-    unsigned long long seed = PyLong_AsUnsignedLongLongMask(args[1]);
-    unsigned long long epoch = PyLong_AsUnsignedLongLongMask(args[2]);
-    unsigned long long batch = PyLong_AsUnsignedLongLongMask(args[3]);
-    long height = PyLong_AsLong(args[4]), width = PyLong_AsLong(args[5]);
-    if (PyErr_Occurred())
-        return NULL;
-    if (plan.n == 0 || height < 1 || width < 1 || height > INT32_MAX || width > INT32_MAX) {
-        PyErr_SetString(PyExc_ValueError, "mix_draws: no plan, or an empty image");
-        return NULL;
-    }
-    fl_mix_params p;
-    fl_mix_draw(&plan, seed, epoch, batch, (int)height, (int)width, &p);
-    return Py_BuildValue("id(iiii)d", p.kind, p.lam, p.x1, p.y1, p.x2, p.y2, p.weight);
-}
-
-/* ------------------------------------------------------------- erasing */
-
-PyObject *fl__erase_draws(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    (void)module;
-    fl_image_plan plan;
-    fl_sample_key key;
-    if (fl__parse_draw_args(args, nargs, 6, "erase_draws(plan, seed, epoch, index, width, height)",
-                            &plan, &key) < 0)
-        return NULL;
-    long width = PyLong_AsLong(args[4]), height = PyLong_AsLong(args[5]);
-    if (PyErr_Occurred())
-        return NULL;
-    if (width < 1 || height < 1 || width > INT32_MAX || height > INT32_MAX) {
-        PyErr_SetString(PyExc_ValueError, "erase_draws: empty image");
-        return NULL;
-    }
-    fl_rng rng;
-    fl_rng_init_stream(&rng, key.seed, key.epoch, key.index, FL_STREAM_ERASE);
-    fl_erase_draw d;
-    fl_erase_draw_for(&plan.erase, &rng, (int)width, (int)height, &d);
-    if (!d.on)
-        Py_RETURN_NONE;
-    return Py_BuildValue("(iiii)", d.top, d.left, d.h, d.w);
+    return fl__mix_on_arrays(&params, plan.num_classes, &b, batch);
 }

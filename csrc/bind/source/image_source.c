@@ -165,27 +165,6 @@ static void raise_sample_error(ImageSourceObject *self, const fl_image_failure *
         fl__raise_exception(exc);
 }
 
-/* A worker that cannot be made is not a sample's fault: no file is named. */
-static PyObject *worker_error(int status, const char *msg)
-{
-    return PyObject_CallFunction(status == FL_ERR_NOMEM ? PyExc_MemoryError : PyExc_RuntimeError,
-                                 "N", msg_object(msg));
-}
-
-fl_image_worker *fl__image_worker(void)
-{
-    fl_image_worker *w;
-    char msg[FL__MSG_SIZE];
-    int rc = fl_image_worker_get(&w, msg, sizeof msg);
-    if (rc != FL_OK) {
-        PyObject *exc = worker_error(rc, msg);
-        if (exc)
-            fl__raise_exception(exc);
-        return NULL;
-    }
-    return w;
-}
-
 /* ----------------------------------------------------------- native ops */
 
 static int image_plan(PyObject *source, fl__native_job *job)
@@ -243,7 +222,7 @@ static void image_run(const void *core, fl__native_job *job)
 static PyObject *image_failure(PyObject *source, const fl__native_job *job)
 {
     if (job->sample < 0)
-        return worker_error(job->status, job->msg);
+        return fl__image_worker_error(job->status, job->msg);
     fl_image_failure f = {.index = job->sample, .status = job->status, .err = job->err};
     memcpy(f.msg, job->msg, sizeof f.msg);
     return sample_error((ImageSourceObject *)source, &f);
