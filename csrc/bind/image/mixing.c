@@ -5,7 +5,6 @@
  */
 #include "bind/fastload.h"
 
-#include "core/image/pipeline.h"
 #include "core/image/resample.h"
 #include "core/status.h"
 

@@ -16,8 +16,8 @@
 #include "bind/fastload.h"
 
 #include "core/memory/bus_guard.h"
-#include "core/source/gather.h"
 #include "core/observe/stats.h"
+#include "core/source/gather.h"
 #include "core/status.h"
 
 #include <errno.h>

@@ -24,10 +24,10 @@
  */
 #include "bind/fastload.h"
 
-#include "core/source/image_source.h"
-#include "core/source/memory_source.h"
 #include "core/image/resample.h"
 #include "core/observe/stats.h"
+#include "core/source/image_source.h"
+#include "core/source/memory_source.h"
 #include "core/status.h"
 
 #include <errno.h>

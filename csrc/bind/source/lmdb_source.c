@@ -11,9 +11,9 @@
  */
 #include "bind/fastload.h"
 
-#include "core/source/lmdb_source.h"
 #include "core/image/pipeline.h"
 #include "core/observe/stats.h"
+#include "core/source/lmdb_source.h"
 #include "core/status.h"
 
 #include <errno.h>

@@ -9,8 +9,8 @@
  */
 #include "bind/fastload.h"
 
-#include "core/status.h"
 #include "core/source/tar.h"
+#include "core/status.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -7,9 +7,9 @@
 #include "core/image/jpeg.h"
 #include "core/image/png.h"
 #include "core/image/resample.h"
+#include "core/image/webp.h"
 #include "core/observe/stats.h"
 #include "core/status.h"
-#include "core/image/webp.h"
 
 #include <math.h>
 #include <pthread.h>

@@ -4,8 +4,8 @@
 
 #include "core/image/jpeg.h"
 #include "core/image/png.h"
-#include "core/status.h"
 #include "core/image/webp.h"
+#include "core/status.h"
 
 #include <dlfcn.h>
 #include <stddef.h>

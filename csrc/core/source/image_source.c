@@ -1,10 +1,10 @@
 /* fastload core: an image source's batches (see image_source.h). */
 #include "core/source/image_source.h"
 
-#include "core/source/file_read.h"
 #include "core/image/resample.h"
-#include "core/source/sample_cache.h"
 #include "core/observe/stats.h"
+#include "core/source/file_read.h"
+#include "core/source/sample_cache.h"
 #include "core/status.h"
 
 #include <stdio.h>

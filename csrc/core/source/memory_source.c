@@ -1,7 +1,7 @@
 #include "core/source/memory_source.h"
 
-#include "core/memory/bus_guard.h"
 #include "core/image/pipeline.h"
+#include "core/memory/bus_guard.h"
 #include "core/status.h"
 
 #include <stdio.h>
