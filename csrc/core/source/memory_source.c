@@ -1,3 +1,4 @@
+/* fastload core: samples whose bytes lie in memory (see memory_source.h). */
 #include "core/source/memory_source.h"
 
 #include "core/image/pipeline.h"
