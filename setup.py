@@ -86,7 +86,9 @@ def sanitizer_flags():
 
 
 san_compile, san_link = sanitizer_flags()
-sources = sorted(glob.glob("csrc/core/*.c")) + sorted(glob.glob("csrc/*.c"))
+# Every .c under csrc/: the core (csrc/core/<domain>/) and the bindings
+# (csrc/bind/); headers are included by their path from csrc/.
+sources = sorted(glob.glob("csrc/**/*.c", recursive=True))
 
 extension = Extension(
     "fastload._C",

@@ -6,7 +6,7 @@
  * augmentations (RandomCrop's padding, RandomRotation/RandomAffine, a
  * policy such as RandAugment, colour ops, blur, RandomErasing) are chosen by a hash of the same bytes,
  * so the corpus keeps its layout as ops are added.  The
- * pipeline (csrc/core/pipeline.c) then does what a worker does, by the
+ * pipeline (csrc/core/image/pipeline.c) then does what a worker does, by the
  * file's magic bytes: for a JPEG (or bytes of no known format), header, crop
  * box, completeness check, region decode; for a PNG or WebP (libpng,
  * libwebp), header, whole decode to RGB; then the resample into the
@@ -18,8 +18,8 @@
  * and fuzz/replay.c as a plain program that runs files (the corpus and
  * every crash ever found) through the same function.
  */
-#include "core/pipeline.h"
-#include "core/resample.h"
+#include "core/image/pipeline.h"
+#include "core/image/resample.h"
 #include "core/status.h"
 
 #include <stdint.h>

@@ -14,8 +14,8 @@
  * and fuzz/replay.c as a plain program (see fuzz_pipeline.c).
  */
 #define _GNU_SOURCE
+#include "core/source/tar.h"
 #include "core/status.h"
-#include "core/tar.h"
 
 #include <stdint.h>
 #include <stdlib.h>

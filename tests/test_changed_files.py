@@ -269,7 +269,7 @@ def test_the_bus_handlers_thread_locals_need_no_allocation(tmp_path):
         pytest.skip("needs a C compiler and nm")
     root = pathlib.Path(__file__).resolve().parent.parent
     obj = tmp_path / "bus_guard.o"
-    subprocess.run([cc, "-std=c11", "-O2", "-fPIC", "-Icsrc", "-c", "csrc/core/bus_guard.c",
+    subprocess.run([cc, "-std=c11", "-O2", "-fPIC", "-Icsrc", "-c", "csrc/core/memory/bus_guard.c",
                     "-o", str(obj)], cwd=root, check=True)
     undefined = subprocess.run([nm, "-u", str(obj)], capture_output=True, text=True,
                                check=True).stdout.split()

@@ -10,7 +10,8 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SOURCES = ["tests/c/engine_stress.c"] + [
-    f"csrc/core/{name}.c" for name in ("engine", "forksafe", "nvtx", "slots", "stats", "status")
+    f"csrc/core/{name}.c" for name in ("engine/engine", "engine/forksafe", "observe/nvtx",
+                                       "memory/slots", "observe/stats", "status")
 ]
 CC = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
 

@@ -1,9 +1,11 @@
 """Source rules the compiler cannot check.
 
-* The core (csrc/core/) never includes Python.h: it must run without the GIL.
+* The core (csrc/core/) never includes Python.h, NumPy or the binding
+  (csrc/bind/): it must run without the GIL.  (tests/test_c_layout.py checks
+  the rest of the tree's layout.)
 * No Python C-API call runs without the GIL: none sits between
   Py_BEGIN_ALLOW_THREADS and Py_END_ALLOW_THREADS, nor in a function of the
-  binding (csrc/*.c) that such a block calls, directly or through others.
+  binding (csrc/bind/) that such a block calls, directly or through others.
   Calls through function pointers are not followed; functions of the core
   need no check (the first rule keeps Python out of them).
 """
@@ -12,6 +14,7 @@ import pathlib
 import re
 
 CSRC = pathlib.Path(__file__).resolve().parent.parent / "csrc"
+CORE, BIND = CSRC / "core", CSRC / "bind"
 PY_CALL = re.compile(r"\b(Py[A-Z_]\w*|_Py\w+)\s*\(")
 # The C API that CPython documents as safe without the GIL.
 GIL_FREE_API = re.compile(r"PyMem_Raw(Malloc|Calloc|Realloc|Free)$")
@@ -57,7 +60,8 @@ def function_bodies(code):
 def gil_violations(sources):
     """Python C-API calls made without the GIL in `sources` ({file name:
     text} of binding files), each as "file:line: f() -> g() (other.c): Call":
-    where the GIL-free block starts, the functions it goes through, the call."""
+    where the GIL-free block starts, the functions it goes through, the call.
+    A header's functions (static inline) are visible from every file."""
     code = {name: blank_comments_and_literals(text) for name, text in sources.items()}
     defined = {name: function_bodies(text) for name, text in code.items()}
 
@@ -65,7 +69,7 @@ def gil_violations(sources):
         if callee in defined[file]:
             return file, defined[file][callee][1]
         for other, bodies in defined.items():
-            if callee in bodies and not bodies[callee][0]:
+            if callee in bodies and (not bodies[callee][0] or other.endswith(".h")):
                 return other, bodies[callee][1]
         return None
 
@@ -90,16 +94,17 @@ def gil_violations(sources):
 
 
 def test_core_never_includes_python():
-    core = [f for f in c_sources() if f.parent.name == "core"]
+    core = [f for f in c_sources() if CORE in f.parents]
     assert core
     for f in core:
         text = f.read_text()
-        assert not re.search(r"#\s*include\s*[<\"](Python|numpy/)", text), f
+        assert not re.search(r"#\s*include\s*[<\"](Python|numpy/|bind/)", text), f
         assert not PY_CALL.search(blank_comments_and_literals(text)), f
 
 
 def test_no_python_api_without_the_gil():
-    binding = {f.name: f.read_text() for f in sorted(CSRC.glob("*.c"))}
+    binding = {f.relative_to(BIND).as_posix(): f.read_text()
+               for f in sorted(BIND.rglob("*.c")) + sorted(BIND.rglob("*.h"))}
     assert sum(len(BLOCK.findall(text)) for text in binding.values()) >= 3  # guards something
     found = gil_violations(binding)
     # Line numbers move with edits; known offenders are matched without them.
@@ -175,3 +180,6 @@ int shared_helper(int x)
     # A static function of another file is a different function.
     hidden = other.replace("int shared_helper", "static int shared_helper")
     assert gil_violations({"x.c": caller, "y.c": hidden}) == []
+    # ...but a header's static inline function is the same one everywhere.
+    found = gil_violations({"x.c": caller, "y.h": hidden.replace("static int", "static inline int")})
+    assert found == [f"x.c:{BLOCK_LINE}: middle() -> leaf() -> shared_helper() (y.h): Py_DECREF"]

@@ -17,8 +17,9 @@ TARGETS = sorted(p.stem[len("fuzz_"):] for p in FUZZ.glob("fuzz_*.c"))
 
 
 def _makefile_list(name):
-    """A ``NAME := $(addprefix ../csrc/core/, ...)`` list of fuzz/Makefile,
-    as paths from the root: the Makefile and this test build the same."""
+    """A ``NAME := $(addprefix ../csrc/core/, ...)`` list of fuzz/Makefile
+    (paths under csrc/core/, such as image/jpeg.c), as paths from the root:
+    the Makefile and this test build the same."""
     text = (FUZZ / "Makefile").read_text()
     match = re.search(rf"^{name}\s*:=\s*\$\(addprefix \.\./csrc/core/,(.*?)\)$", text,
                       re.M | re.S)

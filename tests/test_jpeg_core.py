@@ -1,4 +1,4 @@
-"""The JPEG region decoder and the resampler (csrc/core/jpeg.c, resample.c)
+"""The JPEG region decoder and the resampler (csrc/core/image/jpeg.c, resample.c)
 checked alone against Pillow by tests/c/jpeg_check.py: full and region
 decodes, the fused resample, float16 conversion, corrupt inputs (a status,
 never a crash or a byte on stderr)."""

@@ -1,4 +1,4 @@
-"""PNG and WebP decoded in C (csrc/core/png.c, webp.c): the pixels equal
+"""PNG and WebP decoded in C (csrc/core/image/png.c, webp.c): the pixels equal
 Pillow's ``Image.open(f).convert("RGB")`` for every colour type, bit depth,
 interlacing and WebP kind; a fastload transform plan on them equals the
 same plan on Pillow's pixels; bad files are clear DecodeErrors (or skips);

@@ -1,4 +1,4 @@
-"""The extension's vectorised loops (csrc/core/simd.h): built for AVX2 as
+"""The extension's vectorised loops (csrc/core/image/simd.h): built for AVX2 as
 well as the baseline, and nowhere a fused multiply-add, whose single
 rounding would make the pipeline's bytes depend on the CPU."""
 

@@ -1,4 +1,4 @@
-"""fastload._C.tar_index: the member index of a tar shard (csrc/core/tar.c).
+"""fastload._C.tar_index: the member index of a tar shard (csrc/core/source/tar.c).
 
 Indexes are checked against Python's tarfile on archives tarfile writes
 (ustar, GNU and pax formats) and on hand-made headers it reads; the

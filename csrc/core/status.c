@@ -1,5 +1,5 @@
 /* fastload core: see status.h. */
-#include "status.h"
+#include "core/status.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -5,8 +5,8 @@
  * behind; and the slot pool shared by several threads.
  * Exits 0 when every check holds; prints the first failure otherwise. */
 #define _POSIX_C_SOURCE 200809L
-#include "core/engine.h"
-#include "core/slots.h"
+#include "core/engine/engine.h"
+#include "core/memory/slots.h"
 #include "core/status.h"
 
 #include <errno.h>

@@ -1,5 +1,5 @@
 /* A stand-in for libcuda.so.1, so the tests can exercise fastload's run-time
- * driver loading (csrc/core/cuda.c) on machines without a GPU.
+ * driver loading (csrc/core/cuda/cuda.c) on machines without a GPU.
  *
  * FAKE_CUDA_INIT: the CUresult cuInit returns (default 0);
  * FAKE_CUDA_DEVICES: the device count (default 1);

@@ -1,5 +1,5 @@
-/* Checks of the JPEG region decoder and the resampler (csrc/core/jpeg.c,
- * csrc/core/resample.c) without Python.h.
+/* Checks of the JPEG region decoder and the resampler (csrc/core/image/jpeg.c,
+ * csrc/core/image/resample.c) without Python.h.
  *
  * Built as a shared library, its chk_* functions are driven through ctypes
  * by tests/c/jpeg_check.py, which compares the results with Pillow.  Built
@@ -18,8 +18,8 @@
  *                             resample of that region to OUT_W x OUT_H.
  */
 #define _POSIX_C_SOURCE 200809L
-#include "core/jpeg.h"
-#include "core/resample.h"
+#include "core/image/jpeg.h"
+#include "core/image/resample.h"
 #include "core/status.h"
 
 #include <math.h>

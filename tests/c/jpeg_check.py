@@ -1,5 +1,5 @@
-"""Checks the JPEG region decoder and the resampler (csrc/core/jpeg.c,
-csrc/core/resample.c) against Pillow, through tests/c/jpeg_check.c.
+"""Checks the JPEG region decoder and the resampler (csrc/core/image/jpeg.c,
+csrc/core/image/resample.c) against Pillow, through tests/c/jpeg_check.c.
 
     python3 tests/c/jpeg_check.py            # everything, -O3 build
     python3 tests/c/jpeg_check.py --asan     # everything under ASan + UBSan
@@ -41,7 +41,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-SOURCES = ["csrc/core/jpeg.c", "csrc/core/resample.c", "csrc/core/status.c",
+SOURCES = ["csrc/core/image/jpeg.c", "csrc/core/image/resample.c", "csrc/core/status.c",
            "tests/c/jpeg_check.c"]
 CC = shutil.which(os.environ.get("CC", "gcc")) or "cc"
 WARN = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-Icsrc"]

@@ -1,0 +1,448 @@
+/* fastload._C: the private header of the binding layer.
+ *
+ * The binding converts between Python objects and the core (csrc/core/),
+ * which never sees a PyObject.  Its folders mirror the core's:
+ *
+ *   module.c        the module: definition, state, exec (registers every type
+ *                   and function below)
+ *   errors.c        raising and carrying exceptions  } the generic helpers,
+ *   convert.c       Python objects to C values       } which call no feature file
+ *   testing.c       the test probes (functions only the tests call)
+ *   engine/         engine_type.c (the Engine type: worker threads running a
+ *                   Python fetch or a native job), native_batch.c (a native
+ *                   source's batch as a job: checked with the GIL, run without
+ *                   it on any thread, wrapped or raised with it), collate.c
+ *                   (GIL-free collation of NumPy-compatible samples into a slot)
+ *   memory/         slot_pool.c (SlotPool and SlotOwner: batch memory and its
+ *                   lifetime; shared slots)
+ *   image/          image_plan.c (reading a transform plan; transform_image();
+ *                   the calling thread's image worker), mixing.c (MixUp/CutMix
+ *                   plans and batches)
+ *   source/         image_source.c (ImageSource), gather.c (RowSource and
+ *                   WindowSource), lmdb_source.c (LMDBSource and LMDBRows),
+ *                   sample_cache.c (SampleCache), tar_index.c (tar_index())
+ *   cuda/           cuda.c (the run-time-loaded driver and the helpers the
+ *                   files below share), upload.c (CudaStream and CudaEvent),
+ *                   device_array.c (DeviceArray, exported through DLPack),
+ *                   host_register.c (HostRegistration)
+ *   observe/        stats_type.c (Timers, stages, traces, NVTX), build_info.c
+ *                   (what the extension was built with and runs on)
+ *
+ * Calls between binding files go one way only (tests/test_c_layout.py): the
+ * sources (source/) call the native batch path (engine/), which calls
+ * memory/ and image/; nothing calls back up, errors.c and convert.c call no
+ * feature file, and no file calls into module.c.
+ */
+#ifndef FASTLOAD_H
+#define FASTLOAD_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#define PY_ARRAY_UNIQUE_SYMBOL fastload_ARRAY_API
+#ifndef FASTLOAD_MODULE_C
+#define NO_IMPORT_ARRAY
+#endif
+#include <numpy/arrayobject.h>
+
+#include "core/cuda/cuda.h"
+#include "core/image/mix.h"
+#include "core/memory/slots.h"
+
+/* Per-module state (multi-phase init); every field is a strong reference
+ * owned by the module and released by its clear/free. */
+typedef struct fastload_state {
+    PyTypeObject *SlotPool_type;
+    PyTypeObject *SlotOwner_type;
+    PyTypeObject *Engine_type;
+    PyTypeObject *Timers_type;
+    PyTypeObject *ImageSource_type;
+    PyTypeObject *RowSource_type;
+    PyTypeObject *WindowSource_type;
+    PyObject *DecodeError;  /* fastload.DecodeError */
+    PyTypeObject *CudaStream_type;
+    PyTypeObject *CudaEvent_type;
+    PyTypeObject *DeviceArray_type;
+    PyObject *tensor_type; /* torch.Tensor once registered, else NULL */
+    PyTypeObject *SampleCache_type;
+    PyTypeObject *LMDBRows_type;
+} fastload_state;
+
+static inline fastload_state *fl__state_of_module(PyObject *module)
+{
+    return (fastload_state *)PyModule_GetState(module);
+}
+
+static inline fastload_state *fl__state_of_type(PyTypeObject *type)
+{
+    return (fastload_state *)PyType_GetModuleState(type);
+}
+
+/* errors.c */
+
+/* The raised exception, with its traceback, taken out of the thread state
+ * (NULL when none); and raising one again (the reference is stolen; NULL
+ * raises nothing). */
+PyObject *fl__take_exception(void);
+void fl__raise_exception(PyObject *exc);
+
+/* Raises IndexError: "index I is out of range for a dataset of N samples".
+ * Returns -1. */
+int fl__index_error(long long index, int64_t count);
+
+/* convert.c */
+
+/* Converts a sequence of integers (or an integer array) into a PyMem_Raw
+ * array of int64 in [0, count), wrapping negative indices once, as NumPy and
+ * torch do.  Returns 0, or -1 with IndexError naming the first bad index. */
+int fl__convert_indices(PyObject *obj, int64_t count, int64_t **out, Py_ssize_t *n_out);
+
+/* A Python int as a C int: 0, or -1 with OverflowError (out of range) or
+ * the conversion's error. */
+int fl__as_int(PyObject *obj, int *out);
+
+/* Reads `obj`, a sequence of exactly `n` numbers, into out: as C ints (then
+ * stored as doubles) when `ints`, else as doubles.  0, or -1 with an
+ * exception set. */
+int fl__read_numbers(PyObject *obj, int n, int ints, double *out);
+
+/* testing.c: the test probes, added to the module by its exec. */
+extern PyMethodDef fl__testing_methods[];
+
+/* memory/slot_pool.c */
+typedef struct SlotPoolObject {
+    PyObject_HEAD
+    fl_slot_pool *pool; /* owns one pool reference */
+} SlotPoolObject;
+
+typedef struct SlotOwnerObject {
+    PyObject_HEAD
+    fl_slot *slot; /* owned; released in dealloc */
+} SlotOwnerObject;
+
+extern PyType_Spec fl__SlotPool_spec;
+extern PyType_Spec fl__SlotOwner_spec;
+
+/* Takes a slot of at least `bytes` from `pool` (a SlotPool) with the GIL
+ * released.  Returns 0, or -1 with an exception set (fl__raise_slot_error). */
+int fl__acquire_slot(PyObject *pool, size_t bytes, fl_slot **out);
+
+/* Raises what fl_slot_acquire's `status` means for a `bytes`-byte slot:
+ * RuntimeError naming the descriptor limit for FL_ERR_FDS, else MemoryError.
+ * Returns NULL. */
+PyObject *fl__raise_slot_error(int status, size_t bytes);
+/* too_many_files_message(doing, held): the out-of-descriptors text both
+ * processes raise (fl__raise_slot_error's). */
+PyObject *fl__too_many_files_message(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+
+/* Wraps an acquired slot in a new SlotOwner, which releases it when the last
+ * array over it dies.  Takes ownership of `slot` (released here on failure). */
+PyObject *fl__SlotOwner_new(fastload_state *state, fl_slot *slot);
+
+/* A C-contiguous array of `descr` (a reference stolen, even on failure)
+ * and shape `dims` over the slot of `owner` at byte `offset`, with `owner`
+ * as its base; passed through `convert` (e.g. torch.from_numpy) unless that
+ * is None.  Returns a new reference or NULL with an exception set. */
+PyObject *fl__slot_array(PyObject *owner, size_t offset, PyArray_Descr *descr, int ndim,
+                         const npy_intp *dims, PyObject *convert);
+
+/* For an array over a shared slot (SlotPool(memory="shared")): the tuple
+ * (fd, arena id, arena bytes, slot id, slot offset in the arena, slot bytes,
+ * byte offset of the array's data in the slot); else None (core/memory/shm.h). */
+PyObject *fl__shared_slot(PyObject *module, PyObject *array);
+/* The ids of shared arenas freed since the last call, as a list. */
+PyObject *fl__take_freed_shared_slots(PyObject *module, PyObject *unused);
+
+/* engine/native_batch.c: the native batch path.  A native source (ImageSource,
+ * RowSource, WindowSource) turns an index array into a collated batch in
+ * plain C, so a worker thread runs the whole batch without the GIL: the
+ * Python work (checking the request, wrapping the slot as arrays, raising a
+ * recorded error) happens before and after, on the threads that submit and
+ * consume it. */
+
+#define FL__MAX_BATCH_ARRAYS 32
+#define FL__MSG_SIZE 256
+
+typedef struct fl__native_job fl__native_job;
+
+typedef struct fl__native_ops {
+    /* With the GIL, at submission: describes the outputs (n_out, descrs,
+     * ndims, dims; dims[i][0] is the batch size) and allocates what run()
+     * needs.  Returns 0, or -1 with an exception set. */
+    int (*plan)(PyObject *source, fl__native_job *job);
+    /* Without the GIL, on any thread: fills job->data[] from `core` (the
+     * source's plain-C part).  A failure is recorded in the job. */
+    void (*run)(const void *core, fl__native_job *job);
+    /* With the GIL: the recorded failure as a new exception instance. */
+    PyObject *(*failure)(PyObject *source, const fl__native_job *job);
+    /* With the GIL, optional: the samples replaced (on_error="skip") as a
+     * list of (index, path, message), or NULL with an exception set. */
+    PyObject *(*skipped)(PyObject *source, const fl__native_job *job);
+} fl__native_ops;
+
+/* The head every native source object starts with. */
+typedef struct fl__native_source {
+    PyObject_HEAD
+    const fl__native_ops *ops;
+    const void *core;  /* what run() reads: plain C, fixed at creation */
+    int64_t length;    /* number of samples */
+} fl__native_source;
+
+struct fl__native_job {
+    fl__native_source *source;  /* borrowed: the submitter keeps it alive */
+    int64_t *indices;           /* checked, in [0, length) */
+    size_t n;
+    uint64_t seed, epoch;       /* key the random augmentation */
+    /* outputs */
+    int n_out;
+    PyArray_Descr *descrs[FL__MAX_BATCH_ARRAYS];
+    int ndims[FL__MAX_BATCH_ARRAYS];
+    npy_intp dims[FL__MAX_BATCH_ARRAYS][NPY_MAXDIMS];
+    int channels_first[FL__MAX_BATCH_ARRAYS]; /* see (N, H, W, C) memory as (N, C, H, W) */
+    size_t offsets[FL__MAX_BATCH_ARRAYS];     /* of each output in the slot */
+    size_t bytes;                             /* the slot's size */
+    fl_slot_pool *pool;                       /* borrowed; NULL: fresh arrays */
+    fl_slot *slot;                            /* taken by run() */
+    PyObject *arrays[FL__MAX_BATCH_ARRAYS];   /* without a pool */
+    char *data[FL__MAX_BATCH_ARRAYS];         /* where each output's bytes go */
+    /* outcome, recorded by run() */
+    int status;                               /* FL_OK or an fl_status */
+    int no_slot;                              /* the slot could not be allocated */
+    int64_t sample;                           /* the failing sample, or -1 */
+    int part;                                 /* the source's part that failed */
+    int err;                                  /* errno for FL_ERR_IO */
+    char msg[FL__MSG_SIZE];
+    void *records;                            /* the source's own (PyMem_Raw) */
+    size_t n_records;
+    /* batch transform (MixUp / CutMix): output 1 becomes soft labels */
+    int images_nhwc;                          /* set by plan(): output 0 is N*H*W*C memory */
+    int mixing;                               /* 1: `mix` runs after the source */
+    fl_mix_plan mix;
+    uint64_t batch_number;                    /* keys the mixing draws */
+    int64_t *hard_labels;                     /* the source's labels (PyMem_Raw) */
+    int mix_failed;                           /* the failure is the mixing's: msg says it */
+};
+
+/* Whether `obj` is a native source of this module. */
+int fl__is_native_source(fastload_state *state, PyObject *obj);
+
+/* A job for the samples `indices` of `source`, its memory a slot of `pool`
+ * (a SlotPool, or None for fresh arrays).  With the GIL; NULL with an
+ * exception set (a bad index raises IndexError). */
+fl__native_job *fl__native_job_new(fastload_state *state, PyObject *source, PyObject *indices,
+                                   PyObject *pool, uint64_t seed, uint64_t epoch);
+/* The same with a batch transform (NULL: none) keyed by batch number
+ * `batch`: the source's outputs must be (images (N, ...4-D), labels int64
+ * (N,)); labels become float32 (N, num_classes). */
+fl__native_job *fl__native_job_new_mixed(fastload_state *state, PyObject *source,
+                                         PyObject *indices, PyObject *pool, uint64_t seed,
+                                         uint64_t epoch, const fl_mix_plan *mix, uint64_t batch);
+/* Runs the job; without the GIL, on any thread. */
+void fl__native_job_run(fl__native_job *job);
+/* With the GIL: the batch (a list of arrays, each passed through `convert`
+ * unless it is None), or NULL with the job's failure raised.  *skipped gets
+ * a new list of replaced samples, or NULL when there were none. */
+PyObject *fl__native_job_finish(fastload_state *state, fl__native_job *job, PyObject *convert,
+                                PyObject **skipped);
+/* With the GIL. */
+void fl__native_job_free(fl__native_job *job);
+
+/* The batch(indices, pool, convert, seed, epoch) method every native
+ * source shares: the same job run on the calling thread, returning
+ * (batch, skipped list). */
+PyObject *fl__native_batch_method(PyObject *source, PyObject *const *args, Py_ssize_t nargs);
+
+/* engine/collate.c */
+PyObject *fl__collate(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fl__set_tensor_type(PyObject *module, PyObject *type);
+
+/* engine/engine_type.c */
+extern PyType_Spec fl__Engine_spec;
+
+PyObject *fl__yield_to_consumer(PyObject *module, PyObject *unused);
+int fl__engine_module_exec(PyObject *module);
+
+/* image/image_plan.c: reading a fastload.transforms Plan; transform_image();
+ * the calling thread's image worker */
+struct fl_image_plan;
+/* 0, or -1 with ValueError naming the malformed field. */
+int fl__parse_plan(PyObject *plan, struct fl_image_plan *out);
+/* The NumPy dtype of the plan's output, and one image's shape in its layout. */
+PyArray_Descr *fl__plan_descr(const struct fl_image_plan *plan);
+void fl__image_dims(const struct fl_image_plan *plan, int width, int height, npy_intp *dims);
+PyObject *fl__transform_image(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+/* The calling thread's image worker (fl_image_worker_get), or NULL with
+ * MemoryError (out of memory) or RuntimeError (libjpeg refused to make a
+ * decoder) set, carrying the core's message.  Needs the GIL. */
+struct fl_image_worker *fl__image_worker(void);
+/* That exception, as a new instance (NULL if it could not be made), for a
+ * worker that failed with `status` and `msg`. */
+PyObject *fl__image_worker_error(int status, const char *msg);
+
+/* image/mixing.c */
+/* Reads a fastload.transforms mix plan (kinds, alphas, probs, num_classes),
+ * or None (out->n = 0).  0, or -1 with ValueError. */
+int fl__parse_mix_plan(PyObject *plan, fl_mix_plan *out);
+PyObject *fl__mix_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+/* Checks (images, labels), a writable contiguous 4-D batch and its int64
+ * labels, and describes them in *b (soft left NULL).  0, or -1 with
+ * TypeError / ValueError. */
+int fl__mix_array_batch(PyObject *images, PyObject *labels, int nhwc, fl_mix_batch *b);
+/* Runs `params` on the arrays of *b with the GIL released; returns the
+ * float32 soft labels, or NULL with an error naming the batch (`batch` < 0:
+ * none). */
+PyObject *fl__mix_on_arrays(const fl_mix_params *params, int num_classes, fl_mix_batch *b,
+                            long long batch);
+
+/* source/image_source.c: ImageSource, the native source of the image datasets */
+extern PyType_Spec fl__ImageSource_spec;
+
+/* source/gather.c: RowSource and WindowSource, the native sources of ArrayDataset
+ * and TokenDataset */
+extern PyType_Spec fl__RowSource_spec;
+extern PyType_Spec fl__WindowSource_spec;
+/* source/gather.c: copy_mapped(), a copy out of memory that may map a file another
+ * process cuts short (csrc/core/memory/bus_guard.h) */
+PyObject *fl__copy_mapped(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+#define FL__COPY_MAPPED_DOC                                                                 \
+    "copy_mapped(src, dst, what, /)\n--\n\n"                                                \
+    "Copies the buffer `src` into the writable buffer `dst` of the same size\n"             \
+    "with the GIL released, under the bus-error guard: memory mapping a file\n"             \
+    "that was cut short raises OSError (EIO) naming the file and `what` (a str\n"          \
+    "saying what was read), where NumPy would end the process with SIGBUS."
+
+/* source/gather.c: file_changed(), the OSError for a mapped file found cut short */
+PyObject *fl__file_changed(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+#define FL__FILE_CHANGED_DOC                                                                \
+    "file_changed(file, what, /)\n--\n\n"                                                \
+    "The OSError (EIO) for a mapped file that changed under the loader while\n"           \
+    "reading `what` (a str): `file` is (path, size when opened[, descriptor])\n"          \
+    "or None, as RowSource takes it; the message is the one a guarded gather\n"         \
+    "gives (csrc/core/memory/bus_guard.h: fl_bus_fault_msg)."
+
+/* source/lmdb_source.c: LMDBSource and LMDBRows.  LMDBSource is added to the
+ * module by fl__add_lmdb_type, LMDBRows (a native source) as the others;
+ * fl__lmdb_core gives an LMDBSource's core source (NULL with TypeError for
+ * any other object), and fl__lmdb_read_bytes is the image source byte
+ * provider over it. */
+struct fl_lmdb_source;
+int fl__add_lmdb_type(PyObject *module);
+extern PyType_Spec fl__LMDBRows_spec;
+const struct fl_lmdb_source *fl__lmdb_core(PyObject *obj);
+struct fl_image_worker;
+int fl__lmdb_read_bytes(const void *ctx, struct fl_image_worker *w, int64_t index,
+                        const unsigned char **data, size_t *size, char *msg, size_t msg_size);
+
+/* source/sample_cache.c: SampleCache (csrc/core/source/sample_cache.h) and sample_cache_key() */
+extern PyType_Spec fl__SampleCache_spec;
+struct fl_sample_cache;
+/* The core cache of a SampleCache; NULL with TypeError for anything else. */
+struct fl_sample_cache *fl__sample_cache_of(PyObject *obj);
+PyObject *fl__sample_cache_key(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+#define FL__SAMPLE_CACHE_KEY_DOC                                                            \
+    "sample_cache_key(paths, offsets, ranges, /)\n--\n\n"                                    \
+    "(key, total_bytes) of the samples (paths and offsets as ImageSource takes\n"            \
+    "them; ranges None or (offset, size) rows): a hash of each sample's path,\n"             \
+    "range, and its file's size and modification time, and the bytes of all\n"              \
+    "the samples.  Stats the files with the GIL released."
+
+/* source/tar_index.c: tar_index(), the member index of a tar shard (csrc/core/source/tar.h) */
+PyObject *fl__tar_index(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+#define FL__TAR_INDEX_DOC                                                                   \
+    "tar_index(path, group=True, /)\n--\n\n"                                               \
+    "Indexes the regular members of an uncompressed tar file, reading it with\n"           \
+    "the GIL released.  Returns a dict: 'names' (bytes: NUL-terminated names\n"            \
+    "back to back), and int64 arrays 'name_offsets', 'offsets' (of each member's\n"       \
+    "data in the file) and 'sizes'; with `group`, also WebDataset samples:\n"             \
+    "'key_lengths' (bytes of each member's key, -1 if in no sample),\n"                   \
+    "'sample_members' and 'sample_starts' (sample s is the members\n"                      \
+    "sample_members[sample_starts[s]:sample_starts[s + 1]]).  Raises OSError\n"           \
+    "when the file cannot be read, fastload.DecodeError when it is not a tar\n"           \
+    "archive fastload accepts (the message names the member and offset)."
+
+/* cuda/cuda.c */
+PyObject *fl__cuda_driver(PyObject *module, PyObject *unused);
+
+
+/* The loaded driver, or NULL with RuntimeError "CUDA is not available: ..."
+ * set. */
+const fl_cuda *fl__cuda_driver_or_raise(void);
+
+/* Raises RuntimeError "<what> on cuda:<device> failed: <driver's text>";
+ * returns -1. */
+int fl__cuda_raise(const fl_cuda *cuda, fl_cu_result rc, const char *what, int device);
+
+/* Makes `stream` wait for `event` (recorded on `device`) on the GPU; returns
+ * 0, or -1 with an exception set. */
+int fl__cuda_wait_event(fl_cu_event event, int device, fl_cu_stream stream);
+
+/* cuda/upload.c */
+typedef struct CudaStreamObject {
+    PyObject_HEAD
+    fl_cu_stream stream; /* owned: destroyed with the object */
+    int device;
+} CudaStreamObject;
+
+typedef struct CudaEventObject {
+    PyObject_HEAD
+    fl_cu_event event; /* owned */
+    int device;
+} CudaEventObject;
+
+extern PyType_Spec fl__CudaStream_spec;
+extern PyType_Spec fl__CudaEvent_spec;
+
+/* cuda/device_array.c */
+struct fl_device_block;
+
+/* GC-tracked: the three object fields are strong references, NULL once the
+ * collector has cleared them; the block lives until dealloc. */
+typedef struct DeviceArrayObject {
+    PyObject_HEAD
+    struct fl_device_block *block; /* one reference: the memory */
+    PyArray_Descr *descr;
+    int ndim;
+    npy_intp dims[NPY_MAXDIMS];
+    PyObject *ready;  /* CudaEvent: the upload is done */
+    PyObject *stream; /* CudaStream that uploaded it */
+} DeviceArrayObject;
+
+extern PyType_Spec fl__DeviceArray_spec;
+
+/* A DeviceArray owning `slot` (released here on failure). */
+PyObject *fl__DeviceArray_new(fastload_state *state, fl_slot *slot, int device,
+                              PyArray_Descr *descr, int ndim, const npy_intp *dims,
+                              PyObject *ready, PyObject *stream);
+
+/* cuda/host_register.c: makes the HostRegistration type (fastload._process keeps
+ * it; only process workers with pin_memory=True need it). */
+PyObject *fl__host_registration_type(PyObject *module, PyObject *unused);
+
+/* observe/stats_type.c */
+struct fl_stats;
+extern PyType_Spec fl__Timers_spec;
+struct fl_stats *fl__stats_of(PyObject *loader_stats); /* borrowed */
+PyObject *fl__stage_begin(PyObject *module, PyObject *stage);
+PyObject *fl__stage_switch(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fl__stage_end(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fl__clock_ns(PyObject *module, PyObject *unused);
+PyObject *fl__trace_start(PyObject *module, PyObject *capacity);
+PyObject *fl__trace_take(PyObject *module, PyObject *max);
+PyObject *fl__trace_stop(PyObject *module, PyObject *unused);
+PyObject *fl__trace_on(PyObject *module, PyObject *unused);
+PyObject *fl__nvtx_start(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fl__nvtx_stop(PyObject *module, PyObject *unused);
+PyObject *fl__nvtx_on(PyObject *module, PyObject *unused);
+PyObject *fl__set_stats_enabled(PyObject *module, PyObject *arg);
+int fl__stats_module_exec(PyObject *module);
+
+/* observe/build_info.c: the libjpeg fastload was built with and loaded, and the
+ * CPU's SIMD features, as a dict (python -m fastload prints it). */
+PyObject *fl__build_info(PyObject *module, PyObject *unused);
+/* At import: 0 when libjpeg, libpng and libwebp take the ABI of the headers
+ * built with; else -1 with ImportError set (fl_check_image_libraries says
+ * why: which library, the file loaded, what to do), or MemoryError. */
+int fl__check_image_libraries(void);
+
+#endif /* FASTLOAD_H */

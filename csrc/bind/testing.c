@@ -1,0 +1,320 @@
+/* fastload._C: the test probes — module functions that only the tests
+ * call, to check the core's random draws and single ops against
+ * torchvision's: a sample's colour, augmentation, warp and erasing draws, a
+ * batch's mixing draws, CutMix's box, MixUp/CutMix with given parameters,
+ * and one Pillow op.  They keep their names in fastload._C (module.c's exec
+ * adds fl__testing_methods beside its own table), so the tests call them as
+ * before; nothing in the package does.
+ */
+#include "bind/fastload.h"
+
+#include "core/image/pipeline.h"
+#include "core/image/resample.h"
+#include "core/status.h"
+
+/* The arguments `(plan, seed, epoch, index, ...)` of the probes that report a
+ * sample's draws: checks there are `expected` (else TypeError with `usage`),
+ * parses the plan and the key.  -1 with an exception set. */
+static int parse_draw_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t expected,
+                           const char *usage, fl_image_plan *plan, fl_sample_key *key)
+{
+    if (nargs != expected) {
+        PyErr_Format(PyExc_TypeError, "%s takes %zd arguments", usage, expected);
+        return -1;
+    }
+    if (fl__parse_plan(args[0], plan) < 0)
+        return -1;
+    key->seed = PyLong_AsUnsignedLongLongMask(args[1]);
+    key->epoch = PyLong_AsUnsignedLongLongMask(args[2]);
+    key->index = PyLong_AsUnsignedLongLongMask(args[3]);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+static PyObject *color_draws(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    fl_image_plan plan;
+    fl_sample_key key;
+    if (parse_draw_args(args, nargs, 4, "color_draws(plan, seed, epoch, index)", &plan, &key) < 0)
+        return NULL;
+    fl_sample_geometry g;
+    fl_plan_geometry(&plan, &key, 1, 1, &g);
+    const fl_color_draw *d = &g.color;
+    PyObject *factors[FL_COLOR_OPS] = {NULL};
+    PyObject *result = NULL;
+    for (int op = 0; op < FL_COLOR_OPS; op++) {
+        factors[op] = d->on[op] ? PyFloat_FromDouble(d->factor[op]) : Py_NewRef(Py_None);
+        if (!factors[op])
+            goto out;
+    }
+    result = Py_BuildValue("(iiii)(OOOO)O", d->order[0], d->order[1], d->order[2], d->order[3],
+                           factors[0], factors[1], factors[2], factors[3],
+                           d->gray ? Py_True : Py_False);
+out:
+    for (int op = 0; op < FL_COLOR_OPS; op++)
+        Py_XDECREF(factors[op]);
+    return result;
+}
+
+/* The op named `name` (torchvision's spelling), or -1. */
+static int op_by_name(PyObject *name)
+{
+    for (int op = 0; op < FL_PIL_OPS; op++)
+        if (PyUnicode_Check(name) &&
+            PyUnicode_CompareWithASCIIString(name, fl_pil_op_names[op]) == 0)
+            return op;
+    return -1;
+}
+
+static PyObject *pil_op(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError,
+                        "pil_op(name, image, magnitude, interpolation, fill) takes 5 arguments");
+        return NULL;
+    }
+    int op = op_by_name(args[0]);
+    if (op < 0) {
+        PyErr_Format(PyExc_ValueError, "pil_op: unknown op %R", args[0]);
+        return NULL;
+    }
+    PyArrayObject *image = (PyArrayObject *)args[1];
+    if (!PyArray_Check(args[1]) || PyArray_NDIM(image) != 3 || PyArray_DIM(image, 2) != 3 ||
+        PyArray_TYPE(image) != NPY_UINT8 || !PyArray_IS_C_CONTIGUOUS(image) ||
+        PyArray_DIM(image, 0) < 1 || PyArray_DIM(image, 1) < 1) {
+        PyErr_SetString(PyExc_TypeError, "pil_op: image must be a C-contiguous HWC uint8 RGB "
+                                         "array, not empty");
+        return NULL;
+    }
+    double magnitude = PyFloat_AsDouble(args[2]);
+    int interpolation = 0;
+    double fill[3];
+    if ((magnitude == -1.0 && PyErr_Occurred()) || fl__as_int(args[3], &interpolation) < 0 ||
+        fl__read_numbers(args[4], 3, 1, fill) < 0)
+        return NULL;
+    unsigned char fill8[3];
+    for (int c = 0; c < 3; c++) {
+        if (fill[c] < 0 || fill[c] > 255) {
+            PyErr_SetString(PyExc_ValueError, "pil_op: fill values must be in 0..255");
+            return NULL;
+        }
+        fill8[c] = (unsigned char)fill[c];
+    }
+    if (interpolation != FL_WARP_NEAREST && interpolation != FL_WARP_BILINEAR) {
+        PyErr_SetString(PyExc_ValueError, "pil_op: interpolation must be 0 (nearest) or 1 "
+                                          "(bilinear)");
+        return NULL;
+    }
+    int h = (int)PyArray_DIM(image, 0), w = (int)PyArray_DIM(image, 1);
+    npy_intp dims[3] = {h, w, 3};
+    PyObject *out = PyArray_SimpleNew(3, dims, NPY_UINT8);
+    if (!out)
+        return NULL;
+    int rc = fl_pil_apply(op, magnitude, interpolation, fill8, PyArray_DATA(image),
+                          PyArray_DATA((PyArrayObject *)out), w, h);
+    if (rc != FL_OK) {
+        Py_DECREF(out);
+        PyErr_Format(PyExc_ValueError, "pil_op: %s refuses magnitude %R", fl_pil_op_names[op],
+                     args[2]);
+        return NULL;
+    }
+    return out;
+}
+
+static PyObject *augment_draws(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    fl_image_plan plan;
+    fl_sample_key key;
+    int width = 0, height = 0;
+    if (parse_draw_args(args, nargs, 6, "augment_draws(plan, seed, epoch, index, width, height)",
+                        &plan, &key) < 0 ||
+        fl__as_int(args[4], &width) < 0 || fl__as_int(args[5], &height) < 0)
+        return NULL;
+    fl_sample_geometry g;
+    fl_plan_geometry(&plan, &key, 1, 1, &g);
+    PyObject *result = PyList_New(g.augment.count);
+    if (!result)
+        return NULL;
+    for (int i = 0; i < g.augment.count; i++) {
+        double m = fl_augment_magnitude(&plan.augment, &g.augment, i, width, height);
+        PyObject *item = Py_BuildValue("(sid)", fl_pil_op_names[g.augment.op[i]],
+                                       g.augment.bin[i], m);
+        if (!item) {
+            Py_DECREF(result);
+            return NULL;
+        }
+        PyList_SET_ITEM(result, i, item);
+    }
+    return result;
+}
+
+static PyObject *warp_draws(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    fl_image_plan plan;
+    fl_sample_key key;
+    int width = 0, height = 0;
+    if (parse_draw_args(args, nargs, 6, "warp_draws(plan, seed, epoch, index, width, height)",
+                        &plan, &key) < 0 ||
+        fl__as_int(args[4], &width) < 0 || fl__as_int(args[5], &height) < 0)
+        return NULL;
+    if (width < 1 || height < 1) {
+        PyErr_SetString(PyExc_ValueError, "warp_draws: width and height must be >= 1");
+        return NULL;
+    }
+    if (plan.warp.kind == FL_RANDOM_WARP_NONE)
+        Py_RETURN_NONE;
+    fl_sample_geometry g;
+    fl_plan_geometry(&plan, &key, width, height, &g);
+    const fl_warp_draw *d = &g.warp;
+    return Py_BuildValue("(d(ii)d(dd))", d->angle, d->tx, d->ty, d->scale, d->shear_x,
+                         d->shear_y);
+}
+static PyObject *mix_apply(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "mix_apply(images, labels, kind, lam, box, "
+                                         "num_classes, nhwc) takes 7 arguments");
+        return NULL;
+    }
+    fl_mix_params params = {0};
+    params.kind = PyLong_AsLong(args[2]);
+    params.lam = PyFloat_AsDouble(args[3]);
+    int num_classes = PyLong_AsLong(args[5]);
+    int nhwc = PyObject_IsTrue(args[6]);
+    if (PyErr_Occurred() || nhwc < 0)
+        return NULL;
+    if ((params.kind != FL_MIX_MIXUP && params.kind != FL_MIX_CUTMIX) || num_classes < 1) {
+        PyErr_SetString(PyExc_ValueError, "mix_apply: bad kind or num_classes");
+        return NULL;
+    }
+    fl_mix_batch b;
+    if (fl__mix_array_batch(args[0], args[1], nhwc, &b) < 0)
+        return NULL;
+    params.weight = params.lam;
+    if (params.kind == FL_MIX_CUTMIX) {
+        if (!PyArg_ParseTuple(args[4], "iiii", &params.x1, &params.y1, &params.x2, &params.y2))
+            return NULL;
+        if (params.x1 < 0 || params.y1 < 0 || params.x2 > b.width || params.y2 > b.height) {
+            PyErr_SetString(PyExc_ValueError, "mix_apply: the box is outside the images");
+            return NULL;
+        }
+        double area = params.x2 > params.x1 && params.y2 > params.y1
+                          ? (double)(params.x2 - params.x1) * (params.y2 - params.y1)
+                          : 0.0;
+        params.weight = 1.0 - area / ((double)b.width * b.height);
+    }
+    return fl__mix_on_arrays(&params, num_classes, &b, -1);
+}
+
+static PyObject *cutmix_box(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "cutmix_box(lam, cx, cy, height, width) takes 5 "
+                                         "arguments");
+        return NULL;
+    }
+    double lam = PyFloat_AsDouble(args[0]);
+    long cx = PyLong_AsLong(args[1]), cy = PyLong_AsLong(args[2]);
+    long height = PyLong_AsLong(args[3]), width = PyLong_AsLong(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (height < 1 || width < 1 || height > INT32_MAX || width > INT32_MAX || cx < 0 ||
+        cy < 0 || cx >= width || cy >= height || !(lam >= 0.0 && lam <= 1.0)) {
+        PyErr_SetString(PyExc_ValueError, "cutmix_box: out of range");
+        return NULL;
+    }
+    fl_mix_params p;
+    fl_cutmix_box(lam, (int)cx, (int)cy, (int)height, (int)width, &p);
+    return Py_BuildValue("(iiii)d", p.x1, p.y1, p.x2, p.y2, p.weight);
+}
+
+static PyObject *mix_draws(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "mix_draws(plan, seed, epoch, batch, height, width) "
+                                         "takes 6 arguments");
+        return NULL;
+    }
+    fl_mix_plan plan;
+    if (fl__parse_mix_plan(args[0], &plan) < 0)
+        return NULL;
+    unsigned long long seed = PyLong_AsUnsignedLongLongMask(args[1]);
+    unsigned long long epoch = PyLong_AsUnsignedLongLongMask(args[2]);
+    unsigned long long batch = PyLong_AsUnsignedLongLongMask(args[3]);
+    long height = PyLong_AsLong(args[4]), width = PyLong_AsLong(args[5]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (plan.n == 0 || height < 1 || width < 1 || height > INT32_MAX || width > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "mix_draws: no plan, or an empty image");
+        return NULL;
+    }
+    fl_mix_params p;
+    fl_mix_draw(&plan, seed, epoch, batch, (int)height, (int)width, &p);
+    return Py_BuildValue("id(iiii)d", p.kind, p.lam, p.x1, p.y1, p.x2, p.y2, p.weight);
+}
+
+static PyObject *erase_draws(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    fl_image_plan plan;
+    fl_sample_key key;
+    if (parse_draw_args(args, nargs, 6, "erase_draws(plan, seed, epoch, index, width, height)",
+                        &plan, &key) < 0)
+        return NULL;
+    long width = PyLong_AsLong(args[4]), height = PyLong_AsLong(args[5]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (width < 1 || height < 1 || width > INT32_MAX || height > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "erase_draws: empty image");
+        return NULL;
+    }
+    fl_rng rng;
+    fl_rng_init_stream(&rng, key.seed, key.epoch, key.index, FL_STREAM_ERASE);
+    fl_erase_draw d;
+    fl_erase_draw_for(&plan.erase, &rng, (int)width, (int)height, &d);
+    if (!d.on)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(iiii)", d.top, d.left, d.h, d.w);
+}
+
+/* Added to fastload._C by module.c's exec (PyModule_AddFunctions). */
+PyMethodDef fl__testing_methods[] = {
+    {"color_draws", (PyCFunction)(void (*)(void))color_draws, METH_FASTCALL,
+     "color_draws(plan, seed, epoch, index, /)\n--\n\n"
+     "The colour ops a plan draws for one sample, for tests: (order, factors\n"
+     "(None where off), grayscale)."},
+    {"augment_draws", (PyCFunction)(void (*)(void))augment_draws, METH_FASTCALL,
+     "augment_draws(plan, seed, epoch, index, width, height, /)\n--\n\n"
+     "The augmentation ops a plan draws for one sample of width x height, for\n"
+     "tests: a list of (op name, magnitude bin, signed magnitude)."},
+    {"warp_draws", (PyCFunction)(void (*)(void))warp_draws, METH_FASTCALL,
+     "warp_draws(plan, seed, epoch, index, width, height, /)\n--\n\n"
+     "The RandomRotation / RandomAffine parameters a plan draws for one sample of\n"
+     "a width x height image, for tests: (angle, (tx, ty), scale, (shear_x,\n"
+     "shear_y)), or None without either."},
+    {"erase_draws", (PyCFunction)(void (*)(void))erase_draws, METH_FASTCALL,
+     "erase_draws(plan, seed, epoch, index, width, height, /)\n--\n\n"
+     "RandomErasing's box (i, j, h, w) for one sample, or None, for tests."},
+    {"pil_op", (PyCFunction)(void (*)(void))pil_op, METH_FASTCALL,
+     "pil_op(name, image, magnitude, interpolation, fill, /)\n--\n\n"
+     "torchvision's autoaugment op `name` with Pillow's semantics on a C-contiguous\n"
+     "HWC uint8 RGB array (interpolation 0 nearest, 1 bilinear; fill 3 ints);\n"
+     "returns a new array.  For tests."},
+    {"mix_draws", (PyCFunction)(void (*)(void))mix_draws, METH_FASTCALL,
+     "mix_draws(plan, seed, epoch, batch, height, width, /)\n--\n\n"
+     "A batch's mixing draws, for tests: (kind, lam, box, label weight)."},
+    {"cutmix_box", (PyCFunction)(void (*)(void))cutmix_box, METH_FASTCALL,
+     "cutmix_box(lam, cx, cy, height, width, /)\n--\n\n"
+     "CutMix's box and label weight for lam and a centre, for tests."},
+    {"mix_apply", (PyCFunction)(void (*)(void))mix_apply, METH_FASTCALL,
+     "mix_apply(images, labels, kind, lam, box, num_classes, nhwc, /)\n--\n\n"
+     "MixUp (kind 0, lam) or CutMix (kind 1, box (x1, y1, x2, y2)) with the\n"
+     "given parameters, for tests; returns the soft labels."},
+    {NULL, NULL, 0, NULL},
+};
