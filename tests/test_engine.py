@@ -49,7 +49,7 @@ def test_in_order_delivery_round_robin_and_named_threads():
     engine = _C.Engine([Recorder(log, delay=lambda r: delays.get(r, 0)) for _ in range(2)], 4)
     assert {"fastload-w0", "fastload-w1"} <= set(thread_names())  # others may still be exiting
     for i in range(4):
-        assert engine.submit(i) == 0
+        assert engine.submit(i) is True
     with pytest.raises(RuntimeError):
         engine.submit(99)  # the in-flight bound is reached
     got = drain(engine)
@@ -72,14 +72,14 @@ def test_out_of_order_delivers_by_completion():
 
 def test_retired_worker_gets_no_more_jobs():
     engine = _C.Engine([Recorder([], retire_after=1), Recorder([])], 2)
-    assert engine.submit("a") == 0  # worker 0
-    assert engine.submit("b") == 0  # worker 1
+    assert engine.submit("a") is True  # worker 0
+    assert engine.submit("b") is True  # worker 1
     results = [engine.next(5.0), engine.next(5.0)]
     assert [r[0] for r in results] == [_C.JOB_DONE, _C.JOB_DONE]
-    assert engine.submit("c") == 0  # worker 0, which now retires
+    assert engine.submit("c") is True  # worker 0, which now retires
     assert engine.next(5.0)[0] == _C.JOB_RETIRE
     for request in "def":
-        assert engine.submit(request) == 0
+        assert engine.submit(request) is True
         outcome, worker, _ = engine.next(5.0)
         assert (outcome, worker) == (_C.JOB_DONE, 1)
     engine.reset()  # a new epoch revives every worker
@@ -92,7 +92,7 @@ def test_every_worker_retired_refuses_jobs():
     engine = _C.Engine([Recorder([], retire_after=0)], 1)
     engine.submit(0)
     assert engine.next(5.0)[0] == _C.JOB_RETIRE
-    assert engine.submit(1) == 1
+    assert engine.submit(1) is False
     assert engine.next(5.0) is None
     engine.close()
 

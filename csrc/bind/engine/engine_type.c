@@ -534,10 +534,10 @@ static PyObject *Engine_submit(EngineObject *self, PyObject *request)
     }
     int rc = fl_engine_submit(self->engine, j, NULL, NULL);
     if (rc == FL_OK)
-        return PyLong_FromLong(0);
+        Py_RETURN_TRUE;
     job_free(j);
     if (rc == FL_ERR_NO_WORKER)
-        return PyLong_FromLong(1);
+        Py_RETURN_FALSE;
     if (rc == FL_ERR_CLOSED)
         return closed_error();
     PyErr_Format(PyExc_RuntimeError, "fastload: cannot submit a batch: %s", fl_status_str(rc));
@@ -765,7 +765,7 @@ static PyMethodDef Engine_methods[] = {
      "Queues worker.fetch(request) on the next live active worker, round-robin; with\n"
      "a native source, request is (epoch, indices[, batch number]) and the batch\n"
      "runs in C (the number keys the `mix` batch transform's draws).\n"
-     "Returns 0, or 1 when every worker has retired (nothing queued)."},
+     "Returns True, or False when every worker has retired (nothing queued)."},
     {"next", (PyCFunction)(void (*)(void))Engine_next, METH_FASTCALL,
      "next(timeout=None, /)\n--\n\n"
      "Waits (GIL released) for the next finished job and returns\n"
