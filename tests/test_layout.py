@@ -110,3 +110,32 @@ def test_cycle_finder_finds_a_circle():
 def test_no_import_circle_in_the_package():
     cycles = _cycles(_graph())
     assert not cycles, f"modules that import each other: {cycles}"
+
+
+def _design_map():
+    """The paths docs/design.md's map names (``x.{c,h}`` names both)."""
+    text = (ROOT / "docs" / "design.md").read_text()
+    section = text.split("\n## Map\n", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```", 2)[1]
+    named = set()
+    for line in block.splitlines():
+        if not line.strip():
+            continue
+        path = line.split()[0]
+        if path.endswith(".{c,h}"):
+            named.update({path[:-6] + ".c", path[:-6] + ".h"})
+        else:
+            named.add(path)
+    return named
+
+
+def _source_files():
+    files = {p for p in PACKAGE.rglob("*.py")}
+    files |= {p for p in (ROOT / "csrc").rglob("*") if p.suffix in (".c", ".h")}
+    return {str(p.relative_to(ROOT)) for p in files}
+
+
+def test_design_map_names_every_source_file():
+    named, present = _design_map(), _source_files()
+    assert not present - named, f"add to docs/design.md's map: {sorted(present - named)}"
+    assert not named - present, f"no longer there: {sorted(named - present)}"

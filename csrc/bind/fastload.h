@@ -415,7 +415,7 @@ PyObject *fl__DeviceArray_new(fastload_state *state, fl_slot *slot, int device,
                               PyArray_Descr *descr, int ndim, const npy_intp *dims,
                               PyObject *ready, PyObject *stream);
 
-/* cuda/host_register.c: makes the HostRegistration type (fastload._process keeps
+/* cuda/host_register.c: makes the HostRegistration type (fastload.loader.process_engine keeps
  * it; only process workers with pin_memory=True need it). */
 PyObject *fl__host_registration_type(PyObject *module, PyObject *unused);
 

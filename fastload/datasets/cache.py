@@ -18,7 +18,7 @@ None makes it big enough for every sample's bytes (decoded pixels have no
 size known before the decode: ``cache_decoded`` needs ``cache_size``).
 When full, samples read later
 are simply not stored (first come, no eviction; see
-csrc/core/sample_cache.h).  A file made for other data (the files' paths,
+csrc/core/source/sample_cache.h).  A file made for other data (the files' paths,
 sizes or modification times differ) or of another size is replaced.
 """
 

@@ -42,7 +42,8 @@ __all__ = ["DecodeError", "ImageFiles", "ImageFolder", "IMG_EXTENSIONS", "defaul
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 SKIP_RECORDS = 1000  # failures remembered in dataset.skipped
-MAX_SKIPS_PER_SAMPLE = 64  # then the last error is raised (FL_IMAGE_MAX_SKIPS in csrc/core/image_source.h)
+# then the last error is raised (FL_IMAGE_MAX_SKIPS in csrc/core/source/image_source.h)
+MAX_SKIPS_PER_SAMPLE = 64
 
 
 DecodeError = _C.DecodeError  # OSError: a file that is not an image fastload can decode

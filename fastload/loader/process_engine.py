@@ -9,7 +9,7 @@ batch, pickles its handle, and the parent maps it again for every batch.
 fastload's worker collates (C collation or a native dataset's batch
 function) into slots of its own ``SlotPool(memory="shared")``: each slot is
 a region of a memfd (an arena: small slots share one, a large slot has its
-own; csrc/core/shm.h) the parent maps once, when it first sees it, and wraps
+own; csrc/core/memory/shm.h) the parent maps once, when it first sees it, and wraps
 as NumPy or torch without a copy.  The batch's arrays keep their slot; when
 the parent drops the last of them, the slot's id goes back to its worker with
 the next request, and the worker reuses it.  So batches the loop keeps alive
@@ -89,7 +89,7 @@ _KEPT_FREE_BYTES = 128 << 20
 # their current batch) before the rest are terminated.
 _JOIN_SECONDS = 5.0
 
-# A mapping page-locked in place by the CUDA driver (csrc/host_register.c).
+# A mapping page-locked in place by the CUDA driver (csrc/bind/cuda/host_register.c).
 HostRegistration = _C.host_registration_type()
 
 

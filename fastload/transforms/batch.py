@@ -28,11 +28,11 @@ from .from_torchvision import is_torchvision, torchvision_name
 __all__ = ["CallStep", "CutMix", "MixStep", "MixUp", "RandomChoice", "apply_mix", "resolve"]
 
 
-_MIXUP, _CUTMIX = 0, 1  # csrc/core/mix.h FL_MIX_*
+_MIXUP, _CUTMIX = 0, 1  # csrc/core/image/mix.h FL_MIX_*
 
 
 class MixPlan:
-    """A compiled batch transform, read by csrc/mixing.c: one of ``kinds``
+    """A compiled batch transform, read by csrc/bind/image/mixing.c: one of ``kinds``
     (0 MixUp, 1 CutMix) with Beta(``alphas[i]``, ``alphas[i]``), picked
     with ``probs[i]``, labels one-hot over ``num_classes``."""
 

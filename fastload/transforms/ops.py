@@ -489,7 +489,7 @@ class RandomAffine(_Transform):
                 f"fill={self.fill}, center={self.center})")
 
 
-MAX_AUGMENT_OPS = 16  # csrc/core/pil_ops.h FL_AUGMENT_MAX_OPS
+MAX_AUGMENT_OPS = 16  # csrc/core/image/pil_ops.h FL_AUGMENT_MAX_OPS
 
 
 class RandAugment(_Transform):

@@ -11,7 +11,7 @@ __all__ = ["AUTO_POLICIES", "FILTERS", "Plan", "compile_plan"]
 
 # Interpolation names and the C pipeline's filter numbers.
 FILTERS = {"nearest": 0, "bilinear": 1, "bicubic": 2}
-# AutoAugment's tables, in the C pipeline's order (csrc/core/pil_ops.h).
+# AutoAugment's tables, in the C pipeline's order (csrc/core/image/pil_ops.h).
 AUTO_POLICIES = ("imagenet", "cifar10", "svhn")
 
 _GEOMETRY = ("random_resized_crop", "resize", "center_crop")
@@ -22,7 +22,7 @@ _AUGMENT = ("rand_augment", "trivial_augment", "auto_augment")
 class Plan:
     """A compiled transform chain: what the C pipeline does per sample.
 
-    Fields (plain numbers and strings, read by name in csrc/image_plan.c):
+    Fields (plain numbers and strings, read by name in csrc/bind/image/image_plan.c):
     ``crop``: 0 none, 1 random-resized, 2 resize-then-center-crop (either
     part may be absent); ``out_h``/``out_w`` (0: the decoded size, only
     without geometry); ``scale``/``ratio`` (random-resized);
@@ -88,7 +88,7 @@ class Plan:
         self.erase_value = (0.0, 0.0, 0.0)
         self.erase_random = False
         # RandAugment / TrivialAugmentWide / AutoAugment on the resampled
-        # uint8 image (csrc/core/pil_ops.h): policy 0 none, 1 rand,
+        # uint8 image (csrc/core/image/pil_ops.h): policy 0 none, 1 rand,
         # 2 trivial, 3 auto; its table 0 imagenet, 1 cifar10, 2 svhn;
         # interpolation 0 nearest, 1 bilinear; fill 0..255 per channel.
         self.augment = 0
@@ -99,7 +99,7 @@ class Plan:
         self.augment_interpolation = 0
         self.augment_fill = (0.0, 0.0, 0.0)
         # RandomRotation / RandomAffine on that uint8 image, before the
-        # policy (csrc/core/random_affine.h): warp 0 none, 1 rotation,
+        # policy (csrc/core/image/random_affine.h): warp 0 none, 1 rotation,
         # 2 affine; degrees (min, max); translate: the largest shift as a
         # fraction of (width, height); scale and shears (min, max);
         # interpolation and fill as above; center when has_center.
@@ -114,7 +114,7 @@ class Plan:
         self.warp_has_center = False
         self.warp_center = (0.0, 0.0)
         # The colour ops above with Pillow's arithmetic, on the uint8 image
-        # after the policy (csrc/core/pil_color.h), instead of on floats.
+        # after the policy (csrc/core/image/pil_color.h), instead of on floats.
         self.color_pil = False
         self.color_uint8 = False  # colour ops as on a uint8 tensor (ColorJitter(uint8=True))
         # the policy's Solarize thresholds are torchvision.transforms.v2's

@@ -1,7 +1,7 @@
 /* fastload._C: HostRegistration, memory page-locked where it lies.
  *
  * A process worker's batches live in shared slots the parent maps once
- * (fastload/_process.py).  With pin_memory=True the parent page-locks each
+ * (fastload/loader/process_engine.py).  With pin_memory=True the parent page-locks each
  * mapping with cuMemHostRegister when it first maps it, wraps it in a
  * HostRegistration, and builds the batch arrays over the registration (it
  * exports the same memory through the buffer protocol).  The registration

@@ -1,5 +1,5 @@
 /* fastload._C: CudaStream and CudaEvent, the primitives of the upload stage
- * (fastload/_upload.py).
+ * (fastload/loader/upload.py).
  *
  * CudaStream.upload copies a batch's arrays into device slots with one
  * cuMemcpyHtoDAsync each on the stream (non-blocking: it never waits for

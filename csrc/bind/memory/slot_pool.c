@@ -152,7 +152,7 @@ int fl__acquire_slot(PyObject *pool, size_t bytes, fl_slot **out)
 }
 
 /* The one text for descriptors run out (here, in a worker's slot pool, and
- * in the parent's fastload/_process.py, through too_many_files_message):
+ * in the parent's fastload/loader/process_engine.py, through too_many_files_message):
  * what was being done, which limit, what holds the descriptors (`held`, a
  * clause), and what to do. */
 static PyObject *too_many_files_message(const char *doing, const char *held)

@@ -1,7 +1,7 @@
 /* fastload._C: the Timers type — a loader's timers (core/observe/stats.h) as a
  * Python object, and the functions that let Python code add to them.
  *
- * fastload/stats.py turns snapshots into what users read; this file only
+ * fastload/observe/stats.py turns snapshots into what users read; this file only
  * moves numbers.  Rows are written by the threads bound to them, without the
  * GIL; everything here that reads or binds runs with it. */
 #include "bind/fastload.h"
@@ -21,7 +21,7 @@ static const char *const event_names[FL_EVENT_KINDS] = {
 };
 
 /* A row as a flat tuple: stage_ns..., stage_calls..., busy, idle, gil, cpu,
- * jobs (fastload/stats.py names the positions). */
+ * jobs (fastload/observe/stats.py names the positions). */
 #define ROW_FIELDS (2 * FL_STAGES + FL_ACTIVITIES + 1)
 
 typedef struct TimersObject {
@@ -466,7 +466,7 @@ PyObject *fl__clock_ns(PyObject *module, PyObject *unused)
 
 /* ------------------------------------------------------------- profilers */
 
-static_assert(sizeof(fl_trace_event) == 24, "fastload/profiler.py reads 24-byte events");
+static_assert(sizeof(fl_trace_event) == 24, "fastload/observe/profiler.py reads 24-byte events");
 
 PyObject *fl__trace_start(PyObject *module, PyObject *arg)
 {

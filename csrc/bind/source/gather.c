@@ -5,7 +5,7 @@
  * token array.  Each reads its arrays once, at creation, into the core's
  * plain-C descriptions (csrc/core/source/gather.h) and holds them, so the memory
  * stays valid for every batch.  The arrays are validated by the Python
- * classes (fastload/arrays.py): C-contiguous rows of a native-order plain
+ * classes (fastload/datasets/arrays.py): C-contiguous rows of a native-order plain
  * dtype.  A source's `file` is None for memory that is no file mapping, else
  * (path, the file's size in bytes when it was opened[, a descriptor of
  * it]): the path names it in errors, and the size tells a truncated file

@@ -27,7 +27,7 @@ enum { FL_CROP_NONE = 0, FL_CROP_RANDOM_RESIZED = 1, FL_CROP_RESIZE_CENTER = 2 }
  * after a Resize (then with no padding), of the resized one. */
 enum { FL_CROP_RANDOM = 3 };
 
-/* A compiled transform chain (fastload/transforms.py, Plan). */
+/* A compiled transform chain (fastload/transforms/plan.py, Plan). */
 typedef struct fl_image_plan {
     int crop;                   /* FL_CROP_* */
     int out_w, out_h;           /* output size; 0: the size depends on the image */
