@@ -231,19 +231,21 @@ def default_convert(data):
 # ------------------------------------------- the loader's collate wrappers
 
 
+def output_converter(output):
+    """What turns a slot's NumPy array into ``output``'s type: torch's
+    from_numpy for "torch", None (the array as it is) for "numpy"."""
+    return torch.from_numpy if output == "torch" and torch is not None else None
+
+
 class SlotCollate:
-    """default_collate for a loader: stacks in C into the loader's slots
+    """default_collate for a worker: stacks in C into the worker's slots
     when the samples allow it, else applies the same rules in Python.
-    ``convert`` turns slot arrays into the output type (torch.from_numpy for
-    torch output); a process worker passes None and its parent converts."""
+    ``convert`` turns slot arrays into the output type (output_converter);
+    a process worker passes None and its parent converts."""
 
-    _BY_BACKEND = object()
-
-    def __init__(self, pool, backend, convert=_BY_BACKEND):
+    def __init__(self, pool, backend, convert):
         self.pool = pool
         self.backend = backend
-        if convert is SlotCollate._BY_BACKEND:
-            convert = torch.from_numpy if backend is TORCH else None
         self.to_output = convert
 
     def __call__(self, samples):
@@ -262,13 +264,38 @@ class Convert:
         return convert(sample, self.backend)
 
 
-def effective_collate(loader):
-    """The collate function workers call: fastload's fast paths stand in for
-    the default functions (torch's included), which they reproduce."""
-    backend = backend_for(loader.output)
+def collation(loader):
+    """How the loader's workers collate: "default" or "convert" where
+    fastload's fast paths stand in for the default functions (torch's
+    included), which they reproduce; else the user's collate_fn."""
     fn = loader.collate_fn
     if fn is default_collate or fn is _torch_compat.torch_default_collate():
-        return SlotCollate(loader._slot_pool, backend)
+        return "default"
     if fn is default_convert or fn is _torch_compat.torch_default_convert():
-        return Convert(backend)
+        return "convert"
     return fn
+
+
+class StepIntoSlots:
+    """A batch_transform in a worker process whose batches the parent
+    converts: arrays the step made afresh (soft labels, say) are copied into
+    this worker's shared slots too, so the parent converts them as it does
+    the collated ones (a fresh array would arrive as NumPy)."""
+
+    def __init__(self, step, pool):
+        self.step = step
+        self.pool = pool
+
+    def _into_slot(self, value):
+        if isinstance(value, np.ndarray) and value.base is None and value.ndim >= 1 \
+                and len(value) > 0:
+            stacked = _C.collate(list(value), self.pool, None)
+            if stacked is not NotImplemented:
+                return stacked
+        return value
+
+    def __call__(self, batch, seed, epoch, number):
+        batch = self.step(batch, seed, epoch, number)
+        if isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
+            return type(batch)(self._into_slot(v) for v in batch)
+        return batch

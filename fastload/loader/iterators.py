@@ -27,7 +27,7 @@ from ..observe.stats import ConsumerClock, clock_ns
 from ..transforms import batch as _batch_transform
 from . import autotune as _autotune, process_engine as _process, resume as _resume
 from . import torch_compat as _torch_compat
-from .collate import Convert, SlotCollate, default_collate, effective_collate
+from .collate import collation, default_collate, output_converter
 from .sampler import BatchSampler, RandomSampler, SequentialSampler
 from .upload import pin, pin_device
 from .engine import ThreadEngine
@@ -51,7 +51,7 @@ class _BaseIter:
         self._index_sampler = loader._index_sampler
         self._num_workers = loader.num_workers
         self._timeout = loader.timeout
-        self._collate_fn = effective_collate(loader)
+        self._collation = collation(loader)
         # Slots are page-locked already when fastload has the driver (thread
         # workers' come from cuMemHostAlloc, process workers' are registered
         # in place as the parent maps them); other batches (a custom
@@ -327,6 +327,7 @@ class SingleThreadIter(_BaseIter):
             # The distributed rank's shard (the whole stream on one process).
             _torch_compat.shard_datapipe(self._dataset, 1, 0, self._world)
         plan = _fetch_plan(self, loader, num_workers=0)
+        plan = plan.bind(loader._slot_pool, source=self._native_source)
         self._fetcher = make_fetcher(plan, StopFlag())
 
     def _next_data(self):
@@ -368,23 +369,13 @@ def _native_source(it, loader):
     the native path: a map-style dataset collated by the default rules,
     which the source reproduces, and no batch_transform but MixUp/CutMix
     (which the batch job runs in C)."""
-    if it._iterable or not it._auto_collation or not isinstance(it._collate_fn, SlotCollate):
+    if it._iterable or not it._auto_collation or it._collation != "default":
         return None
     if isinstance(loader._batch_step, _batch_transform.CallStep):
         return None
     if loader._upload is not None and loader._upload.native_source is not None:
         return loader._upload.native_source  # uint8, normalized on the device
     return _native.source_of(it._dataset)
-
-
-def _native_batches(it, pool):
-    """The iterator's native source as a batch function on the calling
-    thread (num_workers=0), or None."""
-    if it._native_source is None:
-        return None
-    return _native.NativeBatches(it._native_source, pool, it._collate_fn.to_output,
-                                 it._base_seed, _native.skip_reporter(it._dataset),
-                                 _mix_plan(it))
 
 
 def _mix_plan(it):
@@ -400,16 +391,19 @@ def _python_batch_step(it):
 
 
 def _fetch_plan(it, loader, num_workers):
+    """The iterator's FetchPlan: what its workers fetch, unbound."""
     return FetchPlan(
         dataset=it._dataset,
         iterable=it._iterable,
         auto_collation=it._auto_collation,
-        collate_fn=it._collate_fn,
+        collation=it._collation,
+        output=loader.output,
         drop_last=it._drop_last,
         worker_init_fn=loader.worker_init_fn,
         num_workers=num_workers,
         base_seed=it._base_seed,
-        native_batch=_native_batches(it, loader._slot_pool),
+        native=it._native_source is not None,
+        mix=_mix_plan(it),
         loader_token=loader._token,
         batch_transform=_python_batch_step(it),
         datapipe=it._datapipe,
@@ -635,6 +629,7 @@ def _start_threads(it, loader):
     """The thread engine for iterator ``it``: ``Worker`` threads under
     ``_C.Engine``."""
     plan = _fetch_plan(it, loader, it._num_workers)
+    plan = plan.bind(loader._slot_pool, source=it._native_source)
     workers = [Worker(i, plan, it._stop_flag) for i in range(it._num_workers)]
     _torch_compat.route_torch_worker_info(get_worker_info)
     if it._native_source is None:
@@ -643,7 +638,7 @@ def _start_threads(it, loader):
         # Native jobs: each batch runs in C on a worker, without the GIL.
         engine = _C.Engine(workers, it._max_in_flight, bool(loader.in_order),
                            source=it._native_source, pool=loader._slot_pool,
-                           convert=it._collate_fn.to_output, seed=it._base_seed,
+                           convert=output_converter(loader.output), seed=it._base_seed,
                            report=_native.skip_reporter(it._dataset), stats=it._timers,
                            mix=_mix_plan(it))
     return ThreadEngine(engine, workers, it._stop_flag)
@@ -653,36 +648,14 @@ def _start_processes(it, loader):
     """The process engine for iterator ``it``: ``ProcessWorkers``."""
     if loader._upload is not None and loader._upload.native_source is not None:
         raise ValueError("normalize_on_device=True needs worker_mode='thread'")
-    collate_fn = loader.collate_fn
-    default = isinstance(it._collate_fn, SlotCollate)
-    plan = _process.ProcessPlan(
-        dataset=it._dataset,
-        iterable=it._iterable,
-        auto_collation=it._auto_collation,
-        collate_fn=None if default or isinstance(it._collate_fn, Convert) else collate_fn,
-        convert_only=isinstance(it._collate_fn, Convert),
-        output=loader.output,
-        drop_last=it._drop_last,
-        worker_init_fn=loader.worker_init_fn,
-        num_workers=it._num_workers,
-        base_seed=it._base_seed,
-        native=it._native_source is not None,
-        loader_token=loader._token,
-        max_free_slots=it._max_in_flight + 2,
-        mix=_mix_plan(it),
-        batch_transform=_python_batch_step(it),
-        datapipe=it._datapipe,
-        datapipe_seed=it._datapipe_seed,
-        world=it._world,
-    )
+    plan = _fetch_plan(it, loader, it._num_workers)  # pickled to each worker
     context = loader.multiprocessing_context or _process.default_context()
-    to_output = torch.from_numpy if loader.output == "torch" else None
     page_locking = None
     if loader.pin_memory and loader._upload is None and cuda.is_available():
         page_locking = _process.PageLocking(pin_device(loader.pin_memory_device),
                                             max_waiting=it._max_in_flight)
     return _process.ProcessWorkers(plan, it._num_workers, it._max_in_flight,
-                                   bool(loader.in_order), context, to_output,
+                                   bool(loader.in_order), context, output_converter(loader.output),
                                    getattr(it._dataset, "_merge_worker_report", None),
                                    page_locking,
                                    it._tuner.setting.workers if it._tuner else None,

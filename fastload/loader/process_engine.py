@@ -67,18 +67,15 @@ import numpy as np
 
 from .. import _C
 from ..observe import stats
-from ..datasets.native import NativeBatches, skip_reporter, source_of
 from .._torch import torch
 from .worker import (
     ExceptionWrapper,
-    FetchPlan,
     StopFlag,
     Worker,
     get_worker_info,
     numpy_worker_seed,
 )
 from .torch_compat import route_torch_worker_info
-from .collate import Convert, SlotCollate, backend_for
 
 # How long a worker waits for a request before checking that its parent is
 # still alive (a parent killed by SIGKILL cannot tell it to stop).
@@ -91,35 +88,6 @@ _JOIN_SECONDS = 5.0
 
 # A mapping page-locked in place by the CUDA driver (csrc/bind/cuda/host_register.c).
 HostRegistration = _C.host_registration_type()
-
-
-class ProcessPlan:
-    """What a worker process needs to fetch batches; picklable, so that it
-    reaches spawned and forkserver workers too.  ``collate_fn`` is None for
-    the default collation (rebuilt in the worker over its shared slots)."""
-
-    def __init__(self, dataset, iterable, auto_collation, collate_fn, convert_only, output,
-                 drop_last, worker_init_fn, num_workers, base_seed, native, loader_token,
-                 max_free_slots, mix=None, batch_transform=None, datapipe=None,
-                 datapipe_seed=None, world=(1, 0)):
-        self.datapipe = datapipe  # torch DataPipe: "iter" or "map" (fastload.loader.torch_compat)
-        self.datapipe_seed = datapipe_seed  # an IterDataPipe's first epoch's seed
-        self.world = world  # the loader's (world_size, rank) in torch.distributed
-        self.dataset = dataset
-        self.iterable = iterable
-        self.auto_collation = auto_collation
-        self.collate_fn = collate_fn
-        self.convert_only = convert_only  # default_convert rather than default_collate
-        self.output = output
-        self.drop_last = drop_last
-        self.worker_init_fn = worker_init_fn
-        self.num_workers = num_workers
-        self.base_seed = base_seed
-        self.native = native  # the dataset's native source reads whole batches (fastload.datasets.native)
-        self.loader_token = loader_token
-        self.max_free_slots = max_free_slots
-        self.mix = mix  # the native batch's MixUp/CutMix plan, or None
-        self.batch_transform = batch_transform  # applied to batches collated in Python
 
 
 # ------------------------------------------------------------ worker side
@@ -187,58 +155,9 @@ def _set_torch_worker_info(worker_id, plan, dataset):
         dataset=dataset)
 
 
-class _StepIntoSlots:
-    """A batch_transform in a worker process whose batches the parent
-    converts: arrays the step made afresh (soft labels, say) are copied into
-    this worker's shared slots too, so the parent converts them as it does
-    the collated ones (a fresh array would arrive as NumPy)."""
-
-    def __init__(self, step, pool):
-        self.step = step
-        self.pool = pool
-
-    def _into_slot(self, value):
-        if isinstance(value, np.ndarray) and value.base is None and value.ndim >= 1 \
-                and len(value) > 0:
-            stacked = _C.collate(list(value), self.pool, None)
-            if stacked is not NotImplemented:
-                return stacked
-        return value
-
-    def __call__(self, batch, seed, epoch, number):
-        batch = self.step(batch, seed, epoch, number)
-        if isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
-            return type(batch)(self._into_slot(v) for v in batch)
-        return batch
-
-
-def _fetch_plan(plan, pool):
-
-    backend = backend_for(plan.output)
-    if plan.collate_fn is not None:
-        collate_fn = plan.collate_fn
-    elif plan.convert_only:
-        collate_fn = Convert(backend)
-    else:
-        collate_fn = SlotCollate(pool, backend, convert=None)  # the parent converts
-    batch_step = plan.batch_transform
-    if batch_step is not None and plan.collate_fn is None:
-        batch_step = _StepIntoSlots(batch_step, pool)
-    native_batch = None
-    if plan.native:
-        # The batch lands in this worker's shared slots, unconverted.
-        native_batch = NativeBatches(source_of(plan.dataset), pool, None, plan.base_seed,
-                                     skip_reporter(plan.dataset), plan.mix)
-    return FetchPlan(
-        dataset=plan.dataset, iterable=plan.iterable, auto_collation=plan.auto_collation,
-        collate_fn=collate_fn, drop_last=plan.drop_last, worker_init_fn=plan.worker_init_fn,
-        num_workers=plan.num_workers, base_seed=plan.base_seed, native_batch=native_batch,
-        loader_token=plan.loader_token, batch_transform=batch_step, datapipe=plan.datapipe,
-        datapipe_seed=plan.datapipe_seed, world=plan.world)
-
-
-def worker_main(conn, plan, worker_id, parent_pid):
-    """The body of worker process ``worker_id``."""
+def worker_main(conn, plan, worker_id, parent_pid, max_free_slots):
+    """The body of worker process ``worker_id``: ``plan`` (a FetchPlan)
+    bound to its own shared slots, at most ``max_free_slots`` kept free."""
     # Ctrl-C reaches the whole process group: the parent handles it and
     # stops the workers, which must not die half-way through a message.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -250,9 +169,12 @@ def worker_main(conn, plan, worker_id, parent_pid):
     _seed_globals(plan.base_seed, worker_id)
     _set_torch_worker_info(worker_id, plan, plan.dataset)
     route_torch_worker_info(get_worker_info)
-    pool = _C.SlotPool(max_free=plan.max_free_slots, memory="shared")
+    pool = _C.SlotPool(max_free=max_free_slots, memory="shared")
     try:
-        worker = Worker(worker_id, _fetch_plan(plan, pool), StopFlag(), method="process")
+        # Batches land in this worker's shared slots, unconverted: the
+        # parent converts them.
+        worker = Worker(worker_id, plan.bind(pool, converts=False), StopFlag(),
+                        method="process")
     except Exception:
         # The dataset's source cannot be opened here (a file replaced since
         # a spawned worker's plan was made, say): each job raises it.
@@ -461,7 +383,7 @@ class _Channel:
     """The parent's end of one worker: its process, pipe, and the slots it
     has mapped from that worker."""
 
-    def __init__(self, context, worker_id, plan, page_locking=None):
+    def __init__(self, context, worker_id, plan, max_free_slots, page_locking=None):
         self.id = worker_id
         self.page_locking = page_locking  # PageLocking, or None
         doing = f"to start DataLoader worker process {worker_id}"
@@ -473,7 +395,7 @@ class _Channel:
             raise
         self.conn = parent_end
         self.process = context.Process(
-            target=worker_main, args=(child_end, plan, worker_id, os.getpid()),
+            target=worker_main, args=(child_end, plan, worker_id, os.getpid(), max_free_slots),
             name=f"fastload-p{worker_id}", daemon=True)
         try:
             self.process.start()
@@ -648,7 +570,8 @@ class _SlotUnpickler(pickle.Unpickler):
 
 def _unpicklable_parts(plan, context):
     """Says which part of the loader a spawned worker could not receive."""
-    parts = [("the dataset", plan.dataset), ("collate_fn", plan.collate_fn),
+    collate_fn = None if isinstance(plan.collation, str) else plan.collation
+    parts = [("the dataset", plan.dataset), ("collate_fn", collate_fn),
              ("worker_init_fn", plan.worker_init_fn)]
     parts += [(f"dataset attribute {name!r}", value)
               for name, value in getattr(plan.dataset, "__dict__", {}).items()]
@@ -725,7 +648,8 @@ class ProcessWorkers:
         # get_worker_info() reports, is the full num_workers).
         while len(self.channels) < active:
             self.channels.append(
-                _Channel(self._context, len(self.channels), self._plan, self.page_locking))
+                _Channel(self._context, len(self.channels), self._plan,
+                         self.max_in_flight + 2, self.page_locking))
         self._active = active
 
     def reset(self):

@@ -18,7 +18,9 @@ import weakref
 import numpy as np
 
 from .. import _C
+from ..datasets.native import NativeBatches, skip_reporter, source_of
 from . import torch_compat as _torch_compat
+from .collate import Convert, SlotCollate, StepIntoSlots, backend_for, output_converter
 from .._torch import torch
 
 _local = threading.local()
@@ -299,25 +301,58 @@ class StopFlag:
 
 
 class FetchPlan:
-    """What every worker needs to fetch batches (shared, read-only)."""
+    """What a worker needs to fetch batches, thread or process alike:
+    read-only, and picklable, so a worker process gets it as it is (forked,
+    spawned or from a forkserver).  What writes into memory -- the
+    collation into slots, a native source's batch function -- is made by
+    ``bind`` where the worker runs, over that side's slot pool."""
 
-    def __init__(self, dataset, iterable, auto_collation, collate_fn, drop_last, worker_init_fn,
-                 num_workers, base_seed, native_batch=None, loader_token=None,
-                 batch_transform=None, datapipe=None, datapipe_seed=None, world=(1, 0)):
+    def __init__(self, dataset, iterable, auto_collation, collation, output, drop_last,
+                 worker_init_fn, num_workers, base_seed, native=False, mix=None,
+                 loader_token=None, batch_transform=None, datapipe=None, datapipe_seed=None,
+                 world=(1, 0)):
         self.datapipe = datapipe  # torch DataPipe: "iter" or "map" (fastload.loader.torch_compat)
         self.datapipe_seed = datapipe_seed  # an IterDataPipe's shared seed, first epoch
         self.world = world  # the loader's (world_size, rank) in torch.distributed
-        self.batch_transform = batch_transform  # a fastload.transforms.batch step, or None
         self.dataset = dataset
         self.loader_token = loader_token  # marks the loader's own workers
-        self.native_batch = native_batch  # (indices, epoch) -> batch (fastload.datasets.native), or None
         self.iterable = iterable
         self.auto_collation = auto_collation
-        self.collate_fn = collate_fn
+        self.collation = collation  # "default", "convert" (collate.collation), or a collate_fn
+        self.output = output        # "torch" or "numpy"
+        self.native = native        # the dataset's native source makes whole batches
+        self.mix = mix              # the MixUp/CutMix plan a native batch runs, or None
+        self.batch_transform = batch_transform  # a step for Python-collated batches, or None
         self.drop_last = drop_last
         self.worker_init_fn = worker_init_fn
         self.num_workers = num_workers
         self.base_seed = base_seed
+        # Made by bind():
+        self.collate_fn = None    # samples -> batch
+        self.native_batch = None  # (indices, epoch, number) -> batch (fastload.datasets.native)
+
+    def bind(self, pool, converts=True, source=None):
+        """A copy that collates, and makes native batches, into ``pool``.
+        ``converts``: this side turns slot arrays into the output type (a
+        worker process leaves that to its parent).  ``source``: the native
+        source, when not the dataset's own (the device-normalised one)."""
+        bound = copy.copy(self)
+        backend = backend_for(self.output)
+        to_output = output_converter(self.output) if converts else None
+        fast = self.collation if isinstance(self.collation, str) else None
+        if fast == "default":
+            bound.collate_fn = SlotCollate(pool, backend, to_output)
+        elif fast == "convert":
+            bound.collate_fn = Convert(backend)
+        else:
+            bound.collate_fn = self.collation
+        if self.batch_transform is not None and not converts and fast is not None:
+            bound.batch_transform = StepIntoSlots(self.batch_transform, pool)
+        if self.native:
+            source = source if source is not None else source_of(self.dataset)
+            bound.native_batch = NativeBatches(source, pool, to_output, self.base_seed,
+                                               skip_reporter(self.dataset), self.mix)
+        return bound
 
 
 class Worker:
