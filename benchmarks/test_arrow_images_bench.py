@@ -22,7 +22,7 @@ pytestmark = [
 def test_every_row_is_printed(tmp_path, monkeypatch):
     if pil_pipeline.torchvision_or_none() is None:
         pytest.skip("needs torchvision")
-    monkeypatch.setattr(arrow_images_bench, "QUICK", dict(images=64, reps=1))
+    monkeypatch.setattr(arrow_images_bench, "QUICK", dict(images=16, reps=1))  # one batch
     out = tmp_path / "report.md"
     with open(out, "w") as f, contextlib.redirect_stdout(f):
         arrow_images_bench.main(["--quick", "--data", str(tmp_path)])

@@ -39,8 +39,8 @@ def test_tokenizer_samples_are_fixed_length_token_ids():
 
 
 def test_text_workload_runs_both_loaders(capsys):
-    demo.main(["--workload", "text", "--text-samples", "150", "--workers", "0", "1",
-               "--repeat", "1"])
+    demo.main(["--workload", "text", "--text-samples", "40", "--batch-size", "16",
+               "--workers", "0", "1", "--repeat", "1"])
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines() if line.startswith("PythonTokenizer  ")]
     assert [row[1] for row in rows] == ["0", "1"]

@@ -17,6 +17,12 @@ pytestmark = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def small_batches(monkeypatch):
+    """Batches of 64 rows rather than 256: the check of each batch is the same."""
+    monkeypatch.setattr(formats_bench, "BATCH", 64)
+
+
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory):
     return formats_bench.make_files(str(tmp_path_factory.mktemp("formats")), 1024)
@@ -25,7 +31,7 @@ def paths(tmp_path_factory):
 @pytest.mark.parametrize("library", ["torch", "fastload"])
 @pytest.mark.parametrize("kind", formats_bench.KINDS)
 def test_loader_delivers_checked_batches(paths, kind, library):
-    setup = formats_bench.Setup(kind, paths[kind], library, 1024, batches=3)
+    setup = formats_bench.Setup(kind, paths[kind], library, 1024, batches=2)
     setup.epoch()
     setup.epoch()
 

@@ -36,14 +36,20 @@ WORK_SAMPLES = 384  # 6 batches of ~1 ms samples
 ROUNDS = 3
 
 
-@pytest.fixture(scope="module")
-def fixed_arrays():
-    return FixedArrays(FIXED_SAMPLES)
+def _smoke(request):
+    """With --benchmark-disable (CI) each body runs once, untimed, as a
+    check: fewer samples (16 and 2 batches) are checked the same way."""
+    return request.config.getoption("benchmark_disable", False)
 
 
 @pytest.fixture(scope="module")
-def numpy_work():
-    dataset = NumpyWork(WORK_SAMPLES)
+def fixed_arrays(request):
+    return FixedArrays(FIXED_SAMPLES // 4 if _smoke(request) else FIXED_SAMPLES)
+
+
+@pytest.fixture(scope="module")
+def numpy_work(request):
+    dataset = NumpyWork(WORK_SAMPLES // 3 if _smoke(request) else WORK_SAMPLES)
     dataset.expected_checksum([0])  # compute the reference once, outside any timing
     return dataset
 

@@ -15,7 +15,13 @@ SOURCES = ["tests/c/engine_stress.c"] + [
 ]
 CC = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
 
-pytestmark = pytest.mark.skipif(CC is None, reason="needs a C compiler")
+pytestmark = [
+    pytest.mark.skipif(CC is None, reason="needs a C compiler"),
+    # A standalone binary, run without the preloaded sanitizers: the sanitizer
+    # run of scripts/test.sh would build and run the very same one again.
+    pytest.mark.skipif(bool(os.environ.get("FASTLOAD_SANITIZER_RUN")),
+                       reason="the same binary as in the plain run"),
+]
 
 
 def build_and_run(tmp_path, flags):

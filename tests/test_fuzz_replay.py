@@ -31,7 +31,14 @@ def _makefile_list(name):
 CORE = _makefile_list("CORE")
 LIBS = re.search(r"^LIBS\s*:=(.*)$", (FUZZ / "Makefile").read_text(), re.M).group(1).split()
 
-pytestmark = pytest.mark.skipif(CC is None, reason="needs a C compiler")
+pytestmark = [
+    pytest.mark.skipif(CC is None, reason="needs a C compiler"),
+    # Standalone binaries with their own sanitizers, run without the preloaded
+    # ones: the sanitizer run of scripts/test.sh would build and run the very
+    # same ones again.
+    pytest.mark.skipif(bool(os.environ.get("FASTLOAD_SANITIZER_RUN")),
+                       reason="the same binaries as in the plain run"),
+]
 
 
 @pytest.mark.parametrize("target", TARGETS)

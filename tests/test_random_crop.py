@@ -79,6 +79,27 @@ def torchvision_crop(torchvision, crop, image, crop_at):
         return np.asarray(crop(image))
 
 
+def torchvision_padded(torchvision, crop, image):
+    """The image torchvision's RandomCrop (v1) `crop` cuts its window from:
+    `image` padded by its own forward, caught where it asks for the offsets.
+    Its output at any offsets is F.crop of this image there."""
+    v1 = torchvision.transforms.RandomCrop
+    saved = v1.__dict__["get_params"]
+    seen = []
+
+    def catch(img, output_size):
+        seen.append(img)
+        return 0, 0, output_size[0], output_size[1]
+
+    v1.get_params = staticmethod(catch)
+    try:
+        crop(image)
+    finally:
+        v1.get_params = saved
+    (padded,) = seen
+    return padded
+
+
 CONFIGS = [
     dict(size=32, padding=4),
     dict(size=(8, 11), padding=(2, 3), padding_mode="edge"),
@@ -141,12 +162,15 @@ def test_transform_on_an_image_is_a_crop_of_the_padded_image(torchvision, config
     out = T.Compose([crop])(image)
     tv_crop = torchvision.transforms.RandomCrop(**config)
     th, tw = crop.size
+    # torchvision's forward at offsets (top, left) is F.crop of its padded
+    # image there: pad once, then cut every window.
+    padded = torchvision_padded(torchvision, tv_crop, Image.fromarray(image))
+    crop_at = torchvision.transforms.functional.crop
     windows = set()
     for top in range(0, 80):
         for left in range(0, 80):
             try:
-                windows.add(torchvision_crop(torchvision, tv_crop, Image.fromarray(image),
-                                             (top, left)).tobytes())
+                windows.add(np.asarray(crop_at(padded, top, left, *tv_crop.size)).tobytes())
             except ValueError:
                 pass
     assert out.shape == (th, tw, 3)
