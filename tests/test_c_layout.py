@@ -19,6 +19,7 @@
 import pathlib
 import re
 
+from graphs import find_cycle
 from test_cpylint import blank_comments_and_literals, function_bodies
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -84,30 +85,6 @@ def bind_references(sources):
             if owner and owner != name:
                 refs[name].setdefault(owner, []).append(symbol)
     return refs
-
-
-def find_cycle(refs):
-    """A cycle of the reference graph as [a, b, ..., a], or None."""
-    state = {}  # 1: on the current path, 2: done
-
-    def visit(node, path):
-        state[node] = 1
-        for succ in sorted(refs.get(node, ())):
-            if state.get(succ) == 1:
-                return path[path.index(succ):] + [succ] if succ in path else [node, succ]
-            if succ not in state:
-                found = visit(succ, path + [succ])
-                if found:
-                    return found
-        state[node] = 2
-        return None
-
-    for node in sorted(refs):
-        if node not in state:
-            found = visit(node, [node])
-            if found:
-                return found
-    return None
 
 
 def describe(refs, cycle):

@@ -10,6 +10,7 @@ import ast
 import pathlib
 
 import fastload
+from graphs import find_cycle
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # The package under test: the checkout's, or the installed wheel's when the
@@ -68,37 +69,6 @@ def _graph():
     return graph
 
 
-def _cycles(graph):
-    """Every strongly connected component of more than one module (Tarjan)."""
-    index, low, on_stack, stack, found = {}, {}, set(), [], []
-
-    def visit(v):
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(graph[v]):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return found
-
-
 def test_the_graph_sees_the_package():
     graph = _graph()
     assert len(graph) > 40
@@ -109,12 +79,14 @@ def test_the_graph_sees_the_package():
 
 def test_cycle_finder_finds_a_circle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
-    assert _cycles(graph) == [["a", "b", "c"]]
+    assert find_cycle(graph) == ["a", "b", "c", "a"]
+    graph["c"] = set()
+    assert find_cycle(graph) is None
 
 
 def test_no_import_circle_in_the_package():
-    cycles = _cycles(_graph())
-    assert not cycles, f"modules that import each other: {cycles}"
+    cycle = find_cycle(_graph())
+    assert cycle is None, "modules that import each other: " + " -> ".join(cycle)
 
 
 def _design_map():
