@@ -179,6 +179,7 @@ def test_device_arrays_are_followed_by_the_garbage_collector(fake_driver):  # no
         for _ in range(20):
             arrays, event = stream.upload([ROWS, LABELS], pool)
             del arrays, event
+        stream.synchronize()  # the stream lets go of the last host batch and its event
         assert (sys.getrefcount(_C.DeviceArray), sys.getrefcount(_C.CudaEvent)) == types
     """, fake_driver)
 
@@ -393,4 +394,96 @@ def test_two_iterators_of_one_loader_run_side_by_side(fake_driver):  # noqa: F81
         second = iter(persistent)  # takes the shared workers over; the first one ends
         assert sum(1 for _ in first) <= 4
         assert sum(1 for _ in second) == 5
+    """, fake_driver)
+
+
+def test_one_call_uploads_a_batch_keeping_its_structure_and_layouts(fake_driver):  # noqa: F811
+    run_case("""
+        import collections, torch
+        Pair = collections.namedtuple("Pair", "images labels")
+
+        class DLTensor(ctypes.Structure):  # dlpack.h
+            _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32),
+                        ("device_id", ctypes.c_int32), ("ndim", ctypes.c_int32),
+                        ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8),
+                        ("lanes", ctypes.c_uint16), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                        ("strides", ctypes.POINTER(ctypes.c_int64)),
+                        ("byte_offset", ctypes.c_uint64)]
+        capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+        capsule_pointer.restype = ctypes.c_void_p
+        capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+        def read_strided(array):
+            cai = array.__cuda_array_interface__
+            span = max((n - 1) * s for n, s in zip(cai["shape"], cai["strides"])) + 1
+            raw = (ctypes.c_char * span).from_address(cai["data"][0])
+            flat = np.frombuffer(raw, dtype=np.dtype(cai["typestr"]))
+            return np.lib.stride_tricks.as_strided(flat, cai["shape"], cai["strides"]).copy()
+
+        pool = _C.SlotPool(memory="device")
+        stream = _C.CudaStream(0)
+        nhwc = np.arange(2 * 4 * 5 * 3, dtype=np.uint8).reshape(2, 4, 5, 3)
+        nchw = nhwc.transpose(0, 3, 1, 2)  # channels_last: an NCHW view of NHWC memory
+        scattered = ROWS[::2, 1:4]          # not one block: made contiguous on the host
+        batch = {"pair": Pair(nchw, torch.from_numpy(LABELS)), "rows": [scattered, 7, "id"],
+                 "empty": (ROWS[:0],)}
+        copies = counters()["copies"]
+        out, event = stream.upload(batch, pool)
+        assert counters()["copies"] - copies == 3  # the empty array needs none
+        assert type(out) is dict and list(out) == ["pair", "rows", "empty"]
+        assert type(out["pair"]) is Pair and type(out["empty"]) is tuple
+        images, labels = out["pair"]
+        assert images.shape == (2, 3, 4, 5) and images.ready is event
+        assert images.__cuda_array_interface__["strides"] == nchw.strides
+        assert np.array_equal(read_strided(images), nchw)
+        tensor = DLTensor.from_address(capsule_pointer(images.__dlpack__(stream=-1), b"dltensor"))
+        assert [tensor.strides[i] for i in range(4)] == [60, 1, 15, 3]  # in elements
+        assert np.array_equal(read_back(labels), LABELS)  # a tensor leaf, through its memory
+        assert np.array_equal(read_back(out["rows"][0]), scattered)
+        assert out["rows"][1:] == [7, "id"]  # not arrays: left as they are
+        assert out["empty"][0].shape == (0, 6)
+        try:
+            stream.upload([ROWS, np.array([None, 1], dtype=object)], pool)
+        except TypeError as error:
+            assert "batch array 1" in str(error), error
+        else:
+            raise AssertionError("an object array was uploaded")
+
+        # The stream keeps a host batch until its copies are done.
+        stream.synchronize()
+        host = np.ones((64, 64), np.float32)
+        before = sys.getrefcount(host)
+        _fake.fake_cuda_hold_events(1)
+        arrays, event = stream.upload((host,), pool)
+        assert stream.collect() == 1 and sys.getrefcount(host) > before
+        _fake.fake_cuda_hold_events(0)
+        assert stream.collect() == 0 and sys.getrefcount(host) == before
+    """, fake_driver)
+
+
+def test_uploading_loaders_make_no_tensor_on_the_host(fake_driver):  # noqa: F811
+    run_case("""
+        import torch
+        from fastload.loader import upload
+        made = []
+        from_numpy = torch.from_numpy
+        torch.from_numpy = lambda a: made.append(a.shape) or from_numpy(a)
+        # The fake device cannot back torch tensors: see the device batch itself.
+        upload._tensors = lambda batch, normalize: batch
+        ds = fastload.ArrayDataset(ROWS, LABELS)
+        for mode, workers in (("thread", 0), ("thread", 2), ("process", 2)):
+            loader = fastload.DataLoader(ds, batch_size=8, num_workers=workers,
+                                         worker_mode=mode, device="cuda")
+            assert loader.output == "torch"
+            for x, y in loader:
+                assert type(x) is _C.DeviceArray and type(y) is _C.DeviceArray
+        assert made == []
+        # A batch_transform of the user's gets what it gets without device=.
+        seen = []
+        def keep(images, labels):
+            seen.append((type(images), type(labels)))
+            return images, labels
+        loader = fastload.DataLoader(ds, batch_size=8, device="cuda", batch_transform=keep)
+        assert all(type(x) is _C.DeviceArray for x, _ in loader)
+        assert set(seen) == {(torch.Tensor, torch.Tensor)}, seen
     """, fake_driver)

@@ -378,10 +378,12 @@ int fl__cuda_raise(const fl_cuda *cuda, fl_cu_result rc, const char *what, int d
 int fl__cuda_wait_event(fl_cu_event event, int device, fl_cu_stream stream);
 
 /* cuda/upload.c */
+/* GC-tracked: it keeps each uploaded host batch until its copies are done. */
 typedef struct CudaStreamObject {
     PyObject_HEAD
     fl_cu_stream stream; /* owned: destroyed with the object */
     int device;
+    PyObject *in_flight; /* list of (CudaEvent, host batch), oldest first */
 } CudaStreamObject;
 
 typedef struct CudaEventObject {
@@ -404,16 +406,19 @@ typedef struct DeviceArrayObject {
     PyArray_Descr *descr;
     int ndim;
     npy_intp dims[NPY_MAXDIMS];
+    npy_intp strides[NPY_MAXDIMS]; /* in elements: C order, or the host's dense layout */
+    int c_order;                   /* strides are C order */
     PyObject *ready;  /* CudaEvent: the upload is done */
     PyObject *stream; /* CudaStream that uploaded it */
 } DeviceArrayObject;
 
 extern PyType_Spec fl__DeviceArray_spec;
 
-/* A DeviceArray owning `slot` (released here on failure). */
+/* A DeviceArray owning `slot` (released here on failure).  `strides` (in
+ * elements) lay the array out in the slot; NULL: C order. */
 PyObject *fl__DeviceArray_new(fastload_state *state, fl_slot *slot, int device,
                               PyArray_Descr *descr, int ndim, const npy_intp *dims,
-                              PyObject *ready, PyObject *stream);
+                              const npy_intp *strides, PyObject *ready, PyObject *stream);
 
 /* cuda/host_register.c: makes the HostRegistration type (fastload.loader.process_engine keeps
  * it; only process workers with pin_memory=True need it). */

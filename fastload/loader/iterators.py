@@ -327,7 +327,8 @@ class SingleThreadIter(_BaseIter):
             # The distributed rank's shard (the whole stream on one process).
             _torch_compat.shard_datapipe(self._dataset, 1, 0, self._world)
         plan = _fetch_plan(self, loader, num_workers=0)
-        plan = plan.bind(loader._slot_pool, source=self._native_source)
+        plan = plan.bind(loader._slot_pool, converts=_converts_on_host(self, loader),
+                         source=self._native_source)
         self._fetcher = make_fetcher(plan, StopFlag())
 
     def _next_data(self):
@@ -388,6 +389,15 @@ def _python_batch_step(it):
     """The batch_transform a worker applies to batches it collates in
     Python (the native path runs a MixStep in the batch job instead)."""
     return it._batch_step if it._native_source is None else None
+
+
+def _converts_on_host(it, loader):
+    """Whether slot arrays become the output type on the host.  Not when the
+    upload stage takes the batches: it copies the NumPy slots as they are and
+    the tensors are made on the device (fastload.loader.upload), unless a
+    batch_transform of the user's reads the batches first (it gets what it
+    would get without device=)."""
+    return loader._upload is None or isinstance(_python_batch_step(it), _batch_transform.CallStep)
 
 
 def _fetch_plan(it, loader, num_workers):
@@ -628,8 +638,9 @@ class WorkerIter(_BaseIter):
 def _start_threads(it, loader):
     """The thread engine for iterator ``it``: ``Worker`` threads under
     ``_C.Engine``."""
+    converts = _converts_on_host(it, loader)
     plan = _fetch_plan(it, loader, it._num_workers)
-    plan = plan.bind(loader._slot_pool, source=it._native_source)
+    plan = plan.bind(loader._slot_pool, converts=converts, source=it._native_source)
     workers = [Worker(i, plan, it._stop_flag) for i in range(it._num_workers)]
     _torch_compat.route_torch_worker_info(get_worker_info)
     if it._native_source is None:
@@ -638,7 +649,8 @@ def _start_threads(it, loader):
         # Native jobs: each batch runs in C on a worker, without the GIL.
         engine = _C.Engine(workers, it._max_in_flight, bool(loader.in_order),
                            source=it._native_source, pool=loader._slot_pool,
-                           convert=output_converter(loader.output), seed=it._base_seed,
+                           convert=output_converter(loader.output) if converts else None,
+                           seed=it._base_seed,
                            report=_native.skip_reporter(it._dataset), stats=it._timers,
                            mix=_mix_plan(it))
     return ThreadEngine(engine, workers, it._stop_flag)
@@ -654,8 +666,10 @@ def _start_processes(it, loader):
     if loader.pin_memory and loader._upload is None and cuda.is_available():
         page_locking = _process.PageLocking(pin_device(loader.pin_memory_device),
                                             max_waiting=it._max_in_flight)
+    # The parent converts (the workers never do); an upload needs no conversion.
+    to_output = output_converter(loader.output) if loader._upload is None else None
     return _process.ProcessWorkers(plan, it._num_workers, it._max_in_flight,
-                                   bool(loader.in_order), context, output_converter(loader.output),
+                                   bool(loader.in_order), context, to_output,
                                    getattr(it._dataset, "_merge_worker_report", None),
                                    page_locking,
                                    it._tuner.setting.workers if it._tuner else None,

@@ -1,30 +1,32 @@
 """The upload stage of ``DataLoader(device="cuda")``.
 
 One thread owns one non-blocking CUDA stream.  It takes each host batch as
-the loader finishes it (already in page-locked slots), enqueues one
-``cuMemcpyHtoDAsync`` per array into device buffers from the loader's device
-pool, records an event, and queues the device batch for the training loop;
-then it goes on to the next batch, so uploads overlap decoding and compute.
-The host batch is kept until its event completes, then let go, and its slot
-returns to the host pool.
+the engine produced it: NumPy arrays over page-locked slots, never made
+into tensors on the host (the loader skips that conversion when it
+uploads).  One call a batch, ``CudaStream.upload``, walks the batch in C,
+enqueues one ``cuMemcpyHtoDAsync`` per array into device buffers from the
+loader's device pool, records an event, and returns the batch over device
+arrays, which the thread queues for the training loop; then it goes on to
+the next batch, so uploads overlap decoding and compute.  The stream keeps
+the host batch until its event completes, then lets it go, and its slots
+return to the host pool.
 
 The consumer turns device arrays into torch tensors with
 ``torch.from_dlpack`` in its own thread: the DLPack exchange makes the
 consumer's current stream wait for the batch's event on the GPU, so the loop
 never reads a buffer before its copy is done and the host never blocks.
-At most ``depth`` uploaded batches wait in the queue: the prefetch bound
-holds for device memory too.
+A channels_last image batch is uploaded as its NHWC memory and exported
+with its strides, so the tensor is channels_last as on the host.  At most
+``depth`` uploaded batches wait in the queue: the prefetch bound holds for
+device memory too.
 """
 
-import collections
 import queue
 import re
 import threading
 
-import numpy as np
-
 from .. import _C
-from .._torch import is_tensor, torch
+from .._torch import torch
 from ..observe.profiler import next_range, torch_profiling
 from ..datasets import native as _native
 from ..observe.stats import UPLOAD, ConsumerClock, clock_ns
@@ -72,21 +74,12 @@ class DeviceIter:
             if item[0] == "error":
                 raise item[1]
             raise StopIteration
-        _, structure, arrays = item
-        batch = _rebuild(structure, iter([self._output(i, *a) for i, a in enumerate(arrays)]))
+        batch = item[1]
+        if self._to_torch:
+            batch = _tensors(batch, self._normalize)
         if self._clock is not None:
             self._clock.handed_over(called_at)
         return batch
-
-    def _output(self, position, array, permutation):
-        if not self._to_torch:
-            return array  # C-contiguous: a channels_last batch stays NHWC
-        tensor = torch.from_dlpack(array)  # the current stream waits for the upload
-        if permutation is not None:
-            tensor = tensor.permute(*permutation)
-        if self._normalize is not None and position == 0:
-            tensor = _normalize(tensor, *self._normalize)
-        return tensor
 
     def __del__(self):
         # Dropped mid-epoch: the thread stops after the batch it is on.
@@ -137,41 +130,52 @@ class Pump:
                 return
 
     def _run(self):
-        in_flight = collections.deque()  # (event, host batch) until the copy is done
+        stream = self._stream
         try:
             for batch in self.host:
-                structure, leaves = _flatten(batch)
-                hosts, permutations = zip(*map(_host_array, leaves)) if leaves else ((), ())
                 started = clock_ns()
-                arrays, event = self._stream.upload(hosts, self._pool)
+                device_batch, _ = stream.upload(batch, self._pool)
                 if self._timers is not None:
                     self._timers.add_stage(self._row, UPLOAD, started, clock_ns())
-                in_flight.append((event, batch))
-                if not self._put(("batch", structure, list(zip(arrays, permutations))),
-                                 in_flight) or self.stop.is_set():
+                del batch  # the stream keeps it until its copies are done
+                if not self._put(("batch", device_batch)) or self.stop.is_set():
                     return
-            self._put(("end",), in_flight)
+            self._put(("end",))
         except BaseException as error:  # the consumer re-raises it
-            self._put(("error", error), in_flight)
+            self._put(("error", error))
         finally:
-            for event, _ in in_flight:  # host memory is read until then
-                event.synchronize()
+            stream.synchronize()  # host memory is read until then
 
-    def _put(self, item, in_flight):
+    def _put(self, item):
         while not self.stop.is_set():
-            _release_done(in_flight)
             try:
                 self.ready.put(item, timeout=_POLL_S)
-                _release_done(in_flight)
                 return True
             except queue.Full:
-                pass
+                self._stream.collect()  # the loop is behind: let go of copied host batches
         return False
 
 
-def _release_done(in_flight):
-    while in_flight and in_flight[0][0].query():
-        in_flight.popleft()
+def _tensors(batch, normalize):
+    """The device batch with each DeviceArray as a torch tensor; the first
+    array (the images) normalised on the device when ``normalize`` is set."""
+    state = [normalize]
+    return _to_torch(batch, state)
+
+
+def _to_torch(x, state):
+    # A module function, not a closure (a recursive closure is a reference cycle).
+    if type(x) is _C.DeviceArray:
+        tensor = torch.from_dlpack(x)  # the current stream waits for the upload
+        normalize, state[0] = state[0], None
+        return tensor if normalize is None else _normalize(tensor, *normalize)
+    if isinstance(x, dict):
+        return type(x)((k, _to_torch(v, state)) for k, v in x.items())
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return type(x)(*(_to_torch(v, state) for v in x))
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_torch(v, state) for v in x)
+    return x
 
 
 def _normalize(images, mul, add, dtype):
@@ -181,56 +185,6 @@ def _normalize(images, mul, add, dtype):
     mul = torch.tensor(mul, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
     add = torch.tensor(add, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
     return images.to(torch.float32).mul_(mul).add_(add).to(getattr(torch, dtype))
-
-
-def _host_array(leaf):
-    """(C-contiguous array to upload, permutation that restores the leaf's
-    shape on the device or None).  A channels_last image batch (an NCHW
-    view over NHWC memory) is uploaded as its NHWC memory, not copied."""
-    array = leaf.numpy() if is_tensor(leaf) else leaf
-    if array.ndim == 4 and not array.flags.c_contiguous:
-        nhwc = array.transpose(0, 2, 3, 1)
-        if nhwc.flags.c_contiguous:
-            return nhwc, (0, 3, 1, 2)
-    return np.ascontiguousarray(array), None
-
-
-def _flatten(batch):
-    """(structure, array leaves): the structure rebuilds the batch around
-    new leaves; anything that is not an array is kept as it is."""
-    leaves = []
-    return _walk(batch, leaves), leaves
-
-
-def _walk(x, leaves):
-    # A module function, not a closure: a recursive closure is a reference
-    # cycle, and it would keep each batch's host slots out of the pool
-    # until the garbage collector ran.
-    if isinstance(x, np.ndarray) or is_tensor(x):
-        leaves.append(x)
-        return _LEAF
-    if isinstance(x, dict):
-        return (type(x), [(k, _walk(v, leaves)) for k, v in x.items()])
-    if isinstance(x, (list, tuple)):
-        return (type(x), [_walk(v, leaves) for v in x])
-    return (None, x)
-
-
-_LEAF = object()
-
-
-def _rebuild(structure, leaves):
-    if structure is _LEAF:
-        return next(leaves)
-    kind, content = structure
-    if kind is None:
-        return content
-    if issubclass(kind, dict):
-        return kind((k, _rebuild(v, leaves)) for k, v in content)
-    items = [_rebuild(v, leaves) for v in content]
-    if issubclass(kind, tuple) and hasattr(kind, "_fields"):
-        return kind(*items)
-    return kind(items)
 
 
 def pin_device(pin_memory_device):

@@ -334,7 +334,8 @@ class FetchPlan:
     def bind(self, pool, converts=True, source=None):
         """A copy that collates, and makes native batches, into ``pool``.
         ``converts``: this side turns slot arrays into the output type (a
-        worker process leaves that to its parent).  ``source``: the native
+        worker process leaves that to its parent, a loader that uploads to
+        the upload stage).  ``source``: the native
         source, when not the dataset's own (the device-normalised one)."""
         bound = copy.copy(self)
         backend = backend_for(self.output)

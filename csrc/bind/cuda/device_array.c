@@ -9,6 +9,10 @@
  * of the last consumer and the slot returns to its pool (cuda_memory.h):
  * the next upload into it waits for the consumer's kernels on the GPU.
  *
+ * The layout is the host array's: C order, or any dense permutation of it
+ * (a channels_last image batch is an NCHW view of NHWC memory), exported
+ * with its strides, so the consumer's tensor has the host's memory format.
+ *
  * Readiness: the copy into the slot is done when the batch's upload event
  * completes.  __dlpack__(stream=s) makes s wait for that event (GPU-side)
  * as the DLPack protocol asks of a producer; __cuda_array_interface__
@@ -110,7 +114,7 @@ static void capsule_destructor(PyObject *capsule)
 
 PyObject *fl__DeviceArray_new(fastload_state *state, fl_slot *slot, int device,
                               PyArray_Descr *descr, int ndim, const npy_intp *dims,
-                              PyObject *ready, PyObject *stream)
+                              const npy_intp *strides, PyObject *ready, PyObject *stream)
 {
     fl_device_block *block = malloc(sizeof *block);
     if (!block) {
@@ -130,8 +134,15 @@ PyObject *fl__DeviceArray_new(fastload_state *state, fl_slot *slot, int device,
     Py_INCREF(descr);
     self->descr = descr;
     self->ndim = ndim;
-    for (int i = 0; i < ndim; i++)
+    self->c_order = 1;
+    npy_intp step = 1; /* the C-order stride of dimension i */
+    for (int i = ndim - 1; i >= 0; i--) {
         self->dims[i] = dims[i];
+        self->strides[i] = strides ? strides[i] : step;
+        if (dims[i] > 1 && self->strides[i] != step)
+            self->c_order = 0;
+        step *= dims[i] > 0 ? dims[i] : 1;
+    }
     Py_INCREF(ready);
     self->ready = ready;
     Py_INCREF(stream);
@@ -270,11 +281,9 @@ static PyObject *DeviceArray_dlpack(DeviceArrayObject *self, PyObject *args, PyO
     t->dtype = dtype;
     t->shape = ex->dims;
     t->strides = ex->dims + NPY_MAXDIMS;
-    int64_t step = 1;
-    for (int i = self->ndim - 1; i >= 0; i--) {
+    for (int i = 0; i < self->ndim; i++) {
         t->shape[i] = self->dims[i];
-        t->strides[i] = step; /* in elements, C order */
-        step *= self->dims[i] > 0 ? self->dims[i] : 1;
+        t->strides[i] = self->strides[i]; /* in elements */
     }
     ex->managed.manager_ctx = self->block;
     ex->managed.deleter = exported_delete;
@@ -292,18 +301,24 @@ static PyObject *DeviceArray_dlpack_device(DeviceArrayObject *self, PyObject *un
     return Py_BuildValue("(ii)", kDLCUDA, self->block->device);
 }
 
-static PyObject *shape_tuple(DeviceArrayObject *self)
+/* The dims (or, `bytes` set, the strides in bytes) as a tuple. */
+static PyObject *dims_tuple(DeviceArrayObject *self, const npy_intp *dims, npy_intp bytes)
 {
-    PyObject *shape = PyTuple_New(self->ndim);
-    for (int i = 0; shape && i < self->ndim; i++) {
-        PyObject *d = PyLong_FromSsize_t(self->dims[i]);
+    PyObject *out = PyTuple_New(self->ndim);
+    for (int i = 0; out && i < self->ndim; i++) {
+        PyObject *d = PyLong_FromSsize_t(dims[i] * (bytes ? bytes : 1));
         if (!d) {
-            Py_CLEAR(shape);
+            Py_CLEAR(out);
             break;
         }
-        PyTuple_SET_ITEM(shape, i, d);
+        PyTuple_SET_ITEM(out, i, d);
     }
-    return shape;
+    return out;
+}
+
+static PyObject *shape_tuple(DeviceArrayObject *self)
+{
+    return dims_tuple(self, self->dims, 0);
 }
 
 static PyObject *DeviceArray_get_cai(DeviceArrayObject *self, void *closure)
@@ -314,18 +329,22 @@ static PyObject *DeviceArray_get_cai(DeviceArrayObject *self, void *closure)
     PyObject *typestr = PyObject_GetAttrString((PyObject *)self->descr, "str");
     PyObject *shape = shape_tuple(self);
     PyObject *stream = PyObject_GetAttrString(self->stream, "handle");
+    PyObject *strides = self->c_order
+                            ? Py_NewRef(Py_None)
+                            : dims_tuple(self, self->strides, PyDataType_ELSIZE(self->descr));
     PyObject *out = NULL;
-    if (typestr && shape && stream) {
+    if (typestr && shape && stream && strides) {
         /* Numba and CuPy consumers wait on the upload stream, so the
          * fence goes on the default stream they most often read from. */
         atomic_store(&self->block->reader, FL_CU_STREAM_LEGACY);
         out = Py_BuildValue("{sOsOs(KO)sisOsO}", "shape", shape, "typestr", typestr, "data",
                             (unsigned long long)fl_cuda_slot_address(self->block->slot), Py_False,
-                            "version", 3, "strides", Py_None, "stream", stream);
+                            "version", 3, "strides", strides, "stream", stream);
     }
     Py_XDECREF(typestr);
     Py_XDECREF(shape);
     Py_XDECREF(stream);
+    Py_XDECREF(strides);
     return out;
 }
 
@@ -398,7 +417,7 @@ static PyMethodDef DeviceArray_methods[] = {
 static PyGetSetDef DeviceArray_getset[] = {
     {"__cuda_array_interface__", (getter)DeviceArray_get_cai, NULL,
      "CUDA Array Interface v3; consumers synchronise on the upload stream", NULL},
-    {"shape", (getter)DeviceArray_get_shape, NULL, "shape (C order)", NULL},
+    {"shape", (getter)DeviceArray_get_shape, NULL, "shape", NULL},
     {"dtype", (getter)DeviceArray_get_dtype, NULL, "NumPy dtype", NULL},
     {"device", (getter)DeviceArray_get_device, NULL, "CUDA device ordinal", NULL},
     {"nbytes", (getter)DeviceArray_get_nbytes, NULL, "size in bytes", NULL},
@@ -407,7 +426,8 @@ static PyGetSetDef DeviceArray_getset[] = {
 };
 
 static PyType_Slot DeviceArray_slots[] = {
-    {Py_tp_doc, "An uploaded batch array in CUDA device memory (C-contiguous).\n\n"
+    {Py_tp_doc, "An uploaded batch array in CUDA device memory: C-contiguous, or the\n"
+                "dense layout of its host array (a channels_last batch stays one).\n\n"
                 "Exports DLPack and the CUDA Array Interface; the memory returns to\n"
                 "fastload's device pool when this and every export are gone."},
     {Py_tp_dealloc, DeviceArray_dealloc},
