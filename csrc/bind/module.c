@@ -7,17 +7,6 @@
 #define FASTLOAD_MODULE_C
 #include "bind/fastload.h"
 
-#include "core/status.h"
-
-static PyObject *status_str(PyObject *module, PyObject *arg)
-{
-    (void)module;
-    int status = (int)PyLong_AsLong(arg);
-    if (status == -1 && PyErr_Occurred())
-        return NULL;
-    return PyUnicode_FromString(fl_status_str(status));
-}
-
 static PyMethodDef module_methods[] = {
     {"collate", (PyCFunction)(void (*)(void))fl__collate, METH_FASTCALL,
      "collate(samples, pool, convert, /)\n--\n\n"
@@ -114,8 +103,6 @@ static PyMethodDef module_methods[] = {
      "'libjpeg_turbo_version' (e.g. 2001005, 0 if not libjpeg-turbo),\n"
      "'libjpeg_with_simd', 'libjpeg_path' (the loaded library, or None),\n"
      "'cpu_simd_features' (tuple of str)}."},
-    {"status_str", (PyCFunction)status_str, METH_O,
-     "status_str(status, /)\n--\n\nDescribes a core status code."},
     {NULL, NULL, 0, NULL},
 };
 
