@@ -500,9 +500,14 @@ static void ImageSource_dealloc(ImageSourceObject *self)
 
 /* --------------------------------------------------------- single samples */
 
-/* Parses (index, seed, epoch) for sample() and geometry(). */
-static int sample_key(ImageSourceObject *self, PyObject *const *args, Py_ssize_t nargs,
-                      const char *name, fl_sample_key *key)
+/* The prologue of sample() and geometry(): parses (index, seed, epoch),
+ * then reads the sample's file and decides its geometry (crop, flip, output
+ * size) without the GIL.  The bytes stay in this thread's buffer (*w), so
+ * the decode can follow without reading again.  Returns 0, or -1 with the
+ * error raised (the sample's, naming its file). */
+static int prepare_sample(ImageSourceObject *self, PyObject *const *args, Py_ssize_t nargs,
+                          const char *name, fl_sample_key *key, fl_image_worker **w,
+                          fl_image_file *file, fl_sample_geometry *g)
 {
     if (nargs != 3) {
         PyErr_Format(PyExc_TypeError, "%s() takes 3 arguments", name);
@@ -516,22 +521,14 @@ static int sample_key(ImageSourceObject *self, PyObject *const *args, Py_ssize_t
     if (index < 0 || index >= self->core.length)
         return fl__index_error(index, self->core.length);
     key->index = (uint64_t)index;
-    return 0;
-}
-
-/* One sample's file and geometry (its crop, flip and output size), read
- * and decided without the GIL; the bytes stay in this thread's buffer, so
- * the decode can follow without reading again.  Returns 0, or -1 with the
- * sample's error raised. */
-static int prepare_sample(ImageSourceObject *self, fl_image_worker *w, const fl_sample_key *key,
-                          fl_image_file *file, fl_sample_geometry *g)
-{
+    if (!(*w = fl__image_worker()))
+        return -1;
     fl_image_failure f;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = fl_image_source_read(&self->core, w, (int64_t)key->index, file, &f);
+    rc = fl_image_source_read(&self->core, *w, (int64_t)key->index, file, &f);
     if (rc == FL_OK)
-        rc = fl_image_source_decode(&self->core, w, file, key, NULL, g, &f);
+        rc = fl_image_source_decode(&self->core, *w, file, key, NULL, g, &f);
     Py_END_ALLOW_THREADS
     if (rc != FL_OK) {
         raise_sample_error(self, &f);
@@ -549,14 +546,10 @@ static PyObject *ImageSource_sample(ImageSourceObject *self, PyObject *const *ar
                                     Py_ssize_t nargs)
 {
     fl_sample_key key;
-    if (sample_key(self, args, nargs, "sample", &key) < 0)
-        return NULL;
-    fl_image_worker *w = fl__image_worker();
-    if (!w)
-        return NULL;
+    fl_image_worker *w;
     fl_image_file file;
     fl_sample_geometry g;
-    if (prepare_sample(self, w, &key, &file, &g) < 0)
+    if (prepare_sample(self, args, nargs, "sample", &key, &w, &file, &g) < 0)
         return NULL;
     npy_intp dims[3];
     fl__image_dims(&self->core.plan, g.out_w, g.out_h, dims);
@@ -589,14 +582,10 @@ static PyObject *ImageSource_geometry(ImageSourceObject *self, PyObject *const *
                                       Py_ssize_t nargs)
 {
     fl_sample_key key;
-    if (sample_key(self, args, nargs, "geometry", &key) < 0)
-        return NULL;
-    fl_image_worker *w = fl__image_worker();
-    if (!w)
-        return NULL;
+    fl_image_worker *w;
     fl_image_file file;
     fl_sample_geometry g;
-    if (prepare_sample(self, w, &key, &file, &g) < 0)
+    if (prepare_sample(self, args, nargs, "geometry", &key, &w, &file, &g) < 0)
         return NULL;
     return Py_BuildValue("{s(dddd)sNsisis(ii)s(ii)s(ii)sN}", "box", g.box.x, g.box.y, g.box.w,
                          g.box.h, "flip", PyBool_FromLong(g.flip), "scale_denom", g.scale_denom,
