@@ -126,29 +126,38 @@ def test_image_folder_with_workers_under_ddp(tmp_path):
     assert [c for _, c in per_rank] == [[3] * EPOCHS] * world
 
 
-def test_shard_sampler_gives_every_rank_the_same_batch_count(tmp_path):
+@pytest.mark.parametrize("world", [2, 3])
+def test_shard_sampler_shows_every_sample_with_equal_batch_counts(tmp_path, world):
     import io
     import tarfile
 
     from PIL import Image
 
     rng = np.random.default_rng(0)
-    for s, size in enumerate((9, 4, 7, 5, 6)):  # unequal shards
+    sample = 0
+    for s, size in enumerate((9, 4, 7, 5, 6)):  # unequal shards, 31 samples
         with tarfile.open(tmp_path / f"s-{s}.tar", "w") as tf:
             for i in range(size):
                 buffer = io.BytesIO()
                 Image.fromarray(rng.integers(0, 256, (12, 12, 3), dtype=np.uint8)).save(
                     buffer, "JPEG")
-                for ext, data in (("jpg", buffer.getvalue()), ("cls", str(s).encode())):
+                # Each sample's label is its number: the gathered labels say which were seen.
+                for ext, data in (("jpg", buffer.getvalue()), ("cls", str(sample).encode())):
                     info = tarfile.TarInfo(f"{s}-{i}.{ext}")
                     info.size = len(data)
                     tf.addfile(info, io.BytesIO(data))
+                sample += 1
     out = tmp_path / "result.pt"
-    world = 2
     spawn(world, "shards", str(tmp_path), False, 1, out=out)
     per_rank = torch.load(out, weights_only=False)["gathered"]
     counts = [c for _, c in per_rank]
-    assert counts[0] == counts[1]  # equal_length: DDP steps the same number of times
+    assert all(c == counts[0] for c in counts)  # equal_length: DDP steps the same number of times
+    for epoch in range(EPOCHS):
+        samples = [i for seen, _ in per_rank for e, batch in seen if e == epoch for i in batch]
+        # The stream split by samples, padded to equal shares: each sample once, fewer
+        # than `world` twice.
+        assert set(samples) == set(range(sample))
+        assert len(samples) == -(-sample // world) * world
 
 
 def run_datapipe_rank(rank, world, store, out):

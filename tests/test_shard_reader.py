@@ -132,22 +132,84 @@ def test_shard_sampler_covers_every_sample_once(shards):
     assert list(plain) == list(range(len(ds)))
 
 
-@pytest.mark.parametrize("equal_length", [True, False])
-def test_shard_sampler_splits_shards_between_ranks(shards, equal_length):
+@pytest.mark.parametrize("world", [2, 3, 5])
+def test_shard_sampler_splits_the_stream_between_ranks_by_samples(shards, world):
     root, _, _ = shards
     ds = fastload.WebDataset(pattern(root))
-    world = 2
-    parts = [list(fastload.ShardSampler(ds, seed=2, rank=r, world_size=world,
-                                        equal_length=equal_length)) for r in range(world)]
-    assert not set(parts[0]) & set(parts[1])
-    shard_of = [ds.shard_of(i) for i in range(len(ds))]
-    assert not {shard_of[i] for i in parts[0]} & {shard_of[i] for i in parts[1]}
-    if equal_length:
-        assert len(parts[0]) == len(parts[1]) < len(ds) / world + max(SHARD_SIZES)
-    else:
-        assert sorted(parts[0] + parts[1]) == list(range(len(ds)))
-    with pytest.raises(ValueError, match="cannot be split"):
-        fastload.ShardSampler(ds, rank=0, world_size=len(SHARD_SIZES) + 1)
+    n = len(ds)  # 22 samples in shards of 5, 7, 4 and 6
+
+    def parts(**kwargs):
+        return [list(fastload.ShardSampler(ds, seed=2, rank=r, world_size=world, **kwargs))
+                for r in range(world)]
+
+    # Each rank's share is a run of the epoch's stream, N/W samples give or take one.
+    stream = list(fastload.ShardSampler(ds, seed=2, buffer_size=0))
+    shares = parts(equal_length=False, buffer_size=0)
+    assert sum(shares, []) == stream
+    assert {len(p) for p in shares} <= {n // world, -(-n // world)}
+    # Shuffled through the buffer: the same shares, in another order.
+    shuffled = parts(equal_length=False)
+    assert [sorted(p) for p in shuffled] == [sorted(p) for p in shares] and shuffled != shares
+    # Equal lengths: padded with the share's first sample, or one left out.
+    padded, dropped = parts(), parts(drop_last=True)
+    assert {len(p) for p in padded} == {-(-n // world)}
+    assert {len(p) for p in dropped} == {n // world}
+    assert set(sum(padded, [])) == set(range(n))
+    assert len(set(sum(dropped, []))) == n // world * world
+    for share, pad, drop in zip(shares, padded, dropped):
+        assert set(drop) <= set(share) and set(pad) == set(share)
+        assert len(pad) == len(share) or pad.count(share[0]) == 2
+
+
+def test_shard_sampler_splits_more_ranks_than_shards(shards):
+    root, _, _ = shards
+    ds = fastload.WebDataset(pattern(root))
+    world = len(SHARD_SIZES) * 2  # shares inside shards
+    parts = [list(fastload.ShardSampler(ds, seed=1, rank=r, world_size=world, drop_last=True))
+             for r in range(world)]
+    assert len({i for p in parts for i in p}) == len(ds) // world * world
+    with pytest.raises(ValueError, match="23 ranks"):
+        fastload.ShardSampler(ds, rank=0, world_size=len(ds) + 1)
+
+
+class _Shards:
+    """What ShardSampler reads of a WebDataset: the first sample of each shard."""
+
+    def __init__(self, total, shard):
+        sizes = [shard] * (total // shard) + ([total % shard] if total % shard else [])
+        self.shard_starts = np.concatenate(([0], np.cumsum(sizes)))
+
+
+IMAGENET = 1_281_167  # ImageNet-1k's training samples
+
+
+@pytest.mark.parametrize("shard", [1000, 5000])
+def test_an_epoch_shows_every_sample_at_thousands_of_ranks(shard):
+    ds = _Shards(IMAGENET, shard)
+    for world in (1, 8, 64, 256, 512, 1024, 4096):
+        ranks = (0, world // 2, world - 1)
+        padded = [fastload.ShardSampler(ds, rank=r, world_size=world) for r in ranks]
+        dropped = [fastload.ShardSampler(ds, rank=r, world_size=world, drop_last=True)
+                   for r in ranks]
+        assert {len(s) for s in padded} == {-(-IMAGENET // world)}
+        assert {len(s) for s in dropped} == {IMAGENET // world}
+        # The shares cover the stream, end to end: padded, every sample is shown.
+        shares = [padded[0].share(r) for r in range(world)]
+        assert shares[0][0] == 0 and shares[-1][1] == IMAGENET
+        assert all(a[1] == b[0] for a, b in zip(shares, shares[1:]))
+        assert world * len(padded[0]) - IMAGENET < world  # repeated to equal lengths
+        # With drop_last, fewer than one a rank is left out.
+        shown = world * len(dropped[0])
+        assert IMAGENET - shown < world, (world, shown)
+        assert world > 1024 or shown / IMAGENET >= 0.999, (world, shown)
+    # Every rank's indices at 1,024 ranks, one epoch: each sample once.
+    world, seen = 1024, np.zeros(IMAGENET, np.int32)
+    for rank in range(world):
+        sampler = fastload.ShardSampler(ds, seed=3, buffer_size=0, rank=rank, world_size=world,
+                                        equal_length=False)
+        sampler.set_epoch(2)
+        seen[np.fromiter(sampler, np.int64)] += 1
+    assert (seen == 1).all()
 
 
 def test_resume_with_the_shard_sampler(shards):

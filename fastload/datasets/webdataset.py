@@ -14,14 +14,16 @@ sample), and a loader over it resumes like any other.
 
 Streaming order, as WebDataset users expect it, is a sampler:
 ``ShardSampler`` visits the shards in an order shuffled per epoch, reads
-each shard's samples in sequence through a shuffle buffer, and splits the
-shards between ranks -- the disk sees long sequential reads, and the order
-depends only on (seed, epoch), never on ``num_workers``.
+each shard's samples in sequence through a shuffle buffer, and splits that
+stream between ranks by samples (equal shares at any number of ranks) --
+the disk sees long sequential reads, and the order depends only on (seed,
+epoch), never on ``num_workers``.
 """
 
 import concurrent.futures
 import errno
 import io
+import itertools
 import json
 import mmap
 import os
@@ -375,47 +377,61 @@ class ShardSampler(Sampler):
     """Sample indices of a ``WebDataset`` in streaming order.
 
     ``ShardSampler(dataset, shuffle=True, seed=0, buffer_size=1000, rank=None,
-    world_size=None, equal_length=True)``
+    world_size=None, equal_length=True, drop_last=False)``
 
-    Each epoch (``set_epoch``, as ``DistributedSampler``): the shards in an
-    order shuffled with (seed, epoch), split between ranks round-robin
+    Each epoch (``set_epoch``, as ``DistributedSampler``) has one stream:
+    the shards in an order shuffled with (seed, epoch), their samples in
+    sequence.  The stream is split between ranks by samples, not by shards:
+    rank r of W takes positions ``[N*r//W, N*(r+1)//W)`` of the N samples
     (rank and world size from torch.distributed, else RANK/WORLD_SIZE, else
-    the arguments' defaults 0 and 1); each rank reads its shards' samples in
-    sequence through a shuffle buffer of ``buffer_size`` samples (0: none).
-    Every draw is keyed by (seed, epoch), so the order does not depend on
-    ``num_workers``.  Shards hold different numbers of samples, so ranks
-    would see different counts; with ``equal_length`` (default) every rank
-    yields as many samples as the smallest share and drops the rest of its
-    own (a different part every epoch, since the shard order changes) --
-    DDP needs the same number of batches on every rank.
+    the arguments' defaults 0 and 1), so the shares differ by one sample at
+    most whatever the shard sizes, and a rank reads a run of whole shards
+    with a part of one at either end (long sequential reads; a share may
+    start or end inside a shard).  Each rank reads its share through a
+    shuffle buffer of ``buffer_size`` samples (0: none).  Every draw is keyed
+    by (seed, epoch), so the order does not depend on ``num_workers``.
+
+    DDP needs the same number of batches on every rank: with
+    ``equal_length`` (default) every rank yields ``ceil(N/W)`` samples, a
+    rank one short repeating its share's first sample (as
+    ``DistributedSampler`` pads), or, with ``drop_last=True``,
+    ``floor(N/W)``, a rank one over leaving one out.  Either way an epoch
+    shows every sample, less at most W - 1 with ``drop_last``.  Without
+    ``equal_length`` each rank yields its share as it is.
     """
 
     def __init__(self, dataset, shuffle=True, seed=0, buffer_size=1000, rank=None,
-                 world_size=None, equal_length=True):
-        if not isinstance(dataset, WebDataset):
+                 world_size=None, equal_length=True, drop_last=False):
+        starts = getattr(dataset, "shard_starts", None)
+        if starts is None:
             raise TypeError("ShardSampler needs a fastload.WebDataset")
         found_rank, found_world = _distributed_rank()
         self.rank = found_rank if rank is None else rank
         self.world_size = found_world if world_size is None else world_size
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} is not in [0, {self.world_size})")
-        if len(dataset.urls) < self.world_size:
-            raise ValueError(f"{len(dataset.urls)} shards cannot be split between "
-                             f"{self.world_size} ranks: write more, smaller shards")
+        self.starts = np.asarray(starts, dtype=np.int64)  # shard s: samples [starts[s], starts[s+1])
+        self.total = int(self.starts[-1])
+        if self.total < self.world_size:
+            raise ValueError(f"{self.total} samples cannot be split between "
+                             f"{self.world_size} ranks")
         if buffer_size < 0:
             raise ValueError(f"buffer_size must be >= 0, got {buffer_size}")
-        self.starts = dataset.shard_starts
         self.shuffle = shuffle
         self.seed = seed
         self.buffer_size = buffer_size
         self.equal_length = equal_length
+        self.drop_last = drop_last
         self.epoch = 0
 
     def set_epoch(self, epoch):
         self.epoch = epoch
 
-    def _shards_of(self, rank, order):
-        return order[rank::self.world_size]
+    def share(self, rank=None):
+        """``(first, end)``: the positions of ``rank``'s share (default: this
+        sampler's) in the epoch's stream."""
+        rank = self.rank if rank is None else rank
+        return self.total * rank // self.world_size, self.total * (rank + 1) // self.world_size
 
     def _order(self):
         n = len(self.starts) - 1
@@ -423,24 +439,40 @@ class ShardSampler(Sampler):
             return np.arange(n)
         return np.random.default_rng([self.seed, self.epoch, 0]).permutation(n)
 
-    def _count(self, shards):
-        return int(sum(self.starts[s + 1] - self.starts[s] for s in shards))
-
     def __len__(self):
+        if not self.equal_length:
+            first, end = self.share()
+            return end - first
+        if self.drop_last:
+            return self.total // self.world_size
+        return -(-self.total // self.world_size)
+
+    def stream(self, first, end):
+        """The sample indices at positions ``[first, end)`` of this epoch's
+        stream, in order: parts of the shards that hold them, each read in
+        sequence."""
         order = self._order()
-        counts = [self._count(self._shards_of(r, order)) for r in range(self.world_size)]
-        return min(counts) if self.equal_length else counts[self.rank]
+        sizes = np.diff(self.starts)[order]
+        ends = np.cumsum(sizes)  # where each shard, in this epoch's order, ends in the stream
+        k = int(np.searchsorted(ends, first, side="right"))
+        position = first
+        while position < end:
+            shard_first = int(ends[k] - sizes[k])
+            base = int(self.starts[order[k]]) - shard_first
+            stop = min(end, int(ends[k]))
+            yield from range(base + position, base + stop)
+            position = stop
+            k += 1
 
     def __iter__(self):
-        order = self._order()
-        mine = self._shards_of(self.rank, order)
-        limit = len(self)
-        stream = (i for s in mine for i in range(self.starts[s], self.starts[s + 1]))
+        first, end = self.share()
+        count = len(self)
+        stream = self.stream(first, end)
+        if count > end - first:  # one short of the others: repeat the share's first sample
+            stream = itertools.chain(stream, self.stream(first, first + count - (end - first)))
         if self.shuffle and self.buffer_size > 1:
             stream = self._buffered(stream)
-        for n, index in enumerate(stream):
-            if n == limit:
-                return
+        for index in itertools.islice(stream, count):
             yield int(index)
 
     def _buffered(self, stream):
