@@ -207,3 +207,63 @@ def test_datapipe_shards_by_rank_with_rank_zeros_seed(tmp_path):
             samples = [i for results in per_rank
                        for batch in results["fastload", num_workers][epoch] for i in batch]
             assert sorted(samples) == list(range(40))
+
+
+class IndexShards:
+    """Samples that are their own index, in unequal shards (what ShardSampler
+    reads of a WebDataset): the gathered batches say which samples were seen."""
+
+    shard_starts = np.cumsum([0, 9, 4, 7, 5, 6, 8, 3])  # 42 samples
+
+    def __len__(self):
+        return int(self.shard_starts[-1])
+
+    def __getitem__(self, index):
+        return index
+
+
+def run_elastic_rank(rank, world, store, root, old_world, out):
+    """One rank of a run that stops after 2 batches and saves its state
+    (`old_world` None), or of a run on another number of ranks that resumes
+    from those states and finishes the epoch."""
+    import fastload
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        ds = IndexShards()
+        sampler = fastload.ShardSampler(ds, seed=3, buffer_size=4)  # rank, world from dist
+        sampler.set_epoch(1)
+        loader = fastload.DataLoader(ds, batch_size=2, sampler=sampler, num_workers=1)
+        if old_world is not None:  # the states the other run saved, one a rank
+            loader.load_state_dict(torch.load(os.path.join(root, f"state-{rank % old_world}.pt")))
+        seen = []
+        for number, batch in enumerate(loader):
+            seen += batch.tolist()
+            if old_world is None and number == 1:
+                torch.save(loader.state_dict(), os.path.join(root, f"state-{rank}.pt"))
+                break
+        gathered = [None] * world
+        dist.all_gather_object(gathered, seen)
+        if rank == 0:
+            torch.save(gathered, out)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("old, new", [(4, 3), (2, 4)])
+def test_elastic_resume_on_another_number_of_ranks(tmp_path, old, new):
+    """A ShardSampler epoch checkpointed on `old` ranks finishes on `new`
+    ranks: every sample of the epoch once (padding to equal shares aside)."""
+    first, then = tmp_path / "first.pt", tmp_path / "then.pt"
+    tmp.spawn(run_elastic_rank, args=(old, f"{first}.store", str(tmp_path), None, str(first)),
+              nprocs=old, join=True)
+    tmp.spawn(run_elastic_rank, args=(new, f"{then}.store", str(tmp_path), old, str(then)),
+              nprocs=new, join=True)
+    before = [i for seen in torch.load(first, weights_only=False) for i in seen]
+    after = torch.load(then, weights_only=False)
+    assert len(before) == len(set(before)) == old * 4  # 2 batches of 2 a rank
+    assert len({len(seen) for seen in after}) == 1  # equal lengths on the new ranks
+    every = before + [i for seen in after for i in seen]
+    assert set(every) == set(range(len(IndexShards())))
+    assert len(every) - len(IndexShards()) < new  # at most one padded sample a new rank

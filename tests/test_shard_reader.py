@@ -1,6 +1,7 @@
 """fastload.WebDataset and ShardSampler: WebDataset tar shards read natively."""
 
 import io
+import itertools
 import os
 import shutil
 import tarfile
@@ -348,3 +349,95 @@ def test_fields_without_the_image_do_not_decode_it(shards, monkeypatch):
     assert ds[-1] == ({"n": len(ds) - 1}, labels[-1])
     with pytest.raises(IndexError, match="out of range"):
         ds[len(ds)]
+
+
+class _Indices(_Shards):
+    """A dataset whose sample is its index, in shards: what ranks saw, by index."""
+
+    def __init__(self, sizes):
+        self.shard_starts = np.concatenate(([0], np.cumsum(sizes)))
+
+    def __len__(self):
+        return int(self.shard_starts[-1])
+
+    def __getitem__(self, index):
+        return index
+
+
+def _run(ds, world, batches, state=None, **kwargs):
+    """Each rank of a run: (the indices it yielded, its state after `batches`
+    batches, or at the end when None)."""
+    out = []
+    for rank in range(world):
+        sampler = fastload.ShardSampler(ds, seed=7, buffer_size=3, rank=rank, world_size=world,
+                                        **kwargs)
+        sampler.set_epoch(1)
+        loader = fastload.DataLoader(ds, batch_size=2, sampler=sampler)
+        if state is not None:
+            loader.load_state_dict(state)
+        it, seen = iter(loader), []
+        for batch in itertools.islice(it, batches):
+            seen += batch.tolist()
+        out.append((seen, loader.state_dict()))
+    return out
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("worlds", [(4, 3), (2, 4), (4, 3, 2)])
+def test_elastic_resume_shows_the_rest_of_the_epoch_once(worlds, drop_last):
+    ds = _Indices([9, 4, 7, 5, 6, 8, 3])  # 42 samples in unequal shards
+    n, shown, state = len(ds), [], None
+    for world in worlds[:-1]:  # each run stops after 2 batches (4 samples) a rank
+        ranks = _run(ds, world, 2, state, drop_last=drop_last)
+        shown += [i for seen, _ in ranks for i in seen]
+        state = ranks[-1][1]  # any rank's state: every rank yielded as many
+        assert len(shown) == len(set(shown))
+    last = _run(ds, worlds[-1], None, state, drop_last=drop_last)
+    rest = [i for seen, _ in last for i in seen]
+    counts = {len(seen) for seen, _ in last}
+    assert len(counts) == 1  # equal lengths on the new ranks too
+    every = shown + rest
+    if drop_last:
+        assert len(every) == len(set(every)) and n - len(every) < worlds[-1]
+    else:
+        assert set(every) == set(range(n)) and len(every) - n < worlds[-1]
+    # The new ranks' shares are runs of what was left, in the stream's order.
+    sampler = fastload.ShardSampler(ds, seed=7, buffer_size=0, rank=0, world_size=1)
+    sampler.set_epoch(1)
+    stream = list(sampler)
+    left = [i for i in stream if i not in set(shown)]
+    if drop_last:  # each new rank leaves out at most one of its share
+        assert set(rest) <= set(left) and len(rest) == len(left) // worlds[-1] * worlds[-1]
+    else:
+        assert set(rest) == set(left)
+
+
+def test_a_continued_epoch_resumes_on_the_same_ranks_too():
+    ds = _Indices([9, 4, 7, 5, 6, 8, 3])
+    first = _run(ds, 4, 2)
+    state = first[0][1]
+    # Three ranks take over and stop after one more batch each; rank 1 resumes again.
+    second = _run(ds, 3, 1, state)
+    again = _run(ds, 3, None, second[1][1])
+    plain = _run(ds, 3, None, state)
+    assert again[1][0] == plain[1][0][2:]  # the rest of rank 1's share, as if not stopped
+
+
+def test_elastic_resume_at_1024_ranks_by_computation():
+    ds = _Shards(IMAGENET, 1000)
+    old, new, yielded = 1024, 768, 600
+    settings = {"seed": 0, "shuffle": True, "buffer_size": 0, "equal_length": True,
+                "drop_last": False, "epoch": 0, "world_size": old}
+    sampler = fastload.ShardSampler(ds, buffer_size=0, rank=5, world_size=new)
+    assert sampler.continue_epoch(settings, [[old, yielded]])
+    rest = sampler._rest()
+    assert len(rest) == IMAGENET - old * yielded and len(np.unique(rest)) == len(rest)
+    shown = np.zeros(IMAGENET, bool)
+    for rank in range(old):
+        first, _ = fastload.ShardSampler(ds, buffer_size=0, rank=rank, world_size=old).share()
+        # Without a buffer a rank's first samples are the first of its share.
+        shown[list(fastload.ShardSampler(ds, buffer_size=0, world_size=1).stream(
+            first, first + yielded))] = True
+    assert not shown[rest].any() and shown.sum() + len(rest) == IMAGENET
+    assert len(sampler) == -(-len(rest) // new)
+    assert not sampler.continue_epoch(dict(settings, seed=1), [[old, yielded]])

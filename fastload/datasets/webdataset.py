@@ -21,6 +21,7 @@ epoch), never on ``num_workers``.
 """
 
 import concurrent.futures
+import copy
 import errno
 import io
 import itertools
@@ -373,6 +374,12 @@ def _distributed_rank():
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
+def _cut(total, rank, world):
+    """(first, end): rank's run of ``total`` positions split between ``world``
+    ranks, N/W give or take one each."""
+    return total * rank // world, total * (rank + 1) // world
+
+
 class ShardSampler(Sampler):
     """Sample indices of a ``WebDataset`` in streaming order.
 
@@ -430,8 +437,7 @@ class ShardSampler(Sampler):
     def share(self, rank=None):
         """``(first, end)``: the positions of ``rank``'s share (default: this
         sampler's) in the epoch's stream."""
-        rank = self.rank if rank is None else rank
-        return self.total * rank // self.world_size, self.total * (rank + 1) // self.world_size
+        return _cut(self.total, self.rank if rank is None else rank, self.world_size)
 
     def _order(self):
         n = len(self.starts) - 1
@@ -439,13 +445,19 @@ class ShardSampler(Sampler):
             return np.arange(n)
         return np.random.default_rng([self.seed, self.epoch, 0]).permutation(n)
 
-    def __len__(self):
+    def _length(self, share, total):
+        """How many samples a rank yields of its ``share`` of ``total``."""
         if not self.equal_length:
-            first, end = self.share()
-            return end - first
+            return share
         if self.drop_last:
-            return self.total // self.world_size
-        return -(-self.total // self.world_size)
+            return total // self.world_size
+        return -(-total // self.world_size)
+
+    def __len__(self):
+        rest = self._rest()
+        total = self.total if rest is None else len(rest)
+        first, end = _cut(total, self.rank, self.world_size)
+        return self._length(end - first, total)
 
     def stream(self, first, end):
         """The sample indices at positions ``[first, end)`` of this epoch's
@@ -465,15 +477,82 @@ class ShardSampler(Sampler):
             k += 1
 
     def __iter__(self):
-        first, end = self.share()
-        count = len(self)
-        stream = self.stream(first, end)
+        rest = self._rest()
+        if rest is None:
+            total, part = self.total, self.stream
+        else:  # the rest of an epoch another number of ranks began
+            total, part = len(rest), lambda a, b: iter(rest[a:b].tolist())
+        first, end = _cut(total, self.rank, self.world_size)
+        count = self._length(end - first, total)
+        stream = part(first, end)
         if count > end - first:  # one short of the others: repeat the share's first sample
-            stream = itertools.chain(stream, self.stream(first, first + count - (end - first)))
+            pad = part(first, first + count - (end - first))
+            stream = itertools.chain(stream, pad if end > first else part(0, 1))
         if self.shuffle and self.buffer_size > 1:
             stream = self._buffered(stream)
         for index in itertools.islice(stream, count):
             yield int(index)
+
+    # -- elastic resume ---------------------------------------------------------
+
+    def continue_epoch(self, settings, runs):
+        """Makes this epoch the rest of one that runs on other numbers of
+        ranks began (``DataLoader.load_state_dict`` calls it: elastic
+        resume).  ``settings`` are the recorded sampler's; ``runs`` lists,
+        oldest first, each run's ``[world_size, samples yielded by each of
+        its ranks]`` (the same on every rank: ``equal_length``).  The samples
+        those runs did not yield are this epoch's stream, split between this
+        run's ranks as an epoch is.  Returns False where the epoch cannot be
+        continued so (other settings, or unequal lengths)."""
+        mine = {"seed": self.seed, "shuffle": self.shuffle, "buffer_size": self.buffer_size,
+                "equal_length": self.equal_length, "drop_last": self.drop_last,
+                "epoch": self.epoch}
+        if not settings.get("equal_length") or any(settings.get(name) != value
+                                                  for name, value in mine.items()):
+            return False
+        runs = tuple((int(world), int(yielded)) for world, yielded in runs)
+        begun = copy.copy(self)
+        for n, (world, yielded) in enumerate(runs):
+            begun.world_size, begun._runs = world, (self.epoch, runs[:n])
+            if world < 1 or not 0 <= yielded <= len(begun):
+                return False
+        self._runs = (self.epoch, runs)
+        return True
+
+    @property
+    def continued(self):
+        """The runs this epoch continues (``continue_epoch``), as
+        ``[[world_size, yielded], ...]``, or None: a loader's state records
+        them, so an epoch continued once can be resumed again."""
+        runs = self._current_runs()
+        return [list(run) for run in runs] if runs else None
+
+    _runs = None    # (epoch, ((world size, yielded), ...)) from continue_epoch
+    _rest_of = None  # (_runs, the rest of that epoch's stream)
+
+    def _current_runs(self):
+        return self._runs[1] if self._runs is not None and self._runs[0] == self.epoch else ()
+
+    def _rest(self):
+        """The sample indices a continued epoch has still to show, in stream
+        order, or None when no other run began this epoch."""
+        runs = self._current_runs()
+        if not runs:
+            return None
+        if self._rest_of is not None and self._rest_of[0] == self._runs:
+            return self._rest_of[1]
+        shown = np.zeros(self.total, dtype=bool)
+        for n, (world, yielded) in enumerate(runs):
+            for rank in range(world):  # what each rank of that run yielded
+                begun = copy.copy(self)
+                begun.rank, begun.world_size = rank, world
+                begun._runs, begun._rest_of = (self.epoch, runs[:n]), None
+                shown[np.fromiter(itertools.islice(iter(begun), yielded), np.int64)] = True
+        order = self._order()
+        stream = np.concatenate([np.arange(self.starts[s], self.starts[s + 1]) for s in order])
+        rest = stream[~shown[stream]]
+        self._rest_of = (self._runs, rest)
+        return rest
 
     def _buffered(self, stream):
         """WebDataset's shuffle buffer: fill it, then emit a random slot and

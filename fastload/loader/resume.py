@@ -221,7 +221,8 @@ def is_flat(batch_sampler):
 
 # A sampler's settings that decide its order (DistributedSampler's,
 # ChunkShuffleSampler's, ShardSampler's ...), recorded where it has them.
-_SETTINGS = ("epoch", "seed", "rank", "num_replicas", "shuffle", "replacement", "drop_last")
+_SETTINGS = ("epoch", "seed", "rank", "num_replicas", "world_size", "shuffle", "replacement",
+             "drop_last", "buffer_size", "equal_length")
 
 
 def _describe_sampler(sampler):
@@ -234,8 +235,12 @@ def _describe_sampler(sampler):
         value = getattr(sampler, name, None)
         if isinstance(value, (bool, int, np.integer)):
             settings[name] = value if isinstance(value, bool) else int(value)
-    return {"type": f"{type(sampler).__module__}.{type(sampler).__qualname__}",
-            "length": length if length is None else int(length), "settings": settings}
+    description = {"type": f"{type(sampler).__module__}.{type(sampler).__qualname__}",
+                   "length": length if length is None else int(length), "settings": settings}
+    continued = getattr(sampler, "continued", None)  # ShardSampler: the runs before this one
+    if continued:
+        description["continued"] = continued
+    return description
 
 
 def batching(loader):
@@ -291,6 +296,9 @@ def skip_plan(state, loader, starting=True):
     now = batching(loader)
     flat = ("samples", "flat")
     if saved["kind"] in flat and now["kind"] in flat:
+        skip = _continue_elsewhere(state, loader, starting)
+        if skip is not None:
+            return "samples", skip, saved["kind"] == "samples"
         changed = _sampler_changes(saved["sampler"], now["sampler"], starting)
         if changed:
             raise ValueError(
@@ -319,6 +327,40 @@ def skip_plan(state, loader, starting=True):
             "loading the batches handed out again, which needs the same batch_size, drop_last "
             "and num_workers (or a dataset with state_dict()/load_state_dict())")
     return "batches", state["num_yielded"], None
+
+
+# What may differ when a sampler continues an epoch begun on another number
+# of ranks (ShardSampler.continue_epoch).
+_ELASTIC = {"rank", "world_size"}
+
+
+def _continue_elsewhere(state, loader, starting):
+    """Elastic resume: when the loader's sampler can continue an epoch that
+    ran on other numbers of ranks (``continue_epoch``: ShardSampler), and the
+    recorded one is of its type and differs in rank and world size at most,
+    the sampler is told which runs began the epoch and yields the rest of
+    it.  Returns how many of its indices to skip: 0 after another run, the
+    samples handed out when this is the same rank of the same run, or None
+    where this does not apply.  Before the epoch starts its ``epoch`` may
+    not be set yet (it is told again when it starts)."""
+    saved, now = state["batching"]["sampler"], batching(loader)["sampler"]
+    sampler = loader.sampler if loader.batch_sampler is None else loader.batch_sampler.sampler
+    continue_epoch = getattr(sampler, "continue_epoch", None)
+    if saved is None or now is None or saved["type"] != now["type"] or continue_epoch is None:
+        return None
+    old, new = saved.get("settings", {}), now.get("settings", {})
+    differ = {name for name in set(old) | set(new) if old.get(name) != new.get(name)}
+    if not starting:
+        differ.discard("epoch")
+    runs = saved.get("continued") or []
+    if not differ <= _ELASTIC or not (differ or runs):
+        return None
+    if differ:  # the recorded run is over: its ranks each yielded samples_yielded
+        runs = runs + [[old.get("world_size"), state["samples_yielded"]]]
+    settings = dict(old) if starting else dict(old, epoch=new.get("epoch"))
+    if not continue_epoch(settings, runs):
+        return None
+    return 0 if differ else state["samples_yielded"]
 
 
 def _sampler_changes(saved, now, starting):
