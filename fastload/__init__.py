@@ -17,6 +17,7 @@ from .loader.collate import default_collate, default_convert
 from .loader.dataloader import DataLoader
 from .datasets.webdataset import ShardSampler, WebDataset
 from .datasets.base import Dataset, IterableDataset
+from .datasets.mix import MixDataset, MixSampler
 from .loader.sampler import (
     BatchSampler,
     DistributedSampler,
@@ -74,6 +75,8 @@ __all__ = [
     "IterableDataset",
     "LMDBDataset",
     "LoaderStats",
+    "MixDataset",
+    "MixSampler",
     "RandomSampler",
     "Sampler",
     "SequentialSampler",

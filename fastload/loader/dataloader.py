@@ -512,10 +512,26 @@ class DataLoader(Generic[T_co]):
         report = LoaderStats(
             timers.timers.snapshot(), timers.num_workers,
             iterators.worker_mode(self) if timers.num_workers else None, self.prefetch_factor,
-            autotune=self.autotune_report())
+            autotune=self.autotune_report(), sources=self._source_counts())
         if reset:
             timers.timers.reset()
         return report
+
+    def _source_counts(self):
+        """The samples of each source handed out this epoch, when the sampler
+        mixes sources (``MixSampler.source_counts``), else None."""
+        if self.batch_sampler is not None and not _resume.is_flat(self.batch_sampler):
+            return None  # batches of the user's: which samples went out is theirs to say
+        sampler = self.sampler if self.batch_sampler is None else self.batch_sampler.sampler
+        counts = getattr(sampler, "source_counts", None)
+        if counts is None:
+            return None
+        it = self._iterator if self.persistent_workers and self.num_workers > 0 else None
+        if it is None and self._last_iter is not None:
+            it = self._last_iter()
+        if it is None:
+            return counts(0)
+        return counts(None if it._finished else it._samples_yielded)
 
     def __len__(self):
         if self._dataset_kind == "iterable":

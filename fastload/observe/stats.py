@@ -125,7 +125,7 @@ class LoaderStats:
     verdict, ``as_dict()`` gives plain numbers (seconds) for a logger."""
 
     def __init__(self, snapshot, num_workers, worker_mode, prefetch_factor, cpus=None,
-                 autotune=None, contention=None):
+                 autotune=None, contention=None, sources=None):
         rows = snapshot["rows"]
         consumer = snapshot["consumer"]
         self.num_workers = num_workers
@@ -135,6 +135,8 @@ class LoaderStats:
         # Read only when the verdict turns on it (see _advice).
         self._contention = contention
         self.autotune = autotune
+        # {source: samples handed out this epoch} for a MixSampler, else None.
+        self.sources = sources
         self.batches = consumer["batches"]
         self.elapsed_s = consumer["period_ns"] / 1e9
         self.wait_s = consumer["wait_ns"] / 1e9
@@ -288,6 +290,7 @@ class LoaderStats:
             "prefetch_factor": self.prefetch_factor,
             "cpus": self.cpus,
             "autotune": self.autotune,
+            "sources": dict(self.sources) if self.sources is not None else None,
             "verdict": self.verdict,
         }
 
@@ -334,6 +337,10 @@ class LoaderStats:
             why = f"; {tuned['reason']}" if tuned["reason"] else ""
             lines.append(f"autotune ({state}): {tuned['workers']} of {tuned['max_workers']} "
                          f"workers active, prefetch {tuned['prefetch']}{why}")
+        if self.sources:
+            total = max(sum(self.sources.values()), 1)
+            lines.append("sources this epoch: " + ", ".join(
+                f"{name} {count} ({count / total:.0%})" for name, count in self.sources.items()))
         return "\n".join(lines)
 
     def __repr__(self):
