@@ -361,6 +361,16 @@ PyObject *fl__tar_index(PyObject *module, PyObject *const *args, Py_ssize_t narg
     "when the file cannot be read, fastload.DecodeError when it is not a tar\n"           \
     "archive fastload accepts (the message names the member and offset)."
 
+/* source/tar_index.c: tar_read(), small members' bytes (labels) in one call */
+PyObject *fl__tar_read(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+#define FL__TAR_READ_DOC                                                                    \
+    "tar_read(path, offsets, sizes, /)\n--\n\n"                                            \
+    "The bytes of the members at `offsets` (int64 array) of `sizes` bytes each\n"         \
+    "(each at most 4096), back to back: one open and one pread a member, with\n"           \
+    "the GIL released.  Raises OSError naming the file when it cannot be read,\n"         \
+    "and OSError(EIO) when a member lies past its end (the file was cut since\n"           \
+    "it was indexed)."
+
 /* cuda/cuda.c */
 PyObject *fl__cuda_driver(PyObject *module, PyObject *unused);
 

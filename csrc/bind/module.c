@@ -91,6 +91,7 @@ static PyMethodDef module_methods[] = {
      "Switches every loader's timers on (the default) or off, process-wide:\n"
      "only to measure what they cost."},
     {"tar_index", (PyCFunction)(void (*)(void))fl__tar_index, METH_FASTCALL, FL__TAR_INDEX_DOC},
+    {"tar_read", (PyCFunction)(void (*)(void))fl__tar_read, METH_FASTCALL, FL__TAR_READ_DOC},
     {"copy_mapped", (PyCFunction)(void (*)(void))fl__copy_mapped, METH_FASTCALL,
      FL__COPY_MAPPED_DOC},
     {"file_changed", (PyCFunction)(void (*)(void))fl__file_changed, METH_FASTCALL,

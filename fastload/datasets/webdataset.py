@@ -26,7 +26,6 @@ import errno
 import io
 import itertools
 import json
-import mmap
 import os
 import pickle
 import re
@@ -195,32 +194,28 @@ class _Shard:
             s = int(np.flatnonzero(size > 64)[0])
             raise ValueError(f"{self.path}: {self.key(s)}.{extension} is {size[s]} bytes, not "
                              "a class index")
+        # Every label in one call: one open, one pread a member, in C.
+        try:
+            blob = _C.tar_read(self.path, where, size)
+        except OSError as error:
+            if error.errno != errno.EIO:
+                raise
+            length = os.path.getsize(self.path)
+            s = int(np.flatnonzero(where + size > length)[0]) if (where + size > length).any() \
+                else 0
+            raise OSError(errno.EIO, f"file changed under the loader: {self.path!r} is shorter "
+                          f"than when it was opened (the .{extension} member of sample "
+                          f"{self.key(s)!r}; {length} bytes now)") from None
+        ends = np.cumsum(size).tolist()
         labels = np.empty(self.count, np.int64)
-        if not self.count:
-            return labels
-        with open(self.path, "rb") as f:
-            # One mapping, no system call per label; each label copied out
-            # under the C bus-error guard, so a shard cut short since it was
-            # indexed raises OSError naming it instead of a SIGBUS.
-            view = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        start = 0
+        for s, end in enumerate(ends):
             try:
-                with memoryview(view) as mapped:
-                    for s in range(self.count):
-                        what = f"the .{extension} member of sample {self.key(s)!r}"
-                        if where[s] + size[s] > len(view):
-                            raise OSError(errno.EIO, f"file changed under the loader: "
-                                          f"{self.path!r} is shorter than when it was indexed "
-                                          f"({what}; {len(view)} bytes now)")
-                        text = bytearray(int(size[s]))
-                        _C.copy_mapped(mapped[where[s]:where[s] + size[s]], text, what)
-                        try:
-                            labels[s] = int(text)
-                        except ValueError:
-                            raise ValueError(f"{self.path}: {self.key(s)}.{extension} holds "
-                                             f"{bytes(text[:64])!r}, not an integer class "
-                                             "index") from None
-            finally:
-                view.close()
+                labels[s] = int(blob[start:end])
+            except ValueError:
+                raise ValueError(f"{self.path}: {self.key(s)}.{extension} holds "
+                                 f"{blob[start:end][:64]!r}, not an integer class index") from None
+            start = end
         return labels
 
 

@@ -1,5 +1,5 @@
 /* fastload._C.tar_index: the index of a tar shard (csrc/core/source/tar.c) as
- * Python objects.
+ * Python objects; tar_read: the bytes of its small members (the labels).
  *
  * The file is opened, read and grouped with the GIL released; only the
  * results are converted with it.  Errors name the shard: OSError (the
@@ -126,6 +126,102 @@ PyObject *fl__tar_index(PyObject *module, PyObject *const *args, Py_ssize_t narg
     fl_tar_samples_free(&samples);
     fl_tar_index_free(&index);
 done:
+    Py_XDECREF(encoded);
+    Py_XDECREF(path);
+    return result;
+}
+
+/* Member i's bytes, read into out + at[i]; GIL released.  Returns 0, or the
+ * errno (EIO for a member past the end of the file, *bad naming it). */
+static int read_members(int fd, const int64_t *offsets, const int64_t *sizes, Py_ssize_t n,
+                        char *out, Py_ssize_t *bad)
+{
+    size_t at = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        size_t done = 0, size = (size_t)sizes[i];
+        while (done < size) {
+            ssize_t got = pread(fd, out + at + done, size - done, (off_t)(offsets[i] + done));
+            if (got < 0 && errno == EINTR)
+                continue;
+            if (got <= 0) {
+                *bad = i;
+                return got < 0 ? errno : EIO;
+            }
+            done += (size_t)got;
+        }
+        at += size;
+    }
+    return 0;
+}
+
+PyObject *fl__tar_read(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "tar_read() takes 3 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *encoded = NULL, *path = NULL, *result = NULL;
+    PyArrayObject *offsets = NULL, *sizes = NULL;
+    if (!PyUnicode_FSConverter(args[0], &encoded) || !PyUnicode_FSDecoder(args[0], &path))
+        goto done;
+    offsets = (PyArrayObject *)PyArray_FROMANY(args[1], NPY_INT64, 1, 1, NPY_ARRAY_CARRAY_RO);
+    sizes = offsets ? (PyArrayObject *)PyArray_FROMANY(args[2], NPY_INT64, 1, 1,
+                                                       NPY_ARRAY_CARRAY_RO)
+                    : NULL;
+    if (!sizes)
+        goto done;
+    Py_ssize_t n = PyArray_DIM(offsets, 0);
+    if (PyArray_DIM(sizes, 0) != n) {
+        PyErr_SetString(PyExc_ValueError, "tar_read: offsets and sizes differ in length");
+        goto done;
+    }
+    const int64_t *at = PyArray_DATA(offsets), *size = PyArray_DATA(sizes);
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (at[i] < 0 || size[i] < 0 || size[i] > 4096) {
+            PyErr_Format(PyExc_ValueError, "tar_read: member %zd has offset %lld and size %lld "
+                         "(sizes up to 4096 bytes)", i, (long long)at[i], (long long)size[i]);
+            goto done;
+        }
+        total += (Py_ssize_t)size[i]; /* at most 4096 * n: no overflow */
+    }
+    result = PyBytes_FromStringAndSize(NULL, total);
+    if (!result)
+        goto done;
+    const char *file = PyBytes_AS_STRING(encoded);
+    char *out = PyBytes_AS_STRING(result);
+    int err = 0;
+    Py_ssize_t bad = -1;
+    Py_BEGIN_ALLOW_THREADS
+    int fd = open(file, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        err = errno;
+    } else {
+        err = read_members(fd, at, size, n, out, &bad);
+        close(fd);
+    }
+    Py_END_ALLOW_THREADS
+    if (err == EIO && bad >= 0) {
+        /* OSError(EIO, ...), as for any file cut under the loader. */
+        Py_CLEAR(result);
+        PyObject *msg = PyUnicode_FromFormat(
+            "file changed under the loader: %R is shorter than when it was indexed (member "
+            "%zd: %lld bytes at offset %lld)", path, bad, (long long)size[bad],
+            (long long)at[bad]);
+        PyObject *exc = msg ? PyObject_CallFunction(PyExc_OSError, "iN", EIO, msg) : NULL;
+        if (exc) {
+            PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+            Py_DECREF(exc);
+        }
+    } else if (err) {
+        Py_CLEAR(result);
+        errno = err;
+        PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, path);
+    }
+done:
+    Py_XDECREF(offsets);
+    Py_XDECREF(sizes);
     Py_XDECREF(encoded);
     Py_XDECREF(path);
     return result;
