@@ -442,3 +442,93 @@ def test_elastic_resume_at_1024_ranks_by_computation():
     assert not shown[rest].any() and shown.sum() + len(rest) == IMAGENET
     assert len(sampler) == -(-len(rest) // new)
     assert not sampler.continue_epoch(dict(settings, seed=1), [[old, yielded]])
+
+
+# ------------------------------------------------------------ index files
+
+def _same(a, b):
+    assert len(a) == len(b) and a.keys == b.keys
+    assert np.array_equal(a.targets, b.targets)
+    assert all(a.path(i) == b.path(i) for i in range(len(a)))
+
+
+def _no_header_reads(monkeypatch):
+    """Makes reading a shard's headers fail: what still works used index files."""
+    from fastload.datasets import webdataset
+
+    class NoScan:
+        def __getattr__(self, name):
+            return getattr(fastload._C, name)
+
+        @staticmethod
+        def tar_index(*args):
+            raise AssertionError("a shard's headers were read")
+
+    monkeypatch.setattr(webdataset, "_C", NoScan())
+
+
+def test_write_shards_writes_index_files_that_readers_use(tmp_path, monkeypatch):
+    rng = np.random.default_rng(1)
+    samples = [(encode(rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)), i % 3)
+               for i in range(11)]
+    paths = fastload.write_shards(samples, str(tmp_path / "w-%02d.tar"), maxcount=4)
+    assert all(os.path.exists(p + ".fastload-index") for p in paths)
+    scanned = fastload.WebDataset(paths, index_files=False)
+    _no_header_reads(monkeypatch)
+    indexed = fastload.WebDataset(paths, transform=T.Compose([T.Resize((6, 6)), T.ToTensor()]))
+    _same(indexed, scanned)
+    assert [int(y) for _, y in fastload.DataLoader(indexed, batch_size=None)] == \
+        [i % 3 for i in range(11)]
+
+
+def test_a_shard_without_one_gets_an_index_file_on_first_read(shards, tmp_path, monkeypatch):
+    root, _, _ = shards
+    for s in range(len(SHARD_SIZES)):
+        shutil.copyfile(root / f"shard-{s:03d}.tar", tmp_path / f"shard-{s:03d}.tar")
+    scanned = fastload.WebDataset(pattern(tmp_path), index_files=False)
+    assert not list(tmp_path.glob("*.fastload-index"))
+    first = fastload.WebDataset(pattern(tmp_path))
+    assert len(list(tmp_path.glob("*.fastload-index"))) == len(SHARD_SIZES)
+    with monkeypatch.context() as m:
+        _no_header_reads(m)
+        _same(fastload.WebDataset(pattern(tmp_path)), first)
+        # Another choice of label or image members: derived again from the
+        # member index the file holds, not from the headers.
+        again = fastload.WebDataset(pattern(tmp_path), label_extension=None,
+                                    image_extensions=("png", "jpg"))
+        assert len(again) == len(first) and set(again.targets) == {0}
+    _same(first, scanned)
+
+
+@pytest.mark.parametrize("damage", ["rewritten", "truncated", "garbage", "flipped"])
+def test_a_stale_or_damaged_index_file_is_rebuilt(shards, tmp_path, damage):
+    root, _, _ = shards
+    shard = tmp_path / "s.tar"
+    shutil.copyfile(root / "shard-000.tar", shard)
+    index = tmp_path / "s.tar.fastload-index"
+    fastload.WebDataset(str(shard))
+    data = index.read_bytes()
+    if damage == "rewritten":  # the shard changed: another one under the same name
+        shutil.copyfile(root / "shard-001.tar", shard)
+    elif damage == "truncated":
+        index.write_bytes(data[:len(data) // 2])
+    elif damage == "garbage":
+        index.write_bytes(b"\x00" * len(data))
+    else:  # one bit of an array: the checksum
+        index.write_bytes(data[:-9] + bytes([data[-9] ^ 1]) + data[-8:])
+    read = fastload.WebDataset(str(shard))
+    _same(read, fastload.WebDataset(str(shard), index_files=False))
+    assert fastload.datasets.shard_index.load(str(shard)) is not None  # written again
+
+
+def test_an_index_file_that_cannot_be_written_beside_goes_to_the_cache_folder(
+        shards, tmp_path, monkeypatch):
+    root, _, _ = shards
+    shutil.copyfile(root / "shard-002.tar", tmp_path / "s.tar")
+    (tmp_path / "s.tar.fastload-index").mkdir()  # in the way, as a read-only folder would be
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("FASTLOAD_INDEX_DIR", str(cache))
+    first = fastload.WebDataset(str(tmp_path / "s.tar"))
+    assert len(list(cache.glob("*s.tar.fastload-index"))) == 1
+    _no_header_reads(monkeypatch)
+    _same(fastload.WebDataset(str(tmp_path / "s.tar")), first)

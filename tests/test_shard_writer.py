@@ -88,7 +88,13 @@ def mixed_samples(n):
 
 
 def leftovers(directory):
-    return sorted(p.name for p in pathlib.Path(directory).iterdir())
+    """The files in `directory` but the shards' index files, each checked to
+    stand beside its shard."""
+    names = sorted(p.name for p in pathlib.Path(directory).iterdir())
+    shards = [n for n in names if not n.endswith(".fastload-index")]
+    indexes = [n for n in names if n.endswith(".fastload-index")]
+    assert all(n[:-len(".fastload-index")] in shards for n in indexes), names
+    return shards
 
 
 # ------------------------------------------------------ interoperability

@@ -25,6 +25,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from .webdataset import write_index
+
 __all__ = ["write_shards", "shards_from_image_folder"]
 
 # Member metadata, fixed so that output depends on the samples only.  Owner
@@ -480,6 +482,7 @@ def _positive_int(name, value):
 
 def _finish(shard, written, verbose):
     shard.finish()
+    write_index(shard.path)  # readers then skip the shard's headers
     written.append(shard.path)
     if verbose:
         print(f"fastload: wrote {shard.path} ({shard.count} "
@@ -521,6 +524,9 @@ def write_shards(samples, pattern, maxcount=100_000, maxsize=3_000_000_000, *,
     quality of the images this function encodes; None keeps a resized
     JPEG's own quantisation tables, and writes pixels as webdataset does
     (JPEG quality 100; lossless WebP).
+
+    Each shard gets an index file beside it (``<shard>.fastload-index``),
+    which ``WebDataset`` reads instead of the shard's headers.
 
     Raises ValueError or TypeError naming the sample and field for input
     that cannot be written, and OSError naming the shard when it cannot

@@ -33,11 +33,12 @@ import re
 import numpy as np
 
 from .. import _C
+from . import shard_index
 from .indexing import check_index
 from .images import PILLOW_MAX_PIXELS, ImageFiles
 from ..loader.sampler import Sampler
 
-__all__ = ["WebDataset", "ShardSampler", "expand_urls"]
+__all__ = ["WebDataset", "ShardSampler", "expand_urls", "write_index"]
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "ppm", "pgm", "bmp", "webp", "tif", "tiff")
 
@@ -122,19 +123,53 @@ class _Shard:
     """One shard's samples: where each one's image is, and its label.
 
     Built from the C index with array operations, not a Python loop over
-    members: indexing ImageNet's 1.28 M samples is dominated by reading the
-    tar headers, not by this."""
+    members, or read back from the shard's index file (shard_index), which
+    keeps these arrays too: per image-extension list, each sample's image
+    range; per label extension, the labels; and each sample's key."""
 
-    def __init__(self, path, image_extensions, label_extension, keep_index):
-        index = _C.tar_index(path)
+    def __init__(self, path, image_extensions, label_extension, keep_index, index_files=True):
+        found = shard_index.load(path) if index_files else None
+        index, kept = found if found is not None else (_C.tar_index(path), {})
+        kept = dict(kept)
         self.path = path
         self.index = index if keep_index else None  # every member, for fields
-        names = np.frombuffer(index["names"], np.uint8)
         self._names = index["names"]
-        members, starts = index["sample_members"], index["sample_starts"]
+        n = self.count = len(index["sample_starts"]) - 1
+        images_key = "images." + ",".join(image_extensions)
+        labels_key = f"labels.{label_extension}" if label_extension else None
+        wanted = ["key_spans", images_key] + ([labels_key] if labels_key else [])
+        if all(name in kept and len(kept[name]) in (n, 2 * n) for name in wanted):
+            self._key_spans = kept["key_spans"].reshape(n, 2)
+            self.images = kept[images_key].reshape(n, 2)
+            self.labels = kept[labels_key] if labels_key else np.zeros(n, np.int64)
+            return
+        member_with = self._members_by_extension(index)
+        image = np.full(n, -1, np.int64)
+        for extension in reversed(image_extensions):  # the first listed wins
+            candidate = member_with(extension)
+            image = np.where(candidate >= 0, candidate, image)
+        if (image < 0).any():
+            bad = int(np.flatnonzero(image < 0)[0])
+            raise ValueError(f"{path}: sample {self.key(bad)!r} has no image member (one of "
+                             f"{', '.join(image_extensions)}); it has "
+                             f"{', '.join(self._extensions(index, bad)) or 'nothing'}")
         offsets, sizes = index["offsets"], index["sizes"]
-        n = len(starts) - 1
-        self.count = n
+        self.images = np.stack([offsets[image], sizes[image]], axis=1)
+        self.labels = np.zeros(n, np.int64)
+        if labels_key:
+            self.labels = self._read_labels(member_with(label_extension), label_extension,
+                                            offsets, sizes)
+            kept[labels_key] = self.labels
+        if index_files:  # for the next start, and the other ranks
+            kept.update({"key_spans": self._key_spans.ravel(), images_key: self.images.ravel()})
+            shard_index.save(path, index, kept)
+
+    def _members_by_extension(self, index):
+        """Sets the samples' key spans; returns ``member_with(extension)``:
+        per sample, its member with that extension, or -1."""
+        names = np.frombuffer(index["names"], np.uint8)
+        members, starts = index["sample_members"], index["sample_starts"]
+        n = self.count
         ends = np.flatnonzero(names == 0)  # member i's name ends at ends[i]
         key_lengths = index["key_lengths"][members]
         name_starts = index["name_offsets"][members]
@@ -147,7 +182,6 @@ class _Shard:
         lower = names + upper.astype(np.uint8) * 32  # extensions compare in ASCII lower case
 
         def member_with(extension):
-            """Per sample, the member with this extension, or -1."""
             wanted = np.frombuffer(extension.encode(), np.uint8)
             hit = ext_length == len(wanted)
             for j, byte in enumerate(wanted):
@@ -157,20 +191,7 @@ class _Shard:
             found[sample_of[hit]] = members[hit]
             return found
 
-        image = np.full(n, -1, np.int64)
-        for extension in reversed(image_extensions):  # the first listed wins
-            candidate = member_with(extension)
-            image = np.where(candidate >= 0, candidate, image)
-        if (image < 0).any():
-            bad = int(np.flatnonzero(image < 0)[0])
-            raise ValueError(f"{path}: sample {self.key(bad)!r} has no image member (one of "
-                             f"{', '.join(image_extensions)}); it has "
-                             f"{', '.join(self._extensions(index, bad)) or 'nothing'}")
-        self.images = np.stack([offsets[image], sizes[image]], axis=1)
-        self.labels = np.zeros(n, np.int64)
-        if label_extension:
-            self.labels = self._read_labels(member_with(label_extension), label_extension,
-                                            offsets, sizes)
+        return member_with
 
     def key(self, s):
         start, length = self._key_spans[s]
@@ -219,12 +240,22 @@ class _Shard:
         return labels
 
 
+def write_index(path):
+    """Writes the index file of the shard at ``path`` (shard_index): with
+    the image ranges and labels WebDataset's defaults read, or the member
+    index alone when its samples are of another kind."""
+    try:
+        _Shard(path, IMAGE_EXTENSIONS, "cls", keep_index=False)  # derives, and saves
+    except ValueError:
+        shard_index.save(path, _C.tar_index(path))
+
+
 class WebDataset(ImageFiles):
     """WebDataset tar shards as a map-style dataset of ``(image, label)``.
 
     ``WebDataset(urls, transform=None, target_transform=None, *,
     image_extensions=IMAGE_EXTENSIONS, label_extension="cls", decode="fast",
-    on_error="raise", max_pixels=PILLOW_MAX_PIXELS, index_threads=None)``
+    on_error="raise", max_pixels=PILLOW_MAX_PIXELS, index_threads=None, index_files=True)``
 
     ``urls``: a list of shard paths or a brace pattern (``expand_urls``).
     ``fields``: what a sample is.  None (default): ``(image, label)``, the
@@ -243,13 +274,19 @@ class WebDataset(ImageFiles):
     ``ImageFiles``'s: a fastload ``Compose`` with a fixed output size gives
     batches made in C.  Shards are indexed once, in parallel threads, when
     the dataset is made; ``key(i)`` and ``shard_of(i)`` say where sample
-    ``i`` came from.
+    ``i`` came from.  With ``index_files`` (default) a shard's index is read
+    from its index file (``<shard>.fastload-index``, written by
+    ``write_shards`` or by the first ``WebDataset`` over it; see
+    fastload.datasets.shard_index) instead of its headers, while the shard
+    keeps its size and modification time; False: always read the headers,
+    write nothing.
     """
 
     def __init__(self, urls, transform=None, target_transform=None, *,
                  image_extensions=IMAGE_EXTENSIONS, label_extension="cls", decode="fast",
                  on_error="raise", max_pixels=PILLOW_MAX_PIXELS, index_threads=None,
-                 fields=None, decoders=None, cache=None, cache_size=None, cache_decoded=False):
+                 fields=None, decoders=None, cache=None, cache_size=None, cache_decoded=False,
+                 index_files=True):
         self.urls = expand_urls(urls)
         if fields is not None and fields != "dict" and (
                 isinstance(fields, str) or not all(isinstance(f, str) for f in fields)):
@@ -261,7 +298,8 @@ class WebDataset(ImageFiles):
         with concurrent.futures.ThreadPoolExecutor(threads) as pool:
             shards = list(pool.map(
                 lambda path: _Shard(path, image_extensions, label_extension,
-                                    keep_index=fields is not None), self.urls))
+                                    keep_index=fields is not None,
+                                    index_files=index_files), self.urls))
         self._shard_list = shards  # their full indexes too, with fields
         counts = np.array([shard.count for shard in shards], np.int64)
         self.shard_starts = np.concatenate(([0], np.cumsum(counts)))  # samples of shard s

@@ -1,0 +1,169 @@
+"""Index files of WebDataset shards: the member index written once, read
+instead of the shard's headers.
+
+Indexing a shard reads the header of every member (``_C.tar_index``) and
+every label member: about 5 s per million samples on one core, again on
+every rank and at every start.  The index file keeps what that produced:
+the member index (names, data offsets and sizes, WebDataset's grouping into
+samples) and what the reader derived from it (each sample's image range per
+list of image extensions, its labels per label extension, its key), valid
+while the shard keeps its size and modification time.  ``write_shards`` writes it beside
+each shard; ``WebDataset`` reads it, or builds it on first use and saves it
+beside the shard, or in ``$FASTLOAD_INDEX_DIR`` (default
+``~/.cache/fastload/shard-index``) when the shard's folder is read-only.
+
+A file is ``MAGIC``, the length of a JSON header, the header (the shard's
+size and mtime, and each array's dtype, length and offset), then the arrays,
+each 8-byte aligned.  Anything that does not check out (another magic, a
+short file, a stale shard) is ignored and the shard indexed again: an index
+file is a cache, never the truth.
+"""
+
+import hashlib
+import json
+import os
+import struct
+import tempfile
+import zlib
+
+import numpy as np
+
+MAGIC = b"FLSHIDX1"
+SUFFIX = ".fastload-index"
+_LENGTH = struct.Struct("<Q")
+# The arrays of _C.tar_index's dict (its "names" is bytes, kept as uint8).
+_MEMBER_ARRAYS = ("name_offsets", "offsets", "sizes", "key_lengths", "sample_members",
+                  "sample_starts")
+
+
+def _cache_dir():
+    return os.environ.get("FASTLOAD_INDEX_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "fastload", "shard-index")
+
+
+def _paths(shard):
+    """Where the index of ``shard`` may be: beside it, then in the cache
+    folder (named by a hash of the shard's absolute path)."""
+    absolute = os.path.abspath(shard)
+    digest = hashlib.sha1(os.fsencode(absolute)).hexdigest()[:20]
+    return [shard + SUFFIX,
+            os.path.join(_cache_dir(), f"{digest}-{os.path.basename(shard)}{SUFFIX}")]
+
+
+def _identity(shard):
+    st = os.stat(shard)
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def load(shard):
+    """``(member index, {name: array})`` from the shard's index file (the
+    arrays its reader kept there: fastload.datasets.webdataset._Shard), or
+    None when there is none that matches the shard as it is now."""
+    try:
+        identity = _identity(shard)
+    except OSError:
+        return None  # the shard itself: indexing says what is wrong
+    for path in _paths(shard):
+        found = _read(path, identity)
+        if found is not None:
+            return found
+    return None
+
+
+def _read(path, identity):
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    try:
+        if data[:len(MAGIC)] != MAGIC:
+            return None
+        (length,) = _LENGTH.unpack_from(data, len(MAGIC))
+        start = len(MAGIC) + _LENGTH.size
+        header = json.loads(data[start:start + length])
+        if header.get("shard") != identity:
+            return None
+        body = _aligned(start + length)
+        if zlib.crc32(memoryview(data)[body:]) != header.get("crc32"):
+            return None  # damaged
+        arrays = {}
+        for name, (dtype, count, offset) in header["arrays"].items():
+            dtype = np.dtype(dtype)
+            if offset < start + length or offset + count * dtype.itemsize > len(data):
+                return None
+            arrays[name] = np.frombuffer(data, dtype, count, offset)
+        index = {name: arrays.pop(name) for name in _MEMBER_ARRAYS}
+        index["names"] = arrays.pop("names").tobytes()
+        return index, arrays
+    except (ValueError, KeyError, TypeError, struct.error):
+        return None  # not an index this version wrote
+
+
+def save(shard, index, kept=None):
+    """Writes the index file of ``shard``: its member index (``_C.tar_index``)
+    and the int64 arrays in ``kept`` (by name), beside the shard, else in the
+    cache folder, atomically (a reader sees the old file or the new one).
+    Returns the path written, or None when neither place takes it."""
+    try:
+        identity = _identity(shard)
+    except OSError:
+        return None
+    arrays = {name: np.ascontiguousarray(index[name], np.int64) for name in _MEMBER_ARRAYS}
+    arrays["names"] = np.frombuffer(index["names"], np.uint8)
+    for name, values in (kept or {}).items():
+        arrays[name] = np.ascontiguousarray(values, np.int64)
+    for path in _paths(shard):
+        try:
+            _write(path, identity, arrays)
+            return path
+        except OSError:
+            continue
+    return None
+
+
+def _write(path, identity, arrays):
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    # The arrays start after the header, whose length depends on their
+    # offsets: guess its room, and grow the guess until the header fits.
+    room = 512
+    while True:
+        at = _aligned(len(MAGIC) + _LENGTH.size + room)
+        layout = {}
+        for name, array in arrays.items():
+            layout[name] = [array.dtype.str, len(array), at]
+            at = _aligned(at + array.nbytes)
+        body = _aligned(len(MAGIC) + _LENGTH.size + room)
+        crc = zlib.crc32(_body(arrays, layout, body))
+        header = json.dumps({"shard": identity, "arrays": layout, "crc32": crc}).encode()
+        if len(header) <= room:
+            header = header.ljust(room)
+            break
+        room = _aligned(len(header) + 64)
+    fd, temp = tempfile.mkstemp(prefix=".", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(MAGIC + _LENGTH.pack(len(header)) + header)
+            f.write(b"\0" * (body - len(MAGIC) - _LENGTH.size - len(header)))
+            f.write(_body(arrays, layout, body))
+        os.replace(temp, path)
+    except BaseException:
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
+        raise
+
+
+def _body(arrays, layout, start):
+    """The arrays laid out from file offset ``start``, padding included."""
+    out = bytearray()
+    for name, array in arrays.items():
+        out += b"\0" * (layout[name][2] - start - len(out))
+        out += array.tobytes()
+    return bytes(out)
+
+
+def _aligned(n):
+    return (n + 7) & ~7
