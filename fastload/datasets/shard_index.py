@@ -13,8 +13,8 @@ beside the shard, or in ``$FASTLOAD_INDEX_DIR`` (default
 ``~/.cache/fastload/shard-index``) when the shard's folder is read-only.
 
 A file is ``MAGIC``, the length of a JSON header, the header (the shard's
-size and mtime, and each array's dtype, length and offset), then the arrays,
-each 8-byte aligned.  Anything that does not check out (another magic, a
+size and mtime, and each array's dtype, length, offset and CRC-32), then the
+arrays, each 8-byte aligned, read one by one as they are needed.  Anything that does not check out (another magic, a
 short file, a stale shard) is ignored and the shard indexed again: an index
 file is a cache, never the truth.
 """
@@ -56,48 +56,74 @@ def _identity(shard):
 
 
 def load(shard):
-    """``(member index, {name: array})`` from the shard's index file (the
-    arrays its reader kept there: fastload.datasets.webdataset._Shard), or
-    None when there is none that matches the shard as it is now."""
+    """The shard's ``IndexFile``, or None when there is none that matches the
+    shard as it is now."""
     try:
         identity = _identity(shard)
     except OSError:
         return None  # the shard itself: indexing says what is wrong
     for path in _paths(shard):
-        found = _read(path, identity)
+        found = IndexFile.open(path, identity)
         if found is not None:
             return found
     return None
 
 
-def _read(path, identity):
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    try:
-        if data[:len(MAGIC)] != MAGIC:
-            return None
-        (length,) = _LENGTH.unpack_from(data, len(MAGIC))
-        start = len(MAGIC) + _LENGTH.size
-        header = json.loads(data[start:start + length])
-        if header.get("shard") != identity:
-            return None
-        body = _aligned(start + length)
-        if zlib.crc32(memoryview(data)[body:]) != header.get("crc32"):
-            return None  # damaged
-        arrays = {}
-        for name, (dtype, count, offset) in header["arrays"].items():
-            dtype = np.dtype(dtype)
-            if offset < start + length or offset + count * dtype.itemsize > len(data):
+class IndexFile:
+    """An index file whose header checked out: its arrays are read one by
+    one, when asked for (a reader that finds what it derived last time reads
+    neither the member index nor the names it does not need).  Each array
+    has its own CRC-32."""
+
+    def __init__(self, path, layout):
+        self.path = path
+        self._layout = layout  # name -> (dtype, count, offset, crc32)
+
+    @classmethod
+    def open(cls, path, identity):
+        try:
+            with open(path, "rb") as f:
+                head = f.read(len(MAGIC) + _LENGTH.size)
+                if head[:len(MAGIC)] != MAGIC:
+                    return None
+                (length,) = _LENGTH.unpack_from(head, len(MAGIC))
+                header = json.loads(f.read(length))
+            if header.get("shard") != identity:
                 return None
-            arrays[name] = np.frombuffer(data, dtype, count, offset)
-        index = {name: arrays.pop(name) for name in _MEMBER_ARRAYS}
-        index["names"] = arrays.pop("names").tobytes()
-        return index, arrays
-    except (ValueError, KeyError, TypeError, struct.error):
-        return None  # not an index this version wrote
+            layout = {name: (np.dtype(dtype), int(count), int(offset), int(crc))
+                      for name, (dtype, count, offset, crc) in header["arrays"].items()}
+            if not set(_MEMBER_ARRAYS) | {"names"} <= set(layout):
+                return None
+            return cls(path, layout)
+        except (OSError, ValueError, KeyError, TypeError, struct.error):
+            return None  # unreadable, or not an index this version wrote
+
+    def __contains__(self, name):
+        return name in self._layout
+
+    def length(self, name):
+        return self._layout[name][1]
+
+    def get(self, name):
+        """Array ``name``, read and checked; OSError when the file no longer
+        holds it (replaced or damaged since it was opened)."""
+        dtype, count, offset, crc = self._layout[name]
+        with open(self.path, "rb") as f:
+            data = os.pread(f.fileno(), count * dtype.itemsize, offset)
+        if len(data) != count * dtype.itemsize or zlib.crc32(data) != crc:
+            raise OSError(f"{self.path}: array {name!r} does not check out")
+        return np.frombuffer(data, dtype)
+
+    def member_index(self):
+        """The shard's member index, as ``_C.tar_index`` gives it."""
+        index = {name: self.get(name) for name in _MEMBER_ARRAYS}
+        index["names"] = self.get("names").tobytes()
+        return index
+
+    def kept(self):
+        """The arrays a reader kept here, by name (read now)."""
+        return {name: self.get(name) for name in self._layout
+                if name not in _MEMBER_ARRAYS and name != "names"}
 
 
 def save(shard, index, kept=None):
@@ -128,15 +154,14 @@ def _write(path, identity, arrays):
     # The arrays start after the header, whose length depends on their
     # offsets: guess its room, and grow the guess until the header fits.
     room = 512
+    crcs = {name: zlib.crc32(array.tobytes()) for name, array in arrays.items()}
     while True:
         at = _aligned(len(MAGIC) + _LENGTH.size + room)
-        layout = {}
+        body, layout = at, {}
         for name, array in arrays.items():
-            layout[name] = [array.dtype.str, len(array), at]
+            layout[name] = [array.dtype.str, len(array), at, crcs[name]]
             at = _aligned(at + array.nbytes)
-        body = _aligned(len(MAGIC) + _LENGTH.size + room)
-        crc = zlib.crc32(_body(arrays, layout, body))
-        header = json.dumps({"shard": identity, "arrays": layout, "crc32": crc}).encode()
+        header = json.dumps({"shard": identity, "arrays": layout}).encode()
         if len(header) <= room:
             header = header.ljust(room)
             break

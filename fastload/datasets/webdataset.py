@@ -128,21 +128,22 @@ class _Shard:
     range; per label extension, the labels; and each sample's key."""
 
     def __init__(self, path, image_extensions, label_extension, keep_index, index_files=True):
-        found = shard_index.load(path) if index_files else None
-        index, kept = found if found is not None else (_C.tar_index(path), {})
-        kept = dict(kept)
         self.path = path
+        images_key = "images." + ",".join(image_extensions)
+        labels_key = f"labels.{label_extension}" if label_extension else None
+        found = shard_index.load(path) if index_files else None
+        if found is not None:
+            try:
+                if self._read_kept(found, images_key, labels_key, keep_index):
+                    return
+                index, kept = found.member_index(), found.kept()
+            except OSError:  # replaced or damaged since it was opened
+                found = None
+        if found is None:
+            index, kept = _C.tar_index(path), {}
         self.index = index if keep_index else None  # every member, for fields
         self._names = index["names"]
         n = self.count = len(index["sample_starts"]) - 1
-        images_key = "images." + ",".join(image_extensions)
-        labels_key = f"labels.{label_extension}" if label_extension else None
-        wanted = ["key_spans", images_key] + ([labels_key] if labels_key else [])
-        if all(name in kept and len(kept[name]) in (n, 2 * n) for name in wanted):
-            self._key_spans = kept["key_spans"].reshape(n, 2)
-            self.images = kept[images_key].reshape(n, 2)
-            self.labels = kept[labels_key] if labels_key else np.zeros(n, np.int64)
-            return
         member_with = self._members_by_extension(index)
         image = np.full(n, -1, np.int64)
         for extension in reversed(image_extensions):  # the first listed wins
@@ -163,6 +164,38 @@ class _Shard:
         if index_files:  # for the next start, and the other ranks
             kept.update({"key_spans": self._key_spans.ravel(), images_key: self.images.ravel()})
             shard_index.save(path, index, kept)
+
+    def _read_kept(self, found, images_key, labels_key, keep_index):
+        """Takes what an earlier reader derived with these settings from the
+        index file; False when it did not keep it all."""
+        n = found.length("sample_starts") - 1
+        wanted = ["key_spans", images_key] + ([labels_key] if labels_key else [])
+        if not all(name in found and found.length(name) in (n, 2 * n) for name in wanted):
+            return False
+        self.count = n
+        self.index = found.member_index() if keep_index else None
+        self._key_spans = found.get("key_spans").reshape(n, 2)
+        self.images = found.get(images_key).reshape(n, 2)
+        self.labels = found.get(labels_key) if labels_key else np.zeros(n, np.int64)
+        self._names_from = found  # the names are read when a key is first asked for
+        return True
+
+    _names_from = None
+
+    @property
+    def _names(self):
+        """The members' names, NUL-terminated, back to back (for keys)."""
+        if self._names_from is not None:
+            try:
+                names = self._names_from.get("names").tobytes()
+            except OSError:  # the file was replaced since: the shard is the same
+                names = _C.tar_index(self.path, False)["names"]
+            self.__dict__["_names"], self._names_from = names, None
+        return self.__dict__["_names"]
+
+    @_names.setter
+    def _names(self, names):
+        self.__dict__["_names"] = names
 
     def _members_by_extension(self, index):
         """Sets the samples' key spans; returns ``member_with(extension)``:
