@@ -10,10 +10,14 @@ fastload's worker collates (C collation or a native dataset's batch
 function) into slots of its own ``SlotPool(memory="shared")``: each slot is
 a region of a memfd (an arena: small slots share one, a large slot has its
 own; csrc/core/memory/shm.h) the parent maps once, when it first sees it, and wraps
-as NumPy or torch without a copy.  The batch's arrays keep their slot; when
-the parent drops the last of them, the slot's id goes back to its worker with
-the next request, and the worker reuses it.  So batches the loop keeps alive
-cost memory, and descriptors only per arena.
+as NumPy or torch without a copy.  The batch's arrays keep their slot as the
+thread engine's arrays keep theirs: their NumPy base is a C owner
+(``_C.MappedSlotOwner``, the sibling of ``SlotOwner`` in
+csrc/bind/memory/slot_pool.c) whose dealloc, when the parent drops the last
+of them, puts the slot's id on its channel's C return list
+(``_C.SlotReturns``); the id goes back to its worker with the next request,
+and the worker reuses it.  No Python code runs per slot.  So batches the loop
+keeps alive cost memory, and descriptors only per arena.
 
 Messages, per worker, over one duplex pipe (a Unix socket pair):
 
@@ -290,9 +294,9 @@ class PageLocking:
     stopped) and no array is left over it, and just before it is unmapped.
 
     A batch the loop drops may still be read by a non-blocking copy queued on
-    the GPU, so its slot is fenced on release (an event of its own, from the
-    registration's pool) and returned to its worker only once that fence is
-    done (``_Channel.send``).  A mapping the driver refuses
+    the GPU, so its slot's owner records the slot's fence as it dies (an
+    event of its own, from the registration's pool, in C) and the slot is
+    returned to its worker only once that fence is done (``_Channel.send``).  A mapping the driver refuses
     stays pageable, and the first refusal is reported once.
     """
 
@@ -319,24 +323,6 @@ class PageLocking:
                 f"pin_memory=True: fastload could not page-lock {self.failure}; batches in "
                 "such slots stay in pageable memory (torch pins them, when it has an "
                 "accelerator)", RuntimeWarning, stacklevel=4)
-
-
-def _release(channel, slot_id):
-    """The last array over a slot is gone: it goes back to its worker with
-    the next request (none once the worker is stopped)."""
-    channel.held -= 1
-    if not channel.closed:
-        channel.freed.append(slot_id)
-
-
-def _release_fenced(channel, registration, slot_id):
-    """The last array over a page-locked slot is gone: fence it (its own
-    event, keyed by its id) against the copies queued so far, then let it go
-    back to its worker."""
-    registration.release_fence(slot_id)
-    if not channel.closed:
-        channel.fence_of[slot_id] = registration
-    _release(channel, slot_id)
 
 
 def _out_of_files(error):
@@ -380,8 +366,10 @@ def _receive_fds(sock, count, worker_id):
 
 
 class _Channel:
-    """The parent's end of one worker: its process, pipe, and the slots it
-    has mapped from that worker."""
+    """The parent's end of one worker: its process, pipe, the arenas it has
+    mapped from that worker, and the return list of their slots
+    (``_C.SlotReturns``: the ids of slots whose last array died, handed back
+    with the next request)."""
 
     def __init__(self, context, worker_id, plan, max_free_slots, page_locking=None):
         self.id = worker_id
@@ -414,13 +402,35 @@ class _Channel:
             child_end.close()
         self.maps = {}                       # arena id -> mmap (or HostRegistration of it)
         self.locked = {}                     # arena id -> (start, end) of page-locked ones
-        self.freed = collections.deque()     # slot ids released by the parent
-        self.fenced = collections.deque()    # released, their fence pending at the last send
-        self.fence_of = {}                   # released page-locked slot id -> its registration
-        self.held = 0                        # slots with live arrays here (for messages)
+        self.returns = _C.SlotReturns()      # the slots released here, for the worker
+        # Page-locked slots whose fence is pending that may wait for a later
+        # request (_returnable).
+        self.max_waiting = sys.maxsize if page_locking is None else page_locking.max_waiting
         self.outstanding = 0                 # tasks sent and not answered
         self.live = True                     # False once its iterable ended
         self.closed = False                  # close() ran: slots go back to no one
+
+    @property
+    def held(self):
+        """Slots with live arrays here (for messages)."""
+        return self.returns.held
+
+    @property
+    def freed(self):
+        """Ids of the slots released since the last request, oldest first."""
+        return self.returns.freed
+
+    @property
+    def fenced(self):
+        """Ids of released page-locked slots kept at the last request: their
+        fence was pending."""
+        return self.returns.fenced
+
+    @property
+    def fence_of(self):
+        """{slot id: its HostRegistration} of the released page-locked slots
+        not yet handed back."""
+        return self.returns.fence_of
 
     def send(self, task, request):
         freed = self._returnable()
@@ -432,36 +442,13 @@ class _Channel:
         self.outstanding += 1
 
     def _returnable(self):
-        """The released slot ids to hand back with the next request.  A
-        page-locked slot whose fence is pending may still be read by a queued
-        copy: its id waits for a later request, and the worker fills another
-        slot meanwhile.  Only past `max_waiting` such ids is the oldest waited
-        for here, so a GPU far behind cannot grow the worker's pool without
-        bound."""
-        if self.page_locking is None:
-            freed = []
-            while self.freed:
-                freed.append(self.freed.popleft())
-            return freed
-        waiting = self.fenced
-        while self.freed:
-            waiting.append(self.freed.popleft())
-        ready = []
-        for _ in range(len(waiting)):
-            slot_id = waiting.popleft()
-            registration = self.fence_of.get(slot_id)
-            if registration is not None and not registration.fence_done(slot_id):
-                waiting.append(slot_id)
-            else:
-                self.fence_of.pop(slot_id, None)
-                ready.append(slot_id)
-        while len(waiting) > self.page_locking.max_waiting:
-            slot_id = waiting.popleft()
-            registration = self.fence_of.pop(slot_id, None)
-            if registration is not None:
-                registration.wait_fence(slot_id)
-            ready.append(slot_id)
-        return ready
+        """The released slot ids to hand back with the next request, taken
+        off the return list.  A page-locked slot whose fence is pending may
+        still be read by a queued copy: its id waits for a later request, and
+        the worker fills another slot meanwhile.  Only past `max_waiting`
+        such ids is the oldest waited for here, so a GPU far behind cannot
+        grow the worker's pool without bound (SlotReturns.take)."""
+        return self.returns.take(self.max_waiting)
 
     def death(self):
         return (f"DataLoader worker (pid {self.process.pid}) {_describe_exit(self.process)}. "
@@ -526,13 +513,13 @@ class _Channel:
             self.process.join()
         self.conn.close()
         self.sock.close()
-        # Live batches keep their own mappings; the others are unregistered
-        # (after their fences) and unmapped here.  (Live batches' finalizers
-        # keep this channel: nothing of the mappings may stay in it.)
+        # Live batches keep their own mappings (their slots' owners hold
+        # them); the others are unregistered (after their fences) and
+        # unmapped here.  Live batches' owners keep the return list, closed
+        # now: their slots go back to no one.
         self.closed = True
         self.locked.clear()
-        self.fence_of.clear()
-        self.fenced.clear()
+        self.returns.close()
         self.maps.clear()
 
 
@@ -543,28 +530,22 @@ class _SlotUnpickler(pickle.Unpickler):
 
     def __init__(self, file, channel, to_output):
         super().__init__(file)
-        self.channel = channel
+        self.returns = channel.returns
+        self.maps = channel.maps
         self.to_output = to_output
-        self.roots = {}
+        self.owners = {}
 
     def persistent_load(self, pid):
         arena_id, slot_id, slot_offset, slot_bytes, offset, dtype, shape, strides = pid
-        root = self.roots.get(slot_id)
-        if root is None:
-            # One root array per slot per batch: every array of the batch is
-            # a view of it (NumPy makes the root their base), so the root
-            # dies with the last of them.  The slot is its region of the
-            # arena the worker carved it from.
-            channel = self.channel
-            mapping = channel.maps[arena_id]
-            root = self.roots[slot_id] = np.frombuffer(mapping, np.uint8, slot_bytes,
-                                                       slot_offset)
-            channel.held += 1
-            if type(mapping) is HostRegistration:
-                weakref.finalize(root, _release_fenced, channel, mapping, slot_id)
-            else:
-                weakref.finalize(root, _release, channel, slot_id)
-        array = np.ndarray(shape, dtype, buffer=root, offset=offset, strides=strides)
+        owner = self.owners.get(slot_id)
+        if owner is None:
+            # One owner per slot per batch, the NumPy base of every array of
+            # the batch over that slot (its region of the arena the worker
+            # carved it from): it dies with the last of them, and its dealloc
+            # hands the slot back (fenced first when page-locked).
+            owner = self.owners[slot_id] = self.returns.own(
+                self.maps[arena_id], slot_id, slot_offset, slot_bytes)
+        array = owner.array(offset, dtype, shape, strides)
         return array if self.to_output is None else self.to_output(array)
 
 
