@@ -11,6 +11,7 @@ fake CUDA driver in test_cuda_process_pinning.py.)
 
 import gc
 import mmap
+import pickle
 import sys
 
 import numpy as np
@@ -97,14 +98,13 @@ def test_a_slot_goes_back_only_after_its_last_view_is_gone():
     it = iter(loader)
     (channel,) = it._engine.channels
     returned = []
-    real_send = channel.conn.send
+    real_send = channel.conn.send_bytes
 
-    def recording_send(message):
-        if message is not None:
-            returned.extend(message[2])
-        real_send(message)
+    def recording_send(data):
+        returned.extend(pickle.loads(data)[2])  # a request: (task, request, freed ids)
+        real_send(data)
 
-    channel.conn.send = recording_send
+    channel.conn.send_bytes = recording_send
     batch = next(it)
     assert isinstance(batch, torch.Tensor) and batch[:, 0].tolist() == [0, 1, 2, 3]
     assert (channel.held, channel.freed) == (1, [])

@@ -39,7 +39,10 @@ most ``num_workers * prefetch_factor`` tasks out, one new task per result,
 and an iterable worker that reports its end gets no more tasks.  Like the
 thread engine, only workers ``[0, active)`` get new tasks (the autotuner
 moves that bound); a worker process starts when it first becomes active, so
-workers the autotuner never uses cost nothing.
+workers the autotuner never uses cost nothing.  The parent waits on one
+long-lived ``select.poll`` object holding the pipe and the process sentinel
+of each worker with tasks out, so a dead worker is seen as soon as the loop
+waits for it, and nothing is built per wait.
 
 With ``pin_memory=True`` and fastload's CUDA driver, the parent page-locks
 each arena mapping in place, whole, when it first maps it (``PageLocking``),
@@ -49,15 +52,17 @@ once the copies queued from it before its release are done (its own fence).
 
 import array
 import collections
+import copyreg
 import ctypes
 import errno
 import importlib
 import io
+import math
 import multiprocessing
-import multiprocessing.connection
 import os
 import pickle
 import random
+import select
 import signal
 import mmap
 import socket
@@ -388,6 +393,8 @@ class _Channel:
         try:
             self.process.start()
             self.sock = socket.socket(fileno=os.dup(parent_end.fileno()))
+            self.fd = parent_end.fileno()        # the pipe, as ProcessWorkers polls it
+            self.sentinel = self.process.sentinel  # ready once the worker has exited
         except Exception as error:
             if self.process.pid is not None:
                 self.process.kill()
@@ -409,6 +416,9 @@ class _Channel:
         self.outstanding = 0                 # tasks sent and not answered
         self.live = True                     # False once its iterable ended
         self.closed = False                  # close() ran: slots go back to no one
+        self._buffer = io.BytesIO()          # the requests' pickler and its buffer,
+        self._pickler = None                 # kept (_pickle)
+        self._reducers = None                # the reducer tables the pickler copied
 
     @property
     def held(self):
@@ -433,13 +443,32 @@ class _Channel:
         return self.returns.fence_of
 
     def send(self, task, request):
-        freed = self._returnable()
+        data = self._pickle((task, request, self._returnable()))
         try:
-            self.conn.send((task, request, freed))
+            self.conn.send_bytes(data)
         except OSError:
             self.process.join(_JOIN_SECONDS)
             raise RuntimeError(self.death()) from None
         self.outstanding += 1
+
+    def _pickle(self, message):
+        """`message` pickled as ``Connection.send`` pickles it (ForkingPickler,
+        default protocol), by one pickler kept for the channel: making a
+        ForkingPickler copies the reducer tables, most of a request's cost.
+        It is made again when reducers were registered since (torch registers
+        its own as torch.multiprocessing is imported)."""
+        reducers = len(ForkingPickler._extra_reducers) + len(copyreg.dispatch_table)
+        if reducers != self._reducers:
+            self._pickler = ForkingPickler(self._buffer)
+            self._reducers = reducers
+        buffer, pickler = self._buffer, self._pickler
+        buffer.seek(0)
+        buffer.truncate()
+        try:
+            pickler.dump(message)
+        finally:
+            pickler.clear_memo()  # keeps nothing of the message alive
+        return buffer.getvalue()
 
     def _returnable(self):
         """The released slot ids to hand back with the next request, taken
@@ -599,6 +628,11 @@ class ProcessWorkers:
         self._plan = plan
         self._context = context
         self.channels = []  # the workers started so far: ids 0..len-1
+        # The pipes and sentinels of the workers with tasks out, polled by
+        # one long-lived poll object (registered as a worker's first task
+        # goes out, unregistered as its last answer comes in).
+        self._poller = select.poll()
+        self._watched = {}  # fd -> (channel, whether it is the pipe, not the sentinel)
         self._active = 0
         self.closed = False
         self.broken = False  # a worker died or a result was lost: no other epoch here
@@ -661,10 +695,9 @@ class ProcessWorkers:
         if self.in_order:
             deliverable = self.delivered in self.results
             if not deliverable and self.delivered in self.owner:
-                deliverable = _readable(self.channels[self.owner[self.delivered]])
+                deliverable = self.channels[self.owner[self.delivered]] in self._pipes_ready()
         else:
-            deliverable = bool(self.results) or any(
-                _readable(channel) for channel in self.channels if channel.outstanding)
+            deliverable = bool(self.results) or bool(self._pipes_ready())
         idle_at_cap = (not deliverable and in_flight >= self.max_in_flight
                        and any(c.live and c.outstanding == 0
                                for c in self.channels[:self._active]))
@@ -692,6 +725,8 @@ class ProcessWorkers:
         except RuntimeError:
             self.broken = True
             raise
+        if channel.outstanding == 1:
+            self._watch(channel)
         self.owner[self.sent] = channel.id
         self.sent += 1
         return True
@@ -717,15 +752,35 @@ class ProcessWorkers:
                 return None
             self._receive(deadline)
 
+    def _watch(self, channel):
+        for fd, pipe in ((channel.fd, True), (channel.sentinel, False)):
+            self._poller.register(fd, select.POLLIN)
+            self._watched[fd] = (channel, pipe)
+
+    def _unwatch(self, channel):
+        for fd in (channel.fd, channel.sentinel):
+            self._poller.unregister(fd)
+            del self._watched[fd]
+
+    def _pipes_ready(self):
+        """The channels with tasks out whose pipe holds a result (or the
+        worker's end) now."""
+        watched = self._watched
+        return [watched[fd][0] for fd, _ in self._poller.poll(0) if watched[fd][1]]
+
     def _receive(self, deadline):
-        waiting = [c for c in self.channels if c.outstanding]
-        handles = [c.conn for c in waiting] + [c.process.sentinel for c in waiting]
-        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        ready = multiprocessing.connection.wait(handles, remaining)
-        if not ready:
-            raise TimeoutError
+        if deadline is None:
+            events = self._poller.poll()
+        else:
+            while True:  # in ms, rounded up as multiprocessing.connection.wait rounds it
+                events = self._poller.poll(
+                    math.ceil(max(0.0, deadline - time.monotonic()) * 1e3))
+                if events:
+                    break
+                if time.monotonic() >= deadline:
+                    raise TimeoutError
         try:
-            self._take(waiting, ready)
+            self._take(events)
         except BaseException as error:
             # Whatever failed (a dead worker, a mapping or an unpickling
             # refused), a message may have been read whose task is still
@@ -738,16 +793,25 @@ class ProcessWorkers:
         if self.page_locking is not None:
             self.page_locking.report()  # after _take: a warning turned error loses nothing
 
-    def _take(self, waiting, ready):
-        for channel in waiting:
-            if channel.conn in ready or channel.conn.poll():
+    def _take(self, events):
+        ready = {}  # channel id -> whether its pipe is readable (else its worker ended)
+        for fd, _ in events:
+            channel, pipe = self._watched[fd]
+            ready[channel.id] = ready.get(channel.id, False) or pipe
+        for channel in self.channels:  # in worker order
+            if channel.id not in ready:
+                continue
+            # A worker that ended may have written a result first.
+            if ready[channel.id] or _readable(channel):
                 task, outcome, value = channel.receive(self.to_output, self.on_report,
                                                        self.on_times)
                 del self.owner[task]
+                if channel.outstanding == 0:
+                    self._unwatch(channel)
                 if outcome == _C.JOB_RETIRE:
                     channel.live = False
                 self.results[task] = (outcome, channel.id, value)
-            elif channel.process.sentinel in ready:
+            else:
                 channel.process.join()
                 raise RuntimeError(channel.death())
 
@@ -777,6 +841,8 @@ class ProcessWorkers:
         `grace` seconds.  Returns the workers left running: none (the thread
         engine's close returns its stuck threads)."""
         self.closed = True
+        self._poller = select.poll()  # the channels' descriptors close below
+        self._watched = {}
         finalizer = getattr(self, "_finalizer", None)
         if finalizer is not None and finalizer.alive:
             finalizer.detach()
