@@ -172,21 +172,22 @@ def test_a_released_slot_goes_back_only_after_its_fence(fake_driver):  # noqa: F
         it = iter(loader)
         (channel,) = channels(it)
         returned = []
-        real_send = channel.conn.send
+        real_send = channel.conn.send_bytes
 
-        def checked_send(message):
+        def checked_send(data):
             # Every slot handed back must be safe to overwrite: the small
             # slots lie in one arena, and each released slot has its own
             # fence in the arena's registration.
+            message = __import__("pickle").loads(data)  # a request
             if message is not None:
                 if message[2]:
                     (registration,) = channel.maps.values()
                     for slot_id in message[2]:
                         assert registration.fence_done(slot_id), (slot_id, message[2])
                 returned.extend(message[2])
-            real_send(message)
+            real_send(data)
 
-        channel.conn.send = checked_send
+        channel.conn.send_bytes = checked_send
         _fake.fake_cuda_hold_events(1)  # the GPU is busy: fences stay pending
         for x, y in it:
             check_batch(x, y)

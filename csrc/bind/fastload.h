@@ -14,7 +14,8 @@
  *                   it on any thread, wrapped or raised with it), collate.c
  *                   (GIL-free collation of NumPy-compatible samples into a slot)
  *   memory/         slot_pool.c (SlotPool and SlotOwner: batch memory and its
- *                   lifetime; shared slots)
+ *                   lifetime; shared slots; SlotReturns and MappedSlotOwner:
+ *                   a worker process's slots in the parent)
  *   image/          image_plan.c (reading a transform plan; transform_image();
  *                   the calling thread's image worker), mixing.c (MixUp/CutMix
  *                   plans and batches)
@@ -55,6 +56,8 @@
 typedef struct fastload_state {
     PyTypeObject *SlotPool_type;
     PyTypeObject *SlotOwner_type;
+    PyTypeObject *SlotReturns_type;
+    PyTypeObject *MappedSlotOwner_type;
     PyTypeObject *Engine_type;
     PyTypeObject *Timers_type;
     PyTypeObject *ImageSource_type;
@@ -123,6 +126,10 @@ typedef struct SlotOwnerObject {
 
 extern PyType_Spec fl__SlotPool_spec;
 extern PyType_Spec fl__SlotOwner_spec;
+/* The parent's side of process workers: a channel's return list and the
+ * owner of a worker's slot as the parent maps it (see slot_pool.c). */
+extern PyType_Spec fl__SlotReturns_spec;
+extern PyType_Spec fl__MappedSlotOwner_spec;
 
 /* Takes a slot of at least `bytes` from `pool` (a SlotPool) with the GIL
  * released.  Returns 0, or -1 with an exception set (fl__raise_slot_error). */
@@ -433,6 +440,17 @@ PyObject *fl__DeviceArray_new(fastload_state *state, fl_slot *slot, int device,
 /* cuda/host_register.c: makes the HostRegistration type (fastload.loader.process_engine keeps
  * it; only process workers with pin_memory=True need it). */
 PyObject *fl__host_registration_type(PyObject *module, PyObject *unused);
+/* Whether `obj` is a HostRegistration (of any type host_registration_type made). */
+int fl__is_host_registration(PyObject *obj);
+/* The release fence of slot `key` of `registration` (a HostRegistration):
+ * records it on the legacy default stream (GIL released; waits for that
+ * stream when no event can be recorded); reports whether the work queued
+ * before it is done (1, 0, or -1 with an exception set); waits for it (GIL
+ * released; 0, or -1 with an exception set).  With no driver (a forked
+ * child) nothing can be queued: done at once. */
+void fl__host_registration_fence(PyObject *registration, uint64_t key);
+int fl__host_registration_fence_done(PyObject *registration, uint64_t key);
+int fl__host_registration_wait_fence(PyObject *registration, uint64_t key);
 
 /* observe/stats_type.c */
 struct fl_stats;

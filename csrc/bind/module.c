@@ -134,6 +134,8 @@ static int module_exec(PyObject *module)
     fastload_state *state = fl__state_of_module(module);
     if (add_type(module, &fl__SlotPool_spec, NULL, &state->SlotPool_type) < 0 ||
         add_type(module, &fl__SlotOwner_spec, NULL, &state->SlotOwner_type) < 0 ||
+        add_type(module, &fl__SlotReturns_spec, NULL, &state->SlotReturns_type) < 0 ||
+        add_type(module, &fl__MappedSlotOwner_spec, NULL, &state->MappedSlotOwner_type) < 0 ||
         add_type(module, &fl__Engine_spec, NULL, &state->Engine_type) < 0 ||
         add_type(module, &fl__Timers_spec, NULL, &state->Timers_type) < 0 ||
         add_type(module, &fl__ImageSource_spec, NULL, &state->ImageSource_type) < 0 ||
@@ -164,6 +166,8 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     fastload_state *state = fl__state_of_module(module);
     Py_VISIT(state->SlotPool_type);
     Py_VISIT(state->SlotOwner_type);
+    Py_VISIT(state->SlotReturns_type);
+    Py_VISIT(state->MappedSlotOwner_type);
     Py_VISIT(state->Engine_type);
     Py_VISIT(state->Timers_type);
     Py_VISIT(state->ImageSource_type);
@@ -184,6 +188,8 @@ static int module_clear(PyObject *module)
     fastload_state *state = fl__state_of_module(module);
     Py_CLEAR(state->SlotPool_type);
     Py_CLEAR(state->SlotOwner_type);
+    Py_CLEAR(state->SlotReturns_type);
+    Py_CLEAR(state->MappedSlotOwner_type);
     Py_CLEAR(state->Engine_type);
     Py_CLEAR(state->Timers_type);
     Py_CLEAR(state->ImageSource_type);

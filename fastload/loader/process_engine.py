@@ -10,10 +10,14 @@ fastload's worker collates (C collation or a native dataset's batch
 function) into slots of its own ``SlotPool(memory="shared")``: each slot is
 a region of a memfd (an arena: small slots share one, a large slot has its
 own; csrc/core/memory/shm.h) the parent maps once, when it first sees it, and wraps
-as NumPy or torch without a copy.  The batch's arrays keep their slot; when
-the parent drops the last of them, the slot's id goes back to its worker with
-the next request, and the worker reuses it.  So batches the loop keeps alive
-cost memory, and descriptors only per arena.
+as NumPy or torch without a copy.  The batch's arrays keep their slot as the
+thread engine's arrays keep theirs: their NumPy base is a C owner
+(``_C.MappedSlotOwner``, the sibling of ``SlotOwner`` in
+csrc/bind/memory/slot_pool.c) whose dealloc, when the parent drops the last
+of them, puts the slot's id on its channel's C return list
+(``_C.SlotReturns``); the id goes back to its worker with the next request,
+and the worker reuses it.  No Python code runs per slot.  So batches the loop
+keeps alive cost memory, and descriptors only per arena.
 
 Messages, per worker, over one duplex pipe (a Unix socket pair):
 
@@ -35,7 +39,10 @@ most ``num_workers * prefetch_factor`` tasks out, one new task per result,
 and an iterable worker that reports its end gets no more tasks.  Like the
 thread engine, only workers ``[0, active)`` get new tasks (the autotuner
 moves that bound); a worker process starts when it first becomes active, so
-workers the autotuner never uses cost nothing.
+workers the autotuner never uses cost nothing.  The parent waits on one
+long-lived ``select.poll`` object holding the pipe and the process sentinel
+of each worker with tasks out, so a dead worker is seen as soon as the loop
+waits for it, and nothing is built per wait.
 
 With ``pin_memory=True`` and fastload's CUDA driver, the parent page-locks
 each arena mapping in place, whole, when it first maps it (``PageLocking``),
@@ -45,15 +52,17 @@ once the copies queued from it before its release are done (its own fence).
 
 import array
 import collections
+import copyreg
 import ctypes
 import errno
 import importlib
 import io
+import math
 import multiprocessing
-import multiprocessing.connection
 import os
 import pickle
 import random
+import select
 import signal
 import mmap
 import socket
@@ -290,9 +299,9 @@ class PageLocking:
     stopped) and no array is left over it, and just before it is unmapped.
 
     A batch the loop drops may still be read by a non-blocking copy queued on
-    the GPU, so its slot is fenced on release (an event of its own, from the
-    registration's pool) and returned to its worker only once that fence is
-    done (``_Channel.send``).  A mapping the driver refuses
+    the GPU, so its slot's owner records the slot's fence as it dies (an
+    event of its own, from the registration's pool, in C) and the slot is
+    returned to its worker only once that fence is done (``_Channel.send``).  A mapping the driver refuses
     stays pageable, and the first refusal is reported once.
     """
 
@@ -319,24 +328,6 @@ class PageLocking:
                 f"pin_memory=True: fastload could not page-lock {self.failure}; batches in "
                 "such slots stay in pageable memory (torch pins them, when it has an "
                 "accelerator)", RuntimeWarning, stacklevel=4)
-
-
-def _release(channel, slot_id):
-    """The last array over a slot is gone: it goes back to its worker with
-    the next request (none once the worker is stopped)."""
-    channel.held -= 1
-    if not channel.closed:
-        channel.freed.append(slot_id)
-
-
-def _release_fenced(channel, registration, slot_id):
-    """The last array over a page-locked slot is gone: fence it (its own
-    event, keyed by its id) against the copies queued so far, then let it go
-    back to its worker."""
-    registration.release_fence(slot_id)
-    if not channel.closed:
-        channel.fence_of[slot_id] = registration
-    _release(channel, slot_id)
 
 
 def _out_of_files(error):
@@ -380,8 +371,10 @@ def _receive_fds(sock, count, worker_id):
 
 
 class _Channel:
-    """The parent's end of one worker: its process, pipe, and the slots it
-    has mapped from that worker."""
+    """The parent's end of one worker: its process, pipe, the arenas it has
+    mapped from that worker, and the return list of their slots
+    (``_C.SlotReturns``: the ids of slots whose last array died, handed back
+    with the next request)."""
 
     def __init__(self, context, worker_id, plan, max_free_slots, page_locking=None):
         self.id = worker_id
@@ -400,6 +393,8 @@ class _Channel:
         try:
             self.process.start()
             self.sock = socket.socket(fileno=os.dup(parent_end.fileno()))
+            self.fd = parent_end.fileno()        # the pipe, as ProcessWorkers polls it
+            self.sentinel = self.process.sentinel  # ready once the worker has exited
         except Exception as error:
             if self.process.pid is not None:
                 self.process.kill()
@@ -414,54 +409,75 @@ class _Channel:
             child_end.close()
         self.maps = {}                       # arena id -> mmap (or HostRegistration of it)
         self.locked = {}                     # arena id -> (start, end) of page-locked ones
-        self.freed = collections.deque()     # slot ids released by the parent
-        self.fenced = collections.deque()    # released, their fence pending at the last send
-        self.fence_of = {}                   # released page-locked slot id -> its registration
-        self.held = 0                        # slots with live arrays here (for messages)
+        self.returns = _C.SlotReturns()      # the slots released here, for the worker
+        # Page-locked slots whose fence is pending that may wait for a later
+        # request (_returnable).
+        self.max_waiting = sys.maxsize if page_locking is None else page_locking.max_waiting
         self.outstanding = 0                 # tasks sent and not answered
         self.live = True                     # False once its iterable ended
         self.closed = False                  # close() ran: slots go back to no one
+        self._buffer = io.BytesIO()          # the requests' pickler and its buffer,
+        self._pickler = None                 # kept (_pickle)
+        self._reducers = None                # the reducer tables the pickler copied
+
+    @property
+    def held(self):
+        """Slots with live arrays here (for messages)."""
+        return self.returns.held
+
+    @property
+    def freed(self):
+        """Ids of the slots released since the last request, oldest first."""
+        return self.returns.freed
+
+    @property
+    def fenced(self):
+        """Ids of released page-locked slots kept at the last request: their
+        fence was pending."""
+        return self.returns.fenced
+
+    @property
+    def fence_of(self):
+        """{slot id: its HostRegistration} of the released page-locked slots
+        not yet handed back."""
+        return self.returns.fence_of
 
     def send(self, task, request):
-        freed = self._returnable()
+        data = self._pickle((task, request, self._returnable()))
         try:
-            self.conn.send((task, request, freed))
+            self.conn.send_bytes(data)
         except OSError:
             self.process.join(_JOIN_SECONDS)
             raise RuntimeError(self.death()) from None
         self.outstanding += 1
 
+    def _pickle(self, message):
+        """`message` pickled as ``Connection.send`` pickles it (ForkingPickler,
+        default protocol), by one pickler kept for the channel: making a
+        ForkingPickler copies the reducer tables, most of a request's cost.
+        It is made again when reducers were registered since (torch registers
+        its own as torch.multiprocessing is imported)."""
+        reducers = len(ForkingPickler._extra_reducers) + len(copyreg.dispatch_table)
+        if reducers != self._reducers:
+            self._pickler = ForkingPickler(self._buffer)
+            self._reducers = reducers
+        buffer, pickler = self._buffer, self._pickler
+        buffer.seek(0)
+        buffer.truncate()
+        try:
+            pickler.dump(message)
+        finally:
+            pickler.clear_memo()  # keeps nothing of the message alive
+        return buffer.getvalue()
+
     def _returnable(self):
-        """The released slot ids to hand back with the next request.  A
-        page-locked slot whose fence is pending may still be read by a queued
-        copy: its id waits for a later request, and the worker fills another
-        slot meanwhile.  Only past `max_waiting` such ids is the oldest waited
-        for here, so a GPU far behind cannot grow the worker's pool without
-        bound."""
-        if self.page_locking is None:
-            freed = []
-            while self.freed:
-                freed.append(self.freed.popleft())
-            return freed
-        waiting = self.fenced
-        while self.freed:
-            waiting.append(self.freed.popleft())
-        ready = []
-        for _ in range(len(waiting)):
-            slot_id = waiting.popleft()
-            registration = self.fence_of.get(slot_id)
-            if registration is not None and not registration.fence_done(slot_id):
-                waiting.append(slot_id)
-            else:
-                self.fence_of.pop(slot_id, None)
-                ready.append(slot_id)
-        while len(waiting) > self.page_locking.max_waiting:
-            slot_id = waiting.popleft()
-            registration = self.fence_of.pop(slot_id, None)
-            if registration is not None:
-                registration.wait_fence(slot_id)
-            ready.append(slot_id)
-        return ready
+        """The released slot ids to hand back with the next request, taken
+        off the return list.  A page-locked slot whose fence is pending may
+        still be read by a queued copy: its id waits for a later request, and
+        the worker fills another slot meanwhile.  Only past `max_waiting`
+        such ids is the oldest waited for here, so a GPU far behind cannot
+        grow the worker's pool without bound (SlotReturns.take)."""
+        return self.returns.take(self.max_waiting)
 
     def death(self):
         return (f"DataLoader worker (pid {self.process.pid}) {_describe_exit(self.process)}. "
@@ -526,13 +542,13 @@ class _Channel:
             self.process.join()
         self.conn.close()
         self.sock.close()
-        # Live batches keep their own mappings; the others are unregistered
-        # (after their fences) and unmapped here.  (Live batches' finalizers
-        # keep this channel: nothing of the mappings may stay in it.)
+        # Live batches keep their own mappings (their slots' owners hold
+        # them); the others are unregistered (after their fences) and
+        # unmapped here.  Live batches' owners keep the return list, closed
+        # now: their slots go back to no one.
         self.closed = True
         self.locked.clear()
-        self.fence_of.clear()
-        self.fenced.clear()
+        self.returns.close()
         self.maps.clear()
 
 
@@ -543,28 +559,22 @@ class _SlotUnpickler(pickle.Unpickler):
 
     def __init__(self, file, channel, to_output):
         super().__init__(file)
-        self.channel = channel
+        self.returns = channel.returns
+        self.maps = channel.maps
         self.to_output = to_output
-        self.roots = {}
+        self.owners = {}
 
     def persistent_load(self, pid):
         arena_id, slot_id, slot_offset, slot_bytes, offset, dtype, shape, strides = pid
-        root = self.roots.get(slot_id)
-        if root is None:
-            # One root array per slot per batch: every array of the batch is
-            # a view of it (NumPy makes the root their base), so the root
-            # dies with the last of them.  The slot is its region of the
-            # arena the worker carved it from.
-            channel = self.channel
-            mapping = channel.maps[arena_id]
-            root = self.roots[slot_id] = np.frombuffer(mapping, np.uint8, slot_bytes,
-                                                       slot_offset)
-            channel.held += 1
-            if type(mapping) is HostRegistration:
-                weakref.finalize(root, _release_fenced, channel, mapping, slot_id)
-            else:
-                weakref.finalize(root, _release, channel, slot_id)
-        array = np.ndarray(shape, dtype, buffer=root, offset=offset, strides=strides)
+        owner = self.owners.get(slot_id)
+        if owner is None:
+            # One owner per slot per batch, the NumPy base of every array of
+            # the batch over that slot (its region of the arena the worker
+            # carved it from): it dies with the last of them, and its dealloc
+            # hands the slot back (fenced first when page-locked).
+            owner = self.owners[slot_id] = self.returns.own(
+                self.maps[arena_id], slot_id, slot_offset, slot_bytes)
+        array = owner.array(offset, dtype, shape, strides)
         return array if self.to_output is None else self.to_output(array)
 
 
@@ -618,6 +628,11 @@ class ProcessWorkers:
         self._plan = plan
         self._context = context
         self.channels = []  # the workers started so far: ids 0..len-1
+        # The pipes and sentinels of the workers with tasks out, polled by
+        # one long-lived poll object (registered as a worker's first task
+        # goes out, unregistered as its last answer comes in).
+        self._poller = select.poll()
+        self._watched = {}  # fd -> (channel, whether it is the pipe, not the sentinel)
         self._active = 0
         self.closed = False
         self.broken = False  # a worker died or a result was lost: no other epoch here
@@ -680,10 +695,9 @@ class ProcessWorkers:
         if self.in_order:
             deliverable = self.delivered in self.results
             if not deliverable and self.delivered in self.owner:
-                deliverable = _readable(self.channels[self.owner[self.delivered]])
+                deliverable = self.channels[self.owner[self.delivered]] in self._pipes_ready()
         else:
-            deliverable = bool(self.results) or any(
-                _readable(channel) for channel in self.channels if channel.outstanding)
+            deliverable = bool(self.results) or bool(self._pipes_ready())
         idle_at_cap = (not deliverable and in_flight >= self.max_in_flight
                        and any(c.live and c.outstanding == 0
                                for c in self.channels[:self._active]))
@@ -711,6 +725,8 @@ class ProcessWorkers:
         except RuntimeError:
             self.broken = True
             raise
+        if channel.outstanding == 1:
+            self._watch(channel)
         self.owner[self.sent] = channel.id
         self.sent += 1
         return True
@@ -736,15 +752,35 @@ class ProcessWorkers:
                 return None
             self._receive(deadline)
 
+    def _watch(self, channel):
+        for fd, pipe in ((channel.fd, True), (channel.sentinel, False)):
+            self._poller.register(fd, select.POLLIN)
+            self._watched[fd] = (channel, pipe)
+
+    def _unwatch(self, channel):
+        for fd in (channel.fd, channel.sentinel):
+            self._poller.unregister(fd)
+            del self._watched[fd]
+
+    def _pipes_ready(self):
+        """The channels with tasks out whose pipe holds a result (or the
+        worker's end) now."""
+        watched = self._watched
+        return [watched[fd][0] for fd, _ in self._poller.poll(0) if watched[fd][1]]
+
     def _receive(self, deadline):
-        waiting = [c for c in self.channels if c.outstanding]
-        handles = [c.conn for c in waiting] + [c.process.sentinel for c in waiting]
-        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        ready = multiprocessing.connection.wait(handles, remaining)
-        if not ready:
-            raise TimeoutError
+        if deadline is None:
+            events = self._poller.poll()
+        else:
+            while True:  # in ms, rounded up as multiprocessing.connection.wait rounds it
+                events = self._poller.poll(
+                    math.ceil(max(0.0, deadline - time.monotonic()) * 1e3))
+                if events:
+                    break
+                if time.monotonic() >= deadline:
+                    raise TimeoutError
         try:
-            self._take(waiting, ready)
+            self._take(events)
         except BaseException as error:
             # Whatever failed (a dead worker, a mapping or an unpickling
             # refused), a message may have been read whose task is still
@@ -757,16 +793,25 @@ class ProcessWorkers:
         if self.page_locking is not None:
             self.page_locking.report()  # after _take: a warning turned error loses nothing
 
-    def _take(self, waiting, ready):
-        for channel in waiting:
-            if channel.conn in ready or channel.conn.poll():
+    def _take(self, events):
+        ready = {}  # channel id -> whether its pipe is readable (else its worker ended)
+        for fd, _ in events:
+            channel, pipe = self._watched[fd]
+            ready[channel.id] = ready.get(channel.id, False) or pipe
+        for channel in self.channels:  # in worker order
+            if channel.id not in ready:
+                continue
+            # A worker that ended may have written a result first.
+            if ready[channel.id] or _readable(channel):
                 task, outcome, value = channel.receive(self.to_output, self.on_report,
                                                        self.on_times)
                 del self.owner[task]
+                if channel.outstanding == 0:
+                    self._unwatch(channel)
                 if outcome == _C.JOB_RETIRE:
                     channel.live = False
                 self.results[task] = (outcome, channel.id, value)
-            elif channel.process.sentinel in ready:
+            else:
                 channel.process.join()
                 raise RuntimeError(channel.death())
 
@@ -796,6 +841,8 @@ class ProcessWorkers:
         `grace` seconds.  Returns the workers left running: none (the thread
         engine's close returns its stuck threads)."""
         self.closed = True
+        self._poller = select.poll()  # the channels' descriptors close below
+        self._watched = {}
         finalizer = getattr(self, "_finalizer", None)
         if finalizer is not None and finalizer.alive:
             finalizer.detach()

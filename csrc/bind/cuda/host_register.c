@@ -9,6 +9,13 @@
  * while it is registered; the arrays hold the registration, so it is
  * unregistered only when the parent has dropped its mapping and the last
  * array over it is gone, and just before the mapping itself goes.
+ *
+ * Each slot of the memory has its own release fence.  The owner of a batch's
+ * slot (memory/slot_pool.c's MappedSlotOwner) records it through
+ * fl__host_registration_fence as the last array over the slot dies, and the
+ * channel's return list (SlotReturns) asks fl__host_registration_fence_done
+ * before the slot goes back to its worker; the methods below are the same
+ * calls for Python (tests).
  */
 #include "bind/fastload.h"
 
@@ -103,56 +110,95 @@ static int HostRegistration_getbuffer(HostRegistrationObject *self, Py_buffer *v
     return PyBuffer_FillInfo(view, (PyObject *)self, self->view.buf, self->view.len, 0, flags);
 }
 
-static PyObject *HostRegistration_release_fence(HostRegistrationObject *self, PyObject *arg)
+/* ---------------------------------------------- release fences, from C */
+
+int fl__is_host_registration(PyObject *obj)
 {
-    unsigned long long key = PyLong_AsUnsignedLongLong(arg);
-    if (key == (unsigned long long)-1 && PyErr_Occurred())
-        return NULL;
-    const fl_cuda *cuda = fl_cuda_get(NULL);
-    if (cuda) {
-        Py_BEGIN_ALLOW_THREADS /* waits for the default stream if no event can be recorded */
-        fl_cuda_host_fence(cuda, &self->range, (uint64_t)key);
-        Py_END_ALLOW_THREADS
-    }
-    Py_RETURN_NONE;
+    /* The type is made per host_registration_type() call: its dealloc, not
+     * its identity, says what it is. */
+    return Py_TYPE(obj)->tp_dealloc == (destructor)HostRegistration_dealloc;
 }
 
-static PyObject *HostRegistration_fence_done(HostRegistrationObject *self, PyObject *arg)
+void fl__host_registration_fence(PyObject *registration, uint64_t key)
 {
-    unsigned long long key = PyLong_AsUnsignedLongLong(arg);
-    if (key == (unsigned long long)-1 && PyErr_Occurred())
-        return NULL;
     const fl_cuda *cuda = fl_cuda_get(NULL);
     if (!cuda)
-        Py_RETURN_TRUE; /* a forked child: nothing of its own can be queued */
-    fl_cu_result rc = fl_cuda_host_fence_query(cuda, &self->range, (uint64_t)key);
+        return; /* a forked child: nothing of its own can be queued */
+    HostRegistrationObject *self = (HostRegistrationObject *)registration;
+    Py_BEGIN_ALLOW_THREADS /* waits for the default stream if no event can be recorded */
+    fl_cuda_host_fence(cuda, &self->range, key);
+    Py_END_ALLOW_THREADS
+}
+
+int fl__host_registration_fence_done(PyObject *registration, uint64_t key)
+{
+    const fl_cuda *cuda = fl_cuda_get(NULL);
+    if (!cuda)
+        return 1;
+    HostRegistrationObject *self = (HostRegistrationObject *)registration;
+    fl_cu_result rc = fl_cuda_host_fence_query(cuda, &self->range, key);
     if (rc == FL_CU_ERROR_NOT_READY)
-        Py_RETURN_FALSE;
+        return 0;
     if (rc != 0) {
         fl__cuda_raise(cuda, rc, "cuEventQuery (a batch slot's release fence)",
                        self->range.ordinal);
-        return NULL;
+        return -1;
     }
-    Py_RETURN_TRUE;
+    return 1;
 }
 
-static PyObject *HostRegistration_wait_fence(HostRegistrationObject *self, PyObject *arg)
+int fl__host_registration_wait_fence(PyObject *registration, uint64_t key)
 {
-    unsigned long long key = PyLong_AsUnsignedLongLong(arg);
-    if (key == (unsigned long long)-1 && PyErr_Occurred())
-        return NULL;
     const fl_cuda *cuda = fl_cuda_get(NULL);
     if (!cuda)
-        Py_RETURN_NONE;
+        return 0;
+    HostRegistrationObject *self = (HostRegistrationObject *)registration;
     fl_cu_result rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = fl_cuda_host_fence_wait(cuda, &self->range, (uint64_t)key);
+    rc = fl_cuda_host_fence_wait(cuda, &self->range, key);
     Py_END_ALLOW_THREADS
     if (rc != 0) {
         fl__cuda_raise(cuda, rc, "cuEventSynchronize (a batch slot's release fence)",
                        self->range.ordinal);
-        return NULL;
+        return -1;
     }
+    return 0;
+}
+
+/* ----------------------------------------------------------- methods */
+
+static int key_of(PyObject *arg, uint64_t *key)
+{
+    unsigned long long value = PyLong_AsUnsignedLongLong(arg);
+    if (value == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    *key = (uint64_t)value;
+    return 0;
+}
+
+static PyObject *HostRegistration_release_fence(PyObject *self, PyObject *arg)
+{
+    uint64_t key;
+    if (key_of(arg, &key) < 0)
+        return NULL;
+    fl__host_registration_fence(self, key);
+    Py_RETURN_NONE;
+}
+
+static PyObject *HostRegistration_fence_done(PyObject *self, PyObject *arg)
+{
+    uint64_t key;
+    if (key_of(arg, &key) < 0)
+        return NULL;
+    int done = fl__host_registration_fence_done(self, key);
+    return done < 0 ? NULL : PyBool_FromLong(done);
+}
+
+static PyObject *HostRegistration_wait_fence(PyObject *self, PyObject *arg)
+{
+    uint64_t key;
+    if (key_of(arg, &key) < 0 || fl__host_registration_wait_fence(self, key) < 0)
+        return NULL;
     Py_RETURN_NONE;
 }
 
