@@ -113,7 +113,9 @@ fi
 
 echo "fastload: fuzzing each target for ${FUZZ_SECONDS:-30} s (libFuzzer, ASan + UBSan)"
 mkdir -p build
-if ! make -s -C fuzz fuzz FUZZ_SECONDS="${FUZZ_SECONDS:-30}" > build/fuzz.log 2>&1; then
+# -j: the targets' binaries are built side by side (they then run one after
+# the other, each for FUZZ_SECONDS).
+if ! make -s -j "$(nproc)" -C fuzz fuzz FUZZ_SECONDS="${FUZZ_SECONDS:-30}" > build/fuzz.log 2>&1; then
     tail -n 60 build/fuzz.log
     echo "fastload: the fuzzer failed or found a crash (the input is in fuzz/crashes)"
     exit 1
