@@ -10,6 +10,7 @@ FASTLOAD_SANITIZE=1 (or a list such as "address,undefined" or "thread")
 builds with the sanitizers, debug info and warnings as errors; the tests then
 run with the sanitizer runtime preloaded (see scripts/test.sh).
 """
+import concurrent.futures
 import glob
 import os
 import tempfile
@@ -43,13 +44,43 @@ def headers_missing_message(missing):
         "its own copies).")
 
 
+def compile_side_by_side(compiler):
+    """Makes ``compiler.compile`` run one compiler process per CPU: distutils
+    compiles an extension's sources one after another (its --parallel runs
+    extensions side by side, and there is one), and csrc/ has some 50 files.
+    The steps are distutils' own (CCompiler.compile), only spread over
+    threads; the first error is raised as it would be.  (Unix compilers
+    only: MSVC's class replaces compile() itself.)"""
+    if compiler.compiler_type != "unix":
+        return
+
+    def compile(sources, output_dir=None, macros=None, include_dirs=None, debug=False,
+                extra_preargs=None, extra_postargs=None, depends=None):
+        macros, objects, extra_postargs, pp_opts, build = compiler._setup_compile(
+            output_dir, macros, include_dirs, sources, depends, extra_postargs)
+        cc_args = compiler._get_cc_args(pp_opts, debug, extra_preargs)
+
+        def one(obj):
+            src, ext = build[obj]
+            compiler._compile(obj, src, ext, cc_args, extra_postargs, pp_opts)
+
+        # Objects not in `build` are up to date (distutils skips them too).
+        with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+            for done in pool.map(one, [obj for obj in objects if obj in build]):
+                pass
+        return objects
+
+    compiler.compile = compile
+
+
 class build_ext_checking_libraries(build_ext):
     """build_ext that first compiles each image library's header alone, so a
     missing one gives a message naming the package rather than a compiler
-    error deep in csrc/core/."""
+    error deep in csrc/core/; then the sources, side by side."""
 
     def build_extensions(self):
         self.check_headers()
+        compile_side_by_side(self.compiler)
         super().build_extensions()
 
     def check_headers(self):

@@ -22,7 +22,9 @@ def test_every_feed_trains_on_the_cpu(tmp_path):
     if pil_pipeline.torchvision_or_none() is None:
         pytest.skip("needs torchvision")
     args = argparse.Namespace(device="cpu", workers=1, data=str(tmp_path))
-    sizes = dict(train_bench.QUICK, steps=2)
+    # Each feed: one untimed batch (warm=0 plus one per worker), one timed;
+    # every batch is checked (shape, dtype, device) and trained on.
+    sizes = dict(train_bench.QUICK, warm=0, steps=1)
     workers, results = train_bench.run(args, sizes)
     assert workers == 1
     assert set(results) == {"ceiling", *train_bench.LOADERS}

@@ -96,6 +96,9 @@ if [ "${FASTLOAD_PARALLEL_PHASES:-0}" = 1 ]; then
     # installed wheel, the sanitizer run in the checkout), so with
     # FASTLOAD_PARALLEL_PHASES=1 they run side by side, each about one core:
     # every test then runs with both cores busy, which it must stand anyway.
+    # Not yet validated by a full run on a quiet machine, hence off by default:
+    # what it can trip is time, not state (each phase gets half the CPU against
+    # the `limit` above and the tests' own subprocess timeouts).
     echo "fastload: the sanitizer phase runs beside the wheel run (log: build/sanitize-phase.log)"
     sanitize_phase "$@" > build/sanitize-phase.log 2>&1 &
     sanitizer=$!
@@ -113,7 +116,9 @@ fi
 
 echo "fastload: fuzzing each target for ${FUZZ_SECONDS:-30} s (libFuzzer, ASan + UBSan)"
 mkdir -p build
-if ! make -s -C fuzz fuzz FUZZ_SECONDS="${FUZZ_SECONDS:-30}" > build/fuzz.log 2>&1; then
+# -j: the targets' binaries are built side by side (they then run one after
+# the other, each for FUZZ_SECONDS).
+if ! make -s -j "$(nproc)" -C fuzz fuzz FUZZ_SECONDS="${FUZZ_SECONDS:-30}" > build/fuzz.log 2>&1; then
     tail -n 60 build/fuzz.log
     echo "fastload: the fuzzer failed or found a crash (the input is in fuzz/crashes)"
     exit 1

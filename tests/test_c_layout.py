@@ -16,11 +16,20 @@
   docstrings) sit in testing.c, none among module.c's production functions.
 """
 
+import os
 import pathlib
 import re
 
+import pytest
+
 from graphs import find_cycle
 from test_cpylint import blank_comments_and_literals, function_bodies
+
+# Reads source files and runs no C: nothing for the sanitizer run
+# (scripts/test.sh sets FASTLOAD_SANITIZER_RUN) to check.
+pytestmark = pytest.mark.skipif(bool(os.environ.get("FASTLOAD_SANITIZER_RUN")),
+                                reason="reads source files only: no C runs (sanitizer run)")
+
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CSRC = ROOT / "csrc"

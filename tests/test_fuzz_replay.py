@@ -2,6 +2,7 @@
 fuzz/crashes) through the fuzz targets, built with the sanitizers: a fixed
 bug stays fixed.  fuzz/Makefile runs the fuzzers themselves."""
 
+import concurrent.futures
 import os
 import pathlib
 import re
@@ -41,14 +42,41 @@ pytestmark = [
 ]
 
 
+FLAGS = ["-std=c11", "-g", "-O1", "-Icsrc", "-Wall", "-Wextra", "-Werror",
+         "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"]
+
+
+def _compile(sources, outdir):
+    """Each source compiled to an object of its own, side by side (one
+    compiler per CPU): the objects, and the failed compilers' stderr."""
+    jobs = [(src, outdir / (src.replace("/", "_")[:-2] + ".o")) for src in sources]
+
+    def one(job):
+        src, obj = job
+        return subprocess.run([CC, *FLAGS, "-c", src, "-o", str(obj)], cwd=ROOT,
+                              capture_output=True, text=True)
+
+    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        results = list(pool.map(one, jobs))
+    return [obj for _, obj in jobs], "".join(r.stderr for r in results if r.returncode)
+
+
+@pytest.fixture(scope="module")
+def shared_objects(tmp_path_factory):
+    """The core and the replay driver, which every target links: compiled
+    once for all targets."""
+    return _compile([*CORE, "fuzz/replay.c"], tmp_path_factory.mktemp("fuzz_objects"))
+
+
 @pytest.mark.parametrize("target", TARGETS)
-def test_replay_corpus_and_crashes(tmp_path, target):
+def test_replay_corpus_and_crashes(tmp_path, target, shared_objects):
     exe = tmp_path / f"replay_{target}"
+    objects, errors = shared_objects
+    assert not errors, errors
+    (target_object,), errors = _compile([f"fuzz/fuzz_{target}.c"], tmp_path)
+    assert not errors, errors
     build = subprocess.run(
-        [CC, "-std=c11", "-g", "-O1", "-Icsrc", "-Wall", "-Wextra", "-Werror",
-         "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",
-         f"fuzz/fuzz_{target}.c", "fuzz/replay.c", *CORE, *LIBS,
-         "-o", str(exe)],
+        [CC, *FLAGS, str(target_object), *map(str, objects), *LIBS, "-o", str(exe)],
         cwd=ROOT, capture_output=True, text=True)
     assert build.returncode == 0, build.stderr
     inputs = [str(FUZZ / "corpus" / target)]

@@ -7,6 +7,8 @@ two loaders (or torch.manual_seed(s) before each loader for the global RNG), and
 check_parity also asserts that both loaders consumed the RNG identically.
 """
 
+import os
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -34,8 +36,23 @@ from fl_helpers import (  # noqa: E402
 @pytest.fixture(autouse=True, params=["process", "thread"])
 def worker_mode(request, monkeypatch):
     """Every case runs with fastload's worker processes and its threads."""
+    if (request.param == "process" and os.environ.get("FASTLOAD_SANITIZER_RUN")
+            and _without_workers(request)):
+        # worker_mode reaches only loaders with workers (fl_helpers.run_loader):
+        # this case would repeat its "thread" run exactly.  The plain run runs both.
+        pytest.skip("no workers: the same run as the thread case (sanitizer run)")
     monkeypatch.setattr(fl_helpers, "WORKER_MODE", request.param)
     return request.param
+
+
+# Tests whose loaders never have workers (no num_workers parameter).
+_NO_WORKER_TESTS = {"test_map_dataset_parity"}
+
+
+def _without_workers(request):
+    params = getattr(request.node, "callspec", None)
+    params = params.params if params is not None else {}
+    return request.function.__name__ in _NO_WORKER_TESTS or params.get("num_workers", -1) == 0
 
 
 BATCH_CFGS = [

@@ -67,7 +67,7 @@ typedef struct fastload_state {
     PyTypeObject *CudaStream_type;
     PyTypeObject *CudaEvent_type;
     PyTypeObject *DeviceArray_type;
-    PyObject *tensor_type; /* torch.Tensor once registered, else NULL */
+    PyObject *tensor_type; /* torch.Tensor once a collate has found torch imported, else NULL */
     PyTypeObject *SampleCache_type;
     PyTypeObject *LMDBRows_type;
 } fastload_state;
@@ -262,7 +262,6 @@ PyObject *fl__native_batch_method(PyObject *source, PyObject *const *args, Py_ss
 
 /* engine/collate.c */
 PyObject *fl__collate(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-PyObject *fl__set_tensor_type(PyObject *module, PyObject *type);
 
 /* engine/engine_type.c */
 extern PyType_Spec fl__Engine_spec;

@@ -32,8 +32,6 @@ static PyMethodDef module_methods[] = {
      "host_registration_type()\n--\n\n"
      "Makes the HostRegistration type: a buffer page-locked in place by the\n"
      "CUDA driver (see its doc)."},
-    {"set_tensor_type", (PyCFunction)fl__set_tensor_type, METH_O,
-     "set_tensor_type(type, /)\n--\n\nRegisters torch.Tensor so collate() can read tensors."},
     {"yield_to_consumer", (PyCFunction)fl__yield_to_consumer, METH_NOARGS,
      "yield_to_consumer()\n--\n\n"
      "On a worker: lets a consumer that waits for the GIL with a batch in hand\n"

@@ -41,7 +41,7 @@ class _TorchBackend:
                 "Batches of nested tensors are not currently supported by the default "
                 "collate_fn; please provide a custom collate_fn to handle them appropriately."
             )
-        if elem.layout in _SPARSE_LAYOUTS:
+        if elem.layout in _sparse_layouts():
             raise RuntimeError(
                 "Batches of sparse tensors are not currently supported by the default "
                 "collate_fn; please provide a custom collate_fn to handle them appropriately."
@@ -110,9 +110,9 @@ def _numpy_of(x):
     return x.numpy() if is_tensor(x) else np.asarray(x)
 
 
-_SPARSE_LAYOUTS = ()
-if torch is not None:
-    _SPARSE_LAYOUTS = (
+def _sparse_layouts():
+    # Read when a tensor is stacked, torch imported by then (fastload/_torch.py).
+    return (
         torch.sparse_coo,
         torch.sparse_csr,
         torch.sparse_bsr,
@@ -120,11 +120,9 @@ if torch is not None:
         torch.sparse_bsc,
     )
 
+
 TORCH = _TorchBackend() if torch is not None else None
 NUMPY = _NumpyBackend()
-
-if torch is not None:
-    _C.set_tensor_type(torch.Tensor)  # lets _C.collate read tensor samples
 
 
 def backend_for(output):

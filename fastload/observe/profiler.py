@@ -32,6 +32,7 @@ import gzip
 import json
 import os
 import socket
+import sys
 import time
 
 from .. import _C
@@ -49,12 +50,11 @@ _NOTHING = contextlib.nullcontext()
 _offset_ns = None
 
 
-_autograd_profiler = torch.autograd.profiler if torch is not None else None
-
-
 def torch_profiling():
-    """Whether a torch.profiler (or autograd profiler) records now."""
-    return getattr(_autograd_profiler, "_is_profiler_enabled", False)
+    """Whether a torch.profiler (or autograd profiler) records now (none
+    can before torch's autograd profiler is imported: it is not imported
+    here for the asking)."""
+    return getattr(sys.modules.get("torch.autograd.profiler"), "_is_profiler_enabled", False)
 
 
 def sync():

@@ -12,10 +12,11 @@
  *                             scale, resampling what decodes; must not crash
  *                             or print, under ASan/UBSan included.  Prints
  *                             one summary line per file on stdout.
- *   jpeg_check bench FILE X Y W H OUT_W OUT_H
+ *   jpeg_check bench FILE X Y W H OUT_W OUT_H [ROUNDS]
  *                             times a full decode, a region decode at the
  *                             scale fl_jpeg_pick_scale picks, and the
- *                             resample of that region to OUT_W x OUT_H.
+ *                             resample of that region to OUT_W x OUT_H:
+ *                             the best of ROUNDS rounds (default 15).
  */
 #define _POSIX_C_SOURCE 200809L
 #include "core/image/jpeg.h"
@@ -438,10 +439,12 @@ static void run_resample(bench_ctx *b)
 }
 
 /* Best of 15 rounds of the mean of n calls, in milliseconds. */
+static int bench_rounds = 15; /* the best of this many timed rounds */
+
 static double time_ms(void (*op)(bench_ctx *), bench_ctx *b, int n)
 {
     double best = 1e30;
-    for (int round = 0; round < 15; round++) {
+    for (int round = 0; round < bench_rounds; round++) {
         double t0 = now();
         for (int i = 0; i < n; i++)
             op(b);
@@ -456,6 +459,8 @@ static int bench(int argc, char **argv)
 {
     if (argc < 9)
         return 2;
+    if (argc >= 10)
+        bench_rounds = atoi(argv[9]) > 0 ? atoi(argv[9]) : 1;
     bench_ctx b = {0};
     unsigned char *data = read_file(argv[2], &b.size);
     if (!data)
@@ -506,7 +511,7 @@ int main(int argc, char **argv)
     }
     if (argc >= 2 && strcmp(argv[1], "bench") == 0)
         return bench(argc, argv);
-    fprintf(stderr, "usage: jpeg_check fuzz [-n N] FILE... | bench FILE X Y W H OUT_W OUT_H\n");
+    fprintf(stderr, "usage: jpeg_check fuzz [-n N] FILE... | bench FILE X Y W H OUT_W OUT_H [ROUNDS]\n");
     return 2;
 }
 

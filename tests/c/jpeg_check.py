@@ -3,7 +3,7 @@ csrc/core/image/resample.c) against Pillow, through tests/c/jpeg_check.c.
 
     python3 tests/c/jpeg_check.py            # everything, -O3 build
     python3 tests/c/jpeg_check.py --asan     # everything under ASan + UBSan
-    python3 tests/c/jpeg_check.py --quick    # fewer images and cases
+    python3 tests/c/jpeg_check.py --quick    # fewer images and cases, one timing round
 
 Builds the harness into a temporary directory, generates photo-like JPEGs
 (Pillow's encoder, plus the harness's own for the sampling factors, restart
@@ -72,9 +72,12 @@ def build(outdir, sanitize, extra=()):
     flags = SAN if sanitize else ["-O3", "-fvisibility=hidden"]
     lib = outdir / ("libjpeg_check%s.so" % ("_asan" if sanitize else ""))
     exe = outdir / ("jpeg_check%s" % ("_asan" if sanitize else ""))
-    for target, more in ((lib, ["-fPIC", "-shared"]), (exe, ["-DFL_CHECK_MAIN"])):
-        cmd = [CC, *WARN, *flags, *extra, *more, *SOURCES, "-o", str(target), "-ljpeg", "-lm"]
-        subprocess.run(cmd, cwd=ROOT, check=True)
+    # The library and the program compiled side by side (two compilers).
+    compilers = [subprocess.Popen([CC, *WARN, *flags, *extra, *more, *SOURCES, "-o", str(target),
+                                   "-ljpeg", "-lm"], cwd=ROOT)
+                 for target, more in ((lib, ["-fPIC", "-shared"]), (exe, ["-DFL_CHECK_MAIN"]))]
+    for compiler in [c for c in compilers if c.wait() != 0]:
+        raise subprocess.CalledProcessError(compiler.returncode, compiler.args)
     return lib, exe
 
 
@@ -678,7 +681,16 @@ def check_pick_scale(lib):
     report("fl_jpeg_pick_scale", not bad, f"{len(cases)} cases" + (f"; {bad}" if bad else ""))
 
 
-def time_pillow(fn, n=20, rounds=15):
+# --quick times each operation once (every path still runs; the times it
+# prints are rough), the full run the best of 15 rounds.
+TIMING_ROUNDS = 15
+
+
+def time_pillow(fn, n=20, rounds=None):
+    if rounds is None:
+        rounds = TIMING_ROUNDS
+    if rounds == 1:
+        n = 1
     best = 1e9
     for _ in range(rounds):
         t0 = time.perf_counter()
@@ -700,7 +712,8 @@ def check_timing(lib, exe, outdir):
              pillow_jpeg(photo(1200, 900, 12), quality=90), (150, 120, 800, 600))):
         p = outdir / "bench.jpg"
         p.write_bytes(data)
-        run = subprocess.run([str(exe), "bench", str(p), *map(str, box), "224", "224"],
+        run = subprocess.run([str(exe), "bench", str(p), *map(str, box), "224", "224",
+                              str(TIMING_ROUNDS)],
                              capture_output=True, text=True, check=True)
         vals = dict(kv.split("=") for kv in run.stdout.split())
         x, y, w, h = box
@@ -747,7 +760,8 @@ def check_dct_methods(outdir):
     p.write_bytes(data)
     out = {}
     for tag, exe, lib in (("ISLOW", outdir / "jpeg_check", None), ("IFAST", exe_fast, lib_fast)):
-        run = subprocess.run([str(exe), "bench", str(p), "0", "0", "500", "375", "224", "224"],
+        run = subprocess.run([str(exe), "bench", str(p), "0", "0", "500", "375", "224", "224",
+                              str(TIMING_ROUNDS)],
                              capture_output=True, text=True, check=True)
         vals = dict(kv.split("=") for kv in run.stdout.split())
         out[tag] = vals["full_decode_ms"]
@@ -766,6 +780,9 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--skip-half", action="store_true")
     args = ap.parse_args()
+    global TIMING_ROUNDS
+    if args.quick:
+        TIMING_ROUNDS = 1
 
     if args.asan and "libasan" not in os.environ.get("LD_PRELOAD", ""):
         libs = [subprocess.run([CC, f"-print-file-name={n}"], capture_output=True, text=True)

@@ -446,6 +446,28 @@ static PyObject *build(plan *p, int *cursor, PyObject *owner, PyObject *convert)
 
 /* ------------------------------------------------------------------ entry */
 
+/* torch.Tensor, so that describe() reads tensor samples: taken from torch the
+ * first time a collate finds torch imported, and kept.  fastload does not
+ * import torch itself until it needs it (fastload/_torch.py), and no tensor
+ * exists before something has, so a sample is never a tensor while this is
+ * NULL.  The lookup only reads sys.modules: it never imports. */
+static void find_tensor_type(fastload_state *state)
+{
+    if (state->tensor_type)
+        return;
+    PyObject *torch = PyDict_GetItemString(PyImport_GetModuleDict(), "torch"); /* borrowed */
+    if (!torch || torch == Py_None)
+        return;
+    PyObject *type = PyObject_GetAttrString(torch, "Tensor");
+    if (type && PyType_Check(type)) {
+        state->tensor_type = type; /* takes the reference */
+        return;
+    }
+    /* torch half-way through its own import: no Tensor yet, nor any tensor. */
+    Py_XDECREF(type);
+    PyErr_Clear();
+}
+
 PyObject *fl__collate(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     fastload_state *state = fl__state_of_module(module);
@@ -461,6 +483,7 @@ PyObject *fl__collate(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
 
+    find_tensor_type(state);
     plan p = {0};
     p.state = state;
     p.batch = PyList_GET_SIZE(samples);
@@ -531,16 +554,4 @@ done:
     Py_XDECREF(owner);
     plan_clear(&p);
     return result;
-}
-
-PyObject *fl__set_tensor_type(PyObject *module, PyObject *type)
-{
-    fastload_state *state = fl__state_of_module(module);
-    if (!PyType_Check(type)) {
-        PyErr_SetString(PyExc_TypeError, "set_tensor_type: expected a type");
-        return NULL;
-    }
-    Py_INCREF(type);
-    Py_XSETREF(state->tensor_type, type);
-    Py_RETURN_NONE;
 }
