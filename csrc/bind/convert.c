@@ -135,3 +135,21 @@ fail:
     Py_XDECREF(seq);
     return -1;
 }
+
+PyObject *fl__tensor_type(fastload_state *state)
+{
+    if (state->tensor_type)
+        return state->tensor_type;
+    PyObject *torch = PyDict_GetItemString(PyImport_GetModuleDict(), "torch"); /* borrowed */
+    if (!torch || torch == Py_None)
+        return NULL;
+    PyObject *type = PyObject_GetAttrString(torch, "Tensor");
+    if (type && PyType_Check(type)) {
+        state->tensor_type = type; /* takes the reference */
+        return type;
+    }
+    /* torch half-way through its own import: no Tensor yet, nor any tensor. */
+    Py_XDECREF(type);
+    PyErr_Clear();
+    return NULL;
+}

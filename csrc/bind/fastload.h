@@ -110,6 +110,13 @@ int fl__as_int(PyObject *obj, int *out);
  * exception set. */
 int fl__read_numbers(PyObject *obj, int n, int ints, double *out);
 
+/* torch.Tensor (borrowed), taken from torch the first time it is found
+ * imported and kept in the module state; NULL while torch is not imported.
+ * fastload does not import torch until it needs it (fastload/_torch.py), and
+ * no tensor exists before something has, so an object is never a tensor
+ * while this is NULL.  It only reads sys.modules: it never imports. */
+PyObject *fl__tensor_type(fastload_state *state);
+
 /* testing.c: the test probes, added to the module by its exec. */
 extern PyMethodDef fl__testing_methods[];
 

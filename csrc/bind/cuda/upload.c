@@ -173,7 +173,7 @@ typedef struct upload_items {
     upload_item *items;
     Py_ssize_t count, capacity;
     PyObject *kept; /* list: arrays made here (tensor views, contiguous copies) */
-    PyObject *tensor_type; /* torch.Tensor once registered (set_tensor_type), or NULL */
+    PyObject *tensor_type; /* torch.Tensor once torch is imported (fl__tensor_type), or NULL */
 } upload_items;
 
 /* Whether `a` covers one dense block of memory in some order of its axes
@@ -452,7 +452,7 @@ static PyObject *CudaStream_upload(CudaStreamObject *self, PyObject *const *args
     if (!cuda || release_done(cuda, self, 0) < 0)
         return NULL;
     PyObject *batch = args[0];
-    upload_items u = {.kept = PyList_New(0), .tensor_type = state->tensor_type};
+    upload_items u = {.kept = PyList_New(0), .tensor_type = fl__tensor_type(state)};
     PyObject *out = NULL, *event_obj = NULL, *arrays = NULL;
     if (!u.kept || collect(&u, batch) < 0)
         goto done;

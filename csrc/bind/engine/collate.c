@@ -446,28 +446,6 @@ static PyObject *build(plan *p, int *cursor, PyObject *owner, PyObject *convert)
 
 /* ------------------------------------------------------------------ entry */
 
-/* torch.Tensor, so that describe() reads tensor samples: taken from torch the
- * first time a collate finds torch imported, and kept.  fastload does not
- * import torch itself until it needs it (fastload/_torch.py), and no tensor
- * exists before something has, so a sample is never a tensor while this is
- * NULL.  The lookup only reads sys.modules: it never imports. */
-static void find_tensor_type(fastload_state *state)
-{
-    if (state->tensor_type)
-        return;
-    PyObject *torch = PyDict_GetItemString(PyImport_GetModuleDict(), "torch"); /* borrowed */
-    if (!torch || torch == Py_None)
-        return;
-    PyObject *type = PyObject_GetAttrString(torch, "Tensor");
-    if (type && PyType_Check(type)) {
-        state->tensor_type = type; /* takes the reference */
-        return;
-    }
-    /* torch half-way through its own import: no Tensor yet, nor any tensor. */
-    Py_XDECREF(type);
-    PyErr_Clear();
-}
-
 PyObject *fl__collate(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     fastload_state *state = fl__state_of_module(module);
@@ -483,7 +461,7 @@ PyObject *fl__collate(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
 
-    find_tensor_type(state);
+    fl__tensor_type(state); /* so that describe() reads tensor samples */
     plan p = {0};
     p.state = state;
     p.batch = PyList_GET_SIZE(samples);
