@@ -442,6 +442,14 @@ class DataLoader(Generic[T_co]):
 
     # -- resumable state ----------------------------------------------------
 
+    def _live_iterator(self):
+        """The iterator the loader's position is that of: the persistent one,
+        else the latest (None once it is gone)."""
+        it = self._iterator if self.persistent_workers and self.num_workers > 0 else None
+        if it is None and self._last_iter is not None:
+            it = self._last_iter()
+        return it
+
     def state_dict(self):
         """Where the loader stands, for ``load_state_dict`` (torchdata's
         StatefulDataLoader names): mid-epoch, the batches still to come in
@@ -452,9 +460,7 @@ class DataLoader(Generic[T_co]):
             raise NotImplementedError(
                 "state_dict() is not available with device= (the upload stage reads ahead of "
                 "the loop); resume the host loader and upload its batches instead")
-        it = self._iterator if self.persistent_workers and self.num_workers > 0 else None
-        if it is None and self._last_iter is not None:
-            it = self._last_iter()
+        it = self._live_iterator()
         if it is not None and not it._finished and it._pid_ok():
             state = it._position()
         elif it is None and self._last_left:
@@ -526,9 +532,7 @@ class DataLoader(Generic[T_co]):
         counts = getattr(sampler, "source_counts", None)
         if counts is None:
             return None
-        it = self._iterator if self.persistent_workers and self.num_workers > 0 else None
-        if it is None and self._last_iter is not None:
-            it = self._last_iter()
+        it = self._live_iterator()
         if it is None:
             return counts(0)
         return counts(None if it._finished else it._samples_yielded)

@@ -165,7 +165,8 @@ typedef struct upload_item {
     PyArrayObject *array; /* borrowed: the batch or the call's `kept` list holds it */
     const void *host;
     size_t bytes;
-    npy_intp strides[NPY_MAXDIMS];
+    npy_intp strides[NPY_MAXDIMS]; /* a dense permutation's, unless c_order */
+    int c_order;
     fl_slot *slot;
 } upload_item;
 
@@ -257,13 +258,7 @@ static int add_leaf(upload_items *u, PyObject *obj)
         Py_DECREF(copy);
         a = (PyArrayObject *)copy;
     }
-    if (PyArray_IS_C_CONTIGUOUS(a)) {
-        npy_intp step = 1;
-        for (int i = PyArray_NDIM(a) - 1; i >= 0; i--) {
-            item->strides[i] = step;
-            step *= PyArray_DIM(a, i);
-        }
-    }
+    item->c_order = PyArray_IS_C_CONTIGUOUS(a); /* DeviceArray gives it C strides itself */
     item->array = a;
     item->host = PyArray_DATA(a);
     item->bytes = (size_t)PyArray_NBYTES(a);
@@ -503,7 +498,8 @@ static PyObject *CudaStream_upload(CudaStreamObject *self, PyObject *const *args
         PyArrayObject *a = u.items[i].array;
         PyObject *d = fl__DeviceArray_new(state, u.items[i].slot, self->device,
                                           PyArray_DESCR(a), PyArray_NDIM(a), PyArray_DIMS(a),
-                                          u.items[i].strides, event_obj, (PyObject *)self);
+                                          u.items[i].c_order ? NULL : u.items[i].strides,
+                                          event_obj, (PyObject *)self);
         u.items[i].slot = NULL; /* owned by the DeviceArray (or released) now */
         if (!d)
             Py_CLEAR(arrays);
