@@ -532,3 +532,108 @@ def test_an_index_file_that_cannot_be_written_beside_goes_to_the_cache_folder(
     assert len(list(cache.glob("*s.tar.fastload-index"))) == 1
     _no_header_reads(monkeypatch)
     _same(fastload.WebDataset(str(tmp_path / "s.tar")), first)
+
+
+# ----------------------------------------------- index files read by share
+
+def _written(tmp_path, count=24, per=4, bad=()):
+    """Shards of ``per`` small JPEGs (label i % 3) written by write_shards;
+    the samples in ``bad`` hold the first bytes of one only."""
+    rng = np.random.default_rng(2)
+    samples = [(encode(rng.integers(0, 256, (6, 6, 3), dtype=np.uint8))[:(20 if i in bad
+                                                                          else None)], i % 3)
+               for i in range(count)]
+    return fastload.write_shards(samples, str(tmp_path / "r-%02d.tar"), maxcount=per)
+
+
+def _index_reads(monkeypatch):
+    """The shards whose index files' arrays are read, as they are read."""
+    from fastload.datasets import shard_index
+
+    read, get = set(), shard_index.IndexFile.get
+
+    def recorded(self, name):
+        read.add(self.path[:-len(shard_index.SUFFIX)])
+        return get(self, name)
+
+    monkeypatch.setattr(shard_index.IndexFile, "get", recorded)
+    return read
+
+
+SMALL = T.Compose([T.Resize((6, 6)), T.ToTensor()])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_rank_reads_the_index_files_of_its_own_shards_only(tmp_path, monkeypatch,
+                                                             num_workers):
+    paths = _written(tmp_path)
+    scanned = fastload.WebDataset(paths, transform=SMALL, index_files=False)
+    read = _index_reads(monkeypatch)
+    _no_header_reads(monkeypatch)
+    ds = fastload.WebDataset(paths, transform=SMALL)
+    assert not read  # made from the files' headers: every shard's sample count
+    for epoch in range(2):
+        batches = []
+        for dataset in (ds, scanned):
+            sampler = fastload.ShardSampler(dataset, rank=1, world_size=4, buffer_size=3)
+            sampler.set_epoch(epoch)
+            loader = fastload.DataLoader(dataset, batch_size=2, sampler=sampler,
+                                         num_workers=num_workers)
+            batches.append([(x.numpy(), y.numpy()) for x, y in loader])
+        assert len(batches[0]) == 3
+        for (x, y), (x_scanned, y_scanned) in zip(*batches):
+            assert np.array_equal(x, x_scanned) and np.array_equal(y, y_scanned)
+        sampler = fastload.ShardSampler(ds, rank=1, world_size=4)
+        sampler.set_epoch(epoch)
+        first, end = sampler.share()
+        wanted = {ds.urls[ds.shard_of(i)] for i in sampler.stream(first, end)}
+        assert wanted <= read
+    assert read == {ds.urls[s] for s in range(len(ds.urls)) if s not in ds._unloaded}
+    assert len(read) < len(paths)  # two epochs of one rank in four: not every shard
+
+
+def test_shards_read_by_share_give_what_every_access_path_gives(tmp_path):
+    paths = _written(tmp_path, count=10, per=3)
+    scanned = fastload.WebDataset(paths, transform=SMALL, index_files=False)
+    fresh = lambda: fastload.WebDataset(paths, transform=SMALL)  # noqa: E731
+    ds = fresh()
+    assert len(ds._unloaded) == len(paths)
+    assert ds.key(7) == scanned.key(7) and ds.path(4) == scanned.path(4)
+    assert len(ds._unloaded) == len(paths) - 2
+    assert np.array_equal(ds[9][0], scanned[9][0]) and ds[9][1] == scanned[9][1]
+    copy = __import__("pickle").loads(__import__("pickle").dumps(fresh()))
+    assert np.array_equal(copy[5][0], scanned[5][0])
+    assert fresh().targets == scanned.targets and fresh().keys == scanned.keys
+    assert list(fresh().samples) == list(scanned.samples)
+    for dataset in (fresh(), scanned):  # worker processes load their own copies
+        loader = fastload.DataLoader(dataset, batch_size=4, shuffle=True, num_workers=2,
+                                     worker_mode="process",
+                                     generator=torch.Generator().manual_seed(3))
+        got = [(x.numpy(), y.numpy()) for x, y in loader]
+        if dataset is scanned:
+            assert all(np.array_equal(a, b) for pair in zip(got, expected)
+                       for a, b in zip(*pair))
+        expected = got
+
+
+def test_a_skipped_sample_is_replaced_from_the_next_shard_read_by_share(tmp_path):
+    paths = _written(tmp_path, count=12, per=4, bad={3})  # the last of the first shard
+    batches = []
+    for index_files in (True, False):
+        ds = fastload.WebDataset(paths, transform=SMALL, on_error="skip",
+                                 index_files=index_files)
+        loader = fastload.DataLoader(ds, batch_size=2, sampler=[2, 3], num_workers=1)
+        batches.append([(x.numpy(), y.numpy()) for x, y in loader])
+        assert [record[0] for record in ds.skipped] == [3]
+    (x, y), = batches[0]
+    assert np.array_equal(x, batches[1][0][0]) and y.tolist() == [2, 4 % 3]
+
+
+def test_a_shard_changed_after_the_dataset_was_made_is_named(tmp_path):
+    paths = _written(tmp_path, count=8, per=4)
+    ds = fastload.WebDataset(paths, transform=SMALL)
+    os.unlink(paths[1] + ".fastload-index")
+    shutil.copyfile(_written(tmp_path / "other", count=3, per=3)[0], paths[1])
+    loader = fastload.DataLoader(ds, batch_size=4)
+    with pytest.raises(ValueError, match=r"r-01\.tar: the shard changed .* 4 samples .* 3 now"):
+        list(loader)

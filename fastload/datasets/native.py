@@ -16,15 +16,31 @@ map-style and collates with the default rules, which the source reproduces.
 On that path thread workers run each batch in C without the GIL (the
 engine's native jobs); ``num_workers=0`` and worker processes call
 ``batch()`` through a ``NativeBatches``.
+
+A dataset whose source's arrays are filled part by part, when first needed
+(a ``WebDataset`` read from index files loads each shard so), also has::
+
+    dataset._ready(indices)
+
+which loads the parts those samples lie in.  The loader calls it with each
+batch's indices before the source reads them: in the process that draws
+the indices (thread workers share its arrays), and in a ``NativeBatches``
+(a worker process has its own copy).
 """
 
-__all__ = ["NativeBatches", "SourceOwner", "source_of"]
+__all__ = ["NativeBatches", "SourceOwner", "readier", "source_of"]
 
 
 def source_of(dataset, uint8=False):
     """The dataset's native source, or None."""
     method = getattr(dataset, "_native_source", None)
     return method(uint8=uint8) if method is not None else None
+
+
+def readier(dataset):
+    """The dataset's ``_ready(indices)``, or None when its source is
+    complete from the start."""
+    return getattr(dataset, "_ready", None)
 
 
 def skip_reporter(dataset):
@@ -54,19 +70,23 @@ class SourceOwner:
 class NativeBatches:
     """``(indices, epoch, number) -> batch`` over a native source, on the
     calling thread; skipped-sample records go to ``report``; ``mix``
-    (MixUp/CutMix) runs in the batch job, keyed by the batch number."""
+    (MixUp/CutMix) runs in the batch job, keyed by the batch number;
+    ``ready``: the dataset's ``_ready``, called with the indices first."""
 
-    __slots__ = ("source", "pool", "convert", "seed", "report", "mix")
+    __slots__ = ("source", "pool", "convert", "seed", "report", "mix", "ready")
 
-    def __init__(self, source, pool, convert, seed, report=None, mix=None):
+    def __init__(self, source, pool, convert, seed, report=None, mix=None, ready=None):
         self.source = source
         self.pool = pool
         self.convert = convert
         self.seed = seed
         self.report = report
         self.mix = mix  # a MixUp/CutMix plan run on the batch in C, keyed by its number
+        self.ready = ready
 
     def __call__(self, indices, epoch, number=0):
+        if self.ready is not None:
+            self.ready(indices)
         if self.mix is None:
             batch, skipped = self.source.batch(indices, self.pool, self.convert, self.seed, epoch)
         else:

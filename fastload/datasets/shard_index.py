@@ -12,11 +12,15 @@ each shard; ``WebDataset`` reads it, or builds it on first use and saves it
 beside the shard, or in ``$FASTLOAD_INDEX_DIR`` (default
 ``~/.cache/fastload/shard-index``) when the shard's folder is read-only.
 
-A file is ``MAGIC``, the length of a JSON header, the header (the shard's
-size and mtime, and each array's dtype, length, offset and CRC-32), then the
-arrays, each 8-byte aligned, read one by one as they are needed.  Anything that does not check out (another magic, a
-short file, a stale shard) is ignored and the shard indexed again: an index
-file is a cache, never the truth.
+A file is ``MAGIC``; a fixed prefix (the length of a JSON header, the
+shard's size and mtime, its sample count); the header (each array's dtype,
+length, offset and CRC-32); then the arrays, each 8-byte aligned, read one
+by one as they are needed.  Opening a file reads the prefix only, so a
+dataset of many shards learns each one's sample count with a stat and one
+small read, and parses the rest of a shard's index when it first reads the
+shard.  Anything that does not check out (another magic, a short file, a
+stale shard, an array whose CRC differs) is ignored and the shard indexed
+again: an index file is a cache, never the truth.
 """
 
 import hashlib
@@ -28,9 +32,9 @@ import zlib
 
 import numpy as np
 
-MAGIC = b"FLSHIDX1"
+MAGIC = b"FLSHIDX2"
 SUFFIX = ".fastload-index"
-_LENGTH = struct.Struct("<Q")
+_PREFIX = struct.Struct("<QQqQ")  # header length, shard size, shard mtime_ns, samples
 # The arrays of _C.tar_index's dict (its "names" is bytes, kept as uint8).
 _MEMBER_ARRAYS = ("name_offsets", "offsets", "sizes", "key_lengths", "sample_members",
                   "sample_starts")
@@ -44,15 +48,15 @@ def _cache_dir():
 def _paths(shard):
     """Where the index of ``shard`` may be: beside it, then in the cache
     folder (named by a hash of the shard's absolute path)."""
+    yield shard + SUFFIX
     absolute = os.path.abspath(shard)
     digest = hashlib.sha1(os.fsencode(absolute)).hexdigest()[:20]
-    return [shard + SUFFIX,
-            os.path.join(_cache_dir(), f"{digest}-{os.path.basename(shard)}{SUFFIX}")]
+    yield os.path.join(_cache_dir(), f"{digest}-{os.path.basename(shard)}{SUFFIX}")
 
 
 def _identity(shard):
     st = os.stat(shard)
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    return st.st_size, st.st_mtime_ns
 
 
 def load(shard):
@@ -70,33 +74,54 @@ def load(shard):
 
 
 class IndexFile:
-    """An index file whose header checked out: its arrays are read one by
-    one, when asked for (a reader that finds what it derived last time reads
-    neither the member index nor the names it does not need).  Each array
-    has its own CRC-32."""
+    """An index file whose prefix checked out: its header is parsed, and
+    each array read and checked, when first asked for (a reader that finds
+    what it derived last time reads neither the member index nor the names
+    it does not need).  Each array has its own CRC-32."""
 
-    def __init__(self, path, layout):
+    def __init__(self, path, samples, header_length):
         self.path = path
-        self._layout = layout  # name -> (dtype, count, offset, crc32)
+        self.samples = samples  # the shard's sample count
+        self._header_length = header_length
+        self._layout_read = None  # name -> (dtype, count, offset, crc32)
 
     @classmethod
     def open(cls, path, identity):
         try:
-            with open(path, "rb") as f:
-                head = f.read(len(MAGIC) + _LENGTH.size)
-                if head[:len(MAGIC)] != MAGIC:
-                    return None
-                (length,) = _LENGTH.unpack_from(head, len(MAGIC))
-                header = json.loads(f.read(length))
-            if header.get("shard") != identity:
-                return None
-            layout = {name: (np.dtype(dtype), int(count), int(offset), int(crc))
-                      for name, (dtype, count, offset, crc) in header["arrays"].items()}
-            if not set(_MEMBER_ARRAYS) | {"names"} <= set(layout):
-                return None
-            return cls(path, layout)
-        except (OSError, ValueError, KeyError, TypeError, struct.error):
-            return None  # unreadable, or not an index this version wrote
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            head = os.pread(fd, len(MAGIC) + _PREFIX.size, 0)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        if len(head) != len(MAGIC) + _PREFIX.size or head[:len(MAGIC)] != MAGIC:
+            return None  # not an index this version wrote
+        length, size, mtime_ns, samples = _PREFIX.unpack_from(head, len(MAGIC))
+        if (size, mtime_ns) != identity:
+            return None
+        return cls(path, samples, length)
+
+    @property
+    def _layout(self):
+        """The header's array layout, parsed on first use; OSError when the
+        file no longer holds a valid one (replaced or damaged since)."""
+        if self._layout_read is None:
+            start = len(MAGIC) + _PREFIX.size
+            try:
+                with open(self.path, "rb") as f:
+                    header = json.loads(os.pread(f.fileno(), self._header_length, start))
+                layout = {name: (np.dtype(dtype), int(count), int(offset), int(crc))
+                          for name, (dtype, count, offset, crc) in header["arrays"].items()}
+            except (ValueError, KeyError, TypeError, AttributeError) as error:
+                raise OSError(f"{self.path}: the header does not check out") from error
+            if not set(_MEMBER_ARRAYS) | {"names"} <= set(layout) or \
+                    layout["sample_starts"][1] != self.samples + 1:
+                raise OSError(f"{self.path}: the header does not check out")
+            self._layout_read = layout
+        return self._layout_read
 
     def __contains__(self, name):
         return name in self._layout
@@ -155,22 +180,25 @@ def _write(path, identity, arrays):
     # offsets: guess its room, and grow the guess until the header fits.
     room = 512
     crcs = {name: zlib.crc32(array.tobytes()) for name, array in arrays.items()}
+    start = len(MAGIC) + _PREFIX.size
     while True:
-        at = _aligned(len(MAGIC) + _LENGTH.size + room)
+        at = _aligned(start + room)
         body, layout = at, {}
         for name, array in arrays.items():
             layout[name] = [array.dtype.str, len(array), at, crcs[name]]
             at = _aligned(at + array.nbytes)
-        header = json.dumps({"shard": identity, "arrays": layout}).encode()
+        header = json.dumps({"arrays": layout}).encode()
         if len(header) <= room:
             header = header.ljust(room)
             break
         room = _aligned(len(header) + 64)
+    size, mtime_ns = identity
+    prefix = _PREFIX.pack(len(header), size, mtime_ns, len(arrays["sample_starts"]) - 1)
     fd, temp = tempfile.mkstemp(prefix=".", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC + _LENGTH.pack(len(header)) + header)
-            f.write(b"\0" * (body - len(MAGIC) - _LENGTH.size - len(header)))
+            f.write(MAGIC + prefix + header)
+            f.write(b"\0" * (body - start - len(header)))
             f.write(_body(arrays, layout, body))
         os.replace(temp, path)
     except BaseException:

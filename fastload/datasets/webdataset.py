@@ -4,7 +4,8 @@ A shard is a plain tar file whose members are grouped into samples by
 WebDataset's rule: the member path up to the first dot of its last
 component is the sample's key, the rest its extension (``n01/img7.jpg`` and
 ``n01/img7.cls`` are sample ``n01/img7``).  ``WebDataset`` indexes every
-shard once (in C, headers only: ``_C.tar_index``), and is then a map-style
+shard once (in C, headers only: ``_C.tar_index``; later from its index file,
+read when the shard is first needed), and is then a map-style
 dataset: sample ``i`` is ``(image, label)``, its image a byte range of its
 shard decoded by the same C pipeline as ``ImageFolder`` (JPEG with region
 decode and DCT scaling; other formats through Pillow), its label the
@@ -29,13 +30,14 @@ import json
 import os
 import pickle
 import re
+import threading
 
 import numpy as np
 
 from .. import _C
 from . import shard_index
 from .indexing import check_index
-from .images import PILLOW_MAX_PIXELS, ImageFiles
+from .images import MAX_SKIPS_PER_SAMPLE, PILLOW_MAX_PIXELS, ImageFiles
 from ..loader.sampler import Sampler
 
 __all__ = ["WebDataset", "ShardSampler", "expand_urls", "write_index"]
@@ -123,25 +125,77 @@ class _Shard:
     """One shard's samples: where each one's image is, and its label.
 
     Built from the C index with array operations, not a Python loop over
-    members, or read back from the shard's index file (shard_index), which
-    keeps these arrays too: per image-extension list, each sample's image
-    range; per label extension, the labels; and each sample's key."""
+    members, or read from the shard's index file (shard_index), which keeps
+    these arrays too: per image-extension list, each sample's image range;
+    per label extension, the labels; and each sample's key.  From an index
+    file only the sample count is read when the shard is opened; the arrays
+    are read by ``load()``, when a sample of the shard is first needed (a
+    rank reads the index files of its own shards only)."""
 
-    def __init__(self, path, image_extensions, label_extension, keep_index, index_files=True):
+    def __init__(self, path, image_extensions, label_extension, keep_index, index_files=True,
+                 found=None):
+        # found: the shard's index file (shard_index.load), whose arrays
+        # load() reads; None: the shard is indexed now (and, with
+        # index_files, the file written).
         self.path = path
-        images_key = "images." + ",".join(image_extensions)
-        labels_key = f"labels.{label_extension}" if label_extension else None
-        found = shard_index.load(path) if index_files else None
+        self._extensions_wanted = (image_extensions, label_extension)
+        self._keep_index = keep_index
+        self._index_files = index_files
+        self._kept_names = ("images." + ",".join(image_extensions),
+                            f"labels.{label_extension}" if label_extension else None)
+        if found is not None:
+            self.count = found.samples
+            self._unread = found
+        else:
+            self._unread = None
+            self._index(None)
+
+    @property
+    def loaded(self):
+        return self._unread is None
+
+    def load(self):
+        """Reads the shard's arrays from its index file, if not read yet: the
+        ones an earlier reader derived with these settings, else the member
+        index to derive them from.  An index file replaced or damaged since
+        the shard was opened: the shard is indexed again, and must still
+        hold as many samples."""
+        found, self._unread = self._unread, None
+        if found is None:
+            return
+        images_key, labels_key = self._kept_names
+        n = self.count
+        try:
+            wanted = ["key_spans", images_key] + ([labels_key] if labels_key else [])
+            if all(name in found and found.length(name) in (n, 2 * n) for name in wanted):
+                self.index = found.member_index() if self._keep_index else None
+                self._key_spans = found.get("key_spans").reshape(n, 2)
+                self.images = found.get(images_key).reshape(n, 2)
+                self.labels = found.get(labels_key) if labels_key else np.zeros(n, np.int64)
+                self._names_from = found  # the names are read when a key is first asked for
+                return
+        except OSError:
+            found = None
+        self._index(found)
+        if self.count != n:
+            raise ValueError(f"{self.path}: the shard changed while it was read: {n} samples "
+                             f"when the dataset was made, {self.count} now")
+
+    def _index(self, found):
+        """Indexes the shard: from the member index of ``found`` (an index
+        file without the arrays these settings derive), else from the tar
+        headers; saves the index file unless index files are off."""
+        image_extensions, label_extension = self._extensions_wanted
+        images_key, labels_key = self._kept_names
+        path = self.path
         if found is not None:
             try:
-                if self._read_kept(found, images_key, labels_key, keep_index):
-                    return
                 index, kept = found.member_index(), found.kept()
             except OSError:  # replaced or damaged since it was opened
                 found = None
         if found is None:
             index, kept = _C.tar_index(path), {}
-        self.index = index if keep_index else None  # every member, for fields
+        self.index = index if self._keep_index else None  # every member, for fields
         self._names = index["names"]
         n = self.count = len(index["sample_starts"]) - 1
         member_with = self._members_by_extension(index)
@@ -161,24 +215,9 @@ class _Shard:
             self.labels = self._read_labels(member_with(label_extension), label_extension,
                                             offsets, sizes)
             kept[labels_key] = self.labels
-        if index_files:  # for the next start, and the other ranks
+        if self._index_files:  # for the next start, and the other ranks
             kept.update({"key_spans": self._key_spans.ravel(), images_key: self.images.ravel()})
             shard_index.save(path, index, kept)
-
-    def _read_kept(self, found, images_key, labels_key, keep_index):
-        """Takes what an earlier reader derived with these settings from the
-        index file; False when it did not keep it all."""
-        n = found.length("sample_starts") - 1
-        wanted = ["key_spans", images_key] + ([labels_key] if labels_key else [])
-        if not all(name in found and found.length(name) in (n, 2 * n) for name in wanted):
-            return False
-        self.count = n
-        self.index = found.member_index() if keep_index else None
-        self._key_spans = found.get("key_spans").reshape(n, 2)
-        self.images = found.get(images_key).reshape(n, 2)
-        self.labels = found.get(labels_key) if labels_key else np.zeros(n, np.int64)
-        self._names_from = found  # the names are read when a key is first asked for
-        return True
 
     _names_from = None
 
@@ -311,8 +350,10 @@ class WebDataset(ImageFiles):
     from its index file (``<shard>.fastload-index``, written by
     ``write_shards`` or by the first ``WebDataset`` over it; see
     fastload.datasets.shard_index) instead of its headers, while the shard
-    keeps its size and modification time; False: always read the headers,
-    write nothing.
+    keeps its size and modification time, and only when one of the shard's
+    samples is first needed (the dataset is made from each file's sample
+    count: a rank reads its own shards' index files); False: always read
+    the headers, write nothing.
     """
 
     def __init__(self, urls, transform=None, target_transform=None, *,
@@ -328,34 +369,119 @@ class WebDataset(ImageFiles):
         self.decoders = {**DEFAULT_DECODERS, **(decoders or {})}
         image_extensions = tuple(e.lower().lstrip(".") for e in image_extensions)
         threads = index_threads or min(8, len(self.urls), os.cpu_count() or 1)
-        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-            shards = list(pool.map(
-                lambda path: _Shard(path, image_extensions, label_extension,
-                                    keep_index=fields is not None,
-                                    index_files=index_files), self.urls))
+
+        def shard(path, found=None):
+            return _Shard(path, image_extensions, label_extension, keep_index=fields is not None,
+                          index_files=index_files, found=found)
+
+        # A shard with an index file costs a stat and one small read here;
+        # the others are indexed (their headers read) in parallel threads.
+        found = [shard_index.load(path) if index_files else None for path in self.urls]
+        shards = [shard(path, f) if f is not None else None
+                  for path, f in zip(self.urls, found)]
+        unindexed = [s for s, f in enumerate(found) if f is None]
+        with concurrent.futures.ThreadPoolExecutor(min(threads, len(unindexed) or 1)) as pool:
+            for s, made in zip(unindexed, pool.map(shard, [self.urls[s] for s in unindexed])):
+                shards[s] = made
         self._shard_list = shards  # their full indexes too, with fields
         counts = np.array([shard.count for shard in shards], np.int64)
         self.shard_starts = np.concatenate(([0], np.cumsum(counts)))  # samples of shard s
         encoded = [os.fsencode(path) + b"\0" for path in self.urls]
         path_offsets = np.concatenate(([0], np.cumsum([len(e) for e in encoded])[:-1]))
         offsets = np.repeat(path_offsets.astype(np.int64), counts)
-        ranges = (np.concatenate([shard.images for shard in shards])
-                  if shards else np.empty((0, 2), np.int64))
-        labels = (np.concatenate([shard.labels for shard in shards])
-                  if shards else np.empty(0, np.int64))
+        # Each shard's rows are written when it is loaded (_ready), before
+        # any of its samples is read; the native sources read these arrays.
+        total = int(self.shard_starts[-1])
+        self._unloaded = {s for s, shard in enumerate(shards) if not shard.loaded}
+        self._load_lock = threading.Lock()
+        self._index_threads = threads
+        ranges, labels = np.zeros((total, 2), np.int64), np.zeros(total, np.int64)
+        for s in range(len(shards)):
+            if s not in self._unloaded:
+                self._fill(s, ranges, labels)
+        self._ranges, self._labels = ranges, labels
+        if cache is not None:  # the cache's key covers every sample's range
+            self._load(sorted(self._unloaded))
         self._setup((b"".join(encoded), offsets), labels, transform, target_transform, decode,
-                    on_error, max_pixels, loader=None, ranges=np.ascontiguousarray(ranges),
+                    on_error, max_pixels, loader=None, ranges=ranges,
                     cache=cache, cache_size=cache_size, cache_decoded=cache_decoded)
+
+    def _fill(self, s, ranges, labels):
+        """Writes shard ``s``'s rows of ``ranges`` and ``labels``; the shard
+        then keeps only its keys (and member index, with fields)."""
+        shard = self._shard_list[s]
+        rows = slice(int(self.shard_starts[s]), int(self.shard_starts[s + 1]))
+        ranges[rows], labels[rows] = shard.images, shard.labels
+        shard.images = shard.labels = None
+
+    def _ready(self, indices):
+        """Loads the shards that samples ``indices`` lie in: their index
+        files are read, their rows filled.  The loader calls it with each
+        batch's indices before the native source reads them; ``__getitem__``
+        with its own.  With ``on_error="skip"`` the shards after them are
+        loaded too, as far as a failed sample's replacements (the next
+        samples) can reach."""
+        if not self._unloaded:
+            return
+        indices = np.asarray(indices, np.int64).ravel()
+        shards = set(np.unique(np.searchsorted(self.shard_starts, indices, side="right") - 1)
+                     .tolist())
+        if self.on_error == "skip":
+            shards |= self._reach(shards)
+        wanted = shards & self._unloaded
+        if wanted:
+            self._load(sorted(wanted))
+
+    def _reach(self, shards):
+        """The shards after each of ``shards`` (wrapping round) that hold its
+        next ``MAX_SKIPS_PER_SAMPLE`` samples."""
+        counts, n = np.diff(self.shard_starts), len(self._shard_list)
+        out = set()
+        for s in shards:
+            covered, t = 0, s
+            while covered < MAX_SKIPS_PER_SAMPLE and len(out) < n:
+                t = (t + 1) % n
+                out.add(t)
+                covered += int(counts[t])
+        return out
+
+    def _load(self, shards):
+        """Reads shards' index files (in threads) and fills their rows."""
+        with self._load_lock:
+            shards = [s for s in shards if s in self._unloaded]
+            if not shards:
+                return
+            threads = min(self._index_threads, len(shards))
+            if threads == 1:
+                for s in shards:
+                    self._shard_list[s].load()
+            else:
+                with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+                    list(pool.map(lambda s: self._shard_list[s].load(), shards))
+            for s in shards:
+                self._fill(s, self._ranges, self._labels)
+                self._unloaded.discard(s)
+
+    @property
+    def targets(self):
+        self._load(sorted(self._unloaded))
+        return super().targets
 
     def __getstate__(self):
         state = super().__getstate__()
         state["decoders"] = {k: v for k, v in self.decoders.items()
                              if DEFAULT_DECODERS.get(k) is not v}  # the defaults by name
+        del state["_load_lock"]
         return state
 
     def __setstate__(self, state):
         state["decoders"] = {**DEFAULT_DECODERS, **state["decoders"]}
+        state["_load_lock"] = threading.Lock()
         super().__setstate__(state)
+
+    def _read(self, index):
+        self._ready((index,))
+        return super()._read(index)
 
     def _native_source(self, uint8=False):
         return super()._native_source(uint8) if self.fields is None else None
@@ -390,6 +516,7 @@ class WebDataset(ImageFiles):
         """Every member of sample ``index`` as raw bytes, by extension
         (datasets made with ``fields``)."""
         s = self.shard_of(index)
+        self._ready((index,))
         shard = self._shard_list[s]
         if shard.index is None:
             raise RuntimeError("members() needs a WebDataset made with fields=")
@@ -413,11 +540,13 @@ class WebDataset(ImageFiles):
     def key(self, index):
         """Sample ``index``'s key (its members' names without extensions)."""
         s = self.shard_of(index)
+        self._ready((index,))
         return self._shard_list[s].key(index - int(self.shard_starts[s]))
 
     @property
     def keys(self):
         """Every sample's key, as a new list (``key(i)`` is one)."""
+        self._load(sorted(self._unloaded))
         return [shard.key(i) for shard in self._shard_list for i in range(shard.count)]
 
     def path(self, index):
@@ -478,9 +607,11 @@ class ShardSampler(Sampler):
         starts = getattr(dataset, "shard_starts", None)
         if starts is None:
             raise TypeError("ShardSampler needs a fastload.WebDataset")
-        found_rank, found_world = _distributed_rank()
-        self.rank = found_rank if rank is None else rank
-        self.world_size = found_world if world_size is None else world_size
+        if rank is None or world_size is None:
+            found_rank, found_world = _distributed_rank()
+            rank = found_rank if rank is None else rank
+            world_size = found_world if world_size is None else world_size
+        self.rank, self.world_size = rank, world_size
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} is not in [0, {self.world_size})")
         self.starts = np.asarray(starts, dtype=np.int64)  # shard s: samples [starts[s], starts[s+1])

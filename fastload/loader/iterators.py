@@ -66,6 +66,11 @@ class _BaseIter:
                 stacklevel=3,
             )
         self._native_source = _native_source(self, loader)
+        # A source filled part by part is readied for each batch where the
+        # indices are drawn (worker processes ready their own copies).
+        self._ready = (_native.readier(self._dataset)
+                       if self._native_source is not None
+                       and getattr(self, "_kind", None) != "process" else None)
         profiler.sync()  # before any worker starts
         self._timers = loader._timers.for_workers(self._num_workers)
         # With device=, the loop's waits are the upload iterator's to record.
@@ -245,6 +250,8 @@ class _BaseIter:
 
     def _next_index(self):
         index = next(self._sampler_iter)
+        if self._ready is not None:
+            self._ready(index)
         self._batch_number += 1
         if self._counts_samples:
             self._sizes.append(len(index) if self._auto_collation else 1)

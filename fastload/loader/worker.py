@@ -18,7 +18,7 @@ import weakref
 import numpy as np
 
 from .. import _C
-from ..datasets.native import NativeBatches, skip_reporter, source_of
+from ..datasets.native import NativeBatches, readier, skip_reporter, source_of
 from . import torch_compat as _torch_compat
 from .collate import Convert, SlotCollate, StepIntoSlots, backend_for, output_converter
 from .._torch import torch
@@ -352,7 +352,8 @@ class FetchPlan:
         if self.native:
             source = source if source is not None else source_of(self.dataset)
             bound.native_batch = NativeBatches(source, pool, to_output, self.base_seed,
-                                               skip_reporter(self.dataset), self.mix)
+                                               skip_reporter(self.dataset), self.mix,
+                                               readier(self.dataset))
         return bound
 
 

@@ -4,7 +4,9 @@
  * the file paths (one bytes blob of NUL-terminated paths and an int64 array
  * of where each starts, so 1.28 M files cost two objects), the labels and
  * the compiled plan, all read as plain C by the batch code.  The Python
- * objects behind that memory are held here and never change.
+ * objects behind that memory are held here and never change, but for rows
+ * of ranges and labels a dataset fills once, before it hands out any of
+ * their indices (a WebDataset loading a shard: datasets/native.py, _ready).
  *
  * Files that are not JPEGs, PNGs or WebPs go to the Python fallback decoder
  * (Pillow; with fallback_all, PNGs and WebPs too, to compare), with
