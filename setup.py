@@ -125,7 +125,10 @@ extension = Extension(
     "fastload._C",
     sources=sources,
     include_dirs=["csrc", numpy.get_include()],
-    libraries=["jpeg", "png", "webp", "webpdemux", "lmdb", "pthread", "dl"],
+    # FASTLOAD_JPEG_LIBRARY: libjpeg by another name (":libjpeg.so.62" where
+    # another libjpeg comes first on the library path; scripts/gpu_check.sh).
+    libraries=[os.environ.get("FASTLOAD_JPEG_LIBRARY", "jpeg"), "png", "webp", "webpdemux",
+               "lmdb", "pthread", "dl"],
     define_macros=[("NPY_TARGET_VERSION", "NPY_1_24_API_VERSION")],
     extra_compile_args=["-std=c11", "-O3", "-Wall", "-Wextra", "-fvisibility=hidden"]
     + san_compile,
