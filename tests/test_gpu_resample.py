@@ -9,11 +9,13 @@ each image read from a copy of only the region those tables say is read
 kernel repeats fl_resample's float operations in the same order, so the
 outputs are compared for equality, every dtype included: any difference at
 all is a kernel that drifted from the CPU path.  The source string the
-extension carries for NVRTC must be the file's text, and where nvcc is
-installed the file must compile as CUDA (to PTX) with no fused
-multiply-add in it.
+extension carries for NVRTC must be the file's text, and where NVRTC or
+nvcc is installed the text must compile as CUDA (to PTX), with the kernel
+under its unmangled name and no fused multiply-add in it.
 """
 
+import ctypes
+import os
 import pathlib
 import re
 import shutil
@@ -198,9 +200,47 @@ def test_the_source_stands_alone():
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_the_source_compiles_as_cuda_without_fused_multiply_add(tmp_path):
     ptx = tmp_path / "resample.ptx"
+    # Not under the sanitizer run's preloaded runtimes: nvcc's own tools are
+    # not built for them.
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     result = subprocess.run(["nvcc", "-ptx", "-arch=sm_80", "-x", "cu", str(KERNEL), "-o",
-                             str(ptx)], capture_output=True, text=True, timeout=300)
+                             str(ptx)], capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr
     code = ptx.read_text()
     assert re.search(r"\.entry\s+fl_resample_batch\(", code)  # unmangled: extern "C"
+    assert "fma." not in code and "mad.f32" not in code
+
+
+def _nvrtc():
+    for name in ("libnvrtc.so", "libnvrtc.so.13", "libnvrtc.so.12"):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            pass
+    return None
+
+
+def test_the_embedded_source_compiles_with_nvrtc():
+    """The string as the loader hands it to NVRTC, with no options."""
+    nvrtc = _nvrtc()
+    if nvrtc is None:
+        pytest.skip("needs libnvrtc")
+    program = ctypes.c_void_p()
+    source = _C.resample_kernel_source().encode()
+    assert nvrtc.nvrtcCreateProgram(ctypes.byref(program), source, b"resample.cu", 0, None,
+                                    None) == 0
+    try:
+        status = nvrtc.nvrtcCompileProgram(program, 0, None)
+        size = ctypes.c_size_t()
+        nvrtc.nvrtcGetProgramLogSize(program, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        nvrtc.nvrtcGetProgramLog(program, log)
+        assert status == 0, log.value.decode(errors="replace")
+        nvrtc.nvrtcGetPTXSize(program, ctypes.byref(size))
+        ptx = ctypes.create_string_buffer(size.value)
+        assert nvrtc.nvrtcGetPTX(program, ptx) == 0
+    finally:
+        nvrtc.nvrtcDestroyProgram(ctypes.byref(program))
+    code = ptx.value.decode()
+    assert re.search(r"\.entry\s+fl_resample_batch\(", code)
     assert "fma." not in code and "mad.f32" not in code
