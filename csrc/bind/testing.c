@@ -8,6 +8,7 @@
  */
 #include "bind/fastload.h"
 
+#include "core/cuda/resample_kernel.h"
 #include "core/image/pipeline.h"
 #include "core/image/resample.h"
 #include "core/status.h"
@@ -283,6 +284,180 @@ static PyObject *erase_draws(PyObject *module, PyObject *const *args, Py_ssize_t
     return Py_BuildValue("(iiii)", d.top, d.left, d.h, d.w);
 }
 
+/* resample_kernel's images, one (box, flip) each, resampled into rows of
+ * `out` by fl_resample, or (kernel true) by the resample kernel's host run
+ * over tables from fl_resample_tables.  The kernel reads each image from a
+ * copy of only the region its tables read, with a padded pitch, as it
+ * would read a region decode.  0, or -1 with an exception set. */
+static int resample_kernel_run(PyObject *images, PyObject *boxes, PyObject *flips,
+                               fl_resample_target *t, int kernel, unsigned char *out)
+{
+    Py_ssize_t n = PyList_GET_SIZE(images);
+    size_t row = 3 * (size_t)t->width * t->height * fl_dtype_size(t->dtype);
+    fl_resample_scratch *scratch = fl_resample_scratch_new();
+    fl_rk_image *rk = PyMem_Calloc((size_t)n + 1, sizeof(fl_rk_image));
+    unsigned char **regions = PyMem_Calloc((size_t)n + 1, sizeof(unsigned char *));
+    int *first = NULL;
+    float *weights = NULL;
+    size_t nfirst = 0, nweights = 0;
+    int result = -1;
+    if (!scratch || !rk || !regions) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyArrayObject *image = (PyArrayObject *)PyList_GET_ITEM(images, i);
+        double box[4];
+        int flip = PyObject_IsTrue(PyList_GET_ITEM(flips, i));
+        if (!PyArray_Check(image) || PyArray_NDIM(image) != 3 || PyArray_DIM(image, 2) != 3 ||
+            PyArray_TYPE(image) != NPY_UINT8 || !PyArray_IS_C_CONTIGUOUS(image)) {
+            PyErr_SetString(PyExc_TypeError, "resample_kernel: images must be C-contiguous "
+                                             "HWC uint8 RGB arrays");
+            goto out;
+        }
+        if (flip < 0 || fl__read_numbers(PyList_GET_ITEM(boxes, i), 4, 0, box) < 0)
+            goto out;
+        int h = (int)PyArray_DIM(image, 0), w = (int)PyArray_DIM(image, 1);
+        const unsigned char *src = PyArray_DATA(image);
+        fl_resample_target one = *t;
+        one.flip = flip;
+        one.dst = out + (size_t)i * row;
+        int rc;
+        if (!kernel) {
+            rc = fl_resample(src, w, h, 3 * (size_t)w, box[0], box[1], box[2], box[3], &one,
+                             scratch);
+        } else {
+            fl_resample_coeffs c;
+            rc = fl_resample_tables(w, h, box[0], box[1], box[2], box[3], &one, scratch, &c);
+            size_t add_first = 0, add_weights = 0;
+            if (rc == FL_OK) {
+                fl_resample_kernel_table_size(&c, t->width, t->height, &add_first, &add_weights);
+                int *f = PyMem_Realloc(first, sizeof(int) * (nfirst + add_first));
+                if (f)
+                    first = f;
+                float *wt = f ? PyMem_Realloc(weights, sizeof(float) * (nweights + add_weights))
+                              : NULL;
+                if (wt)
+                    weights = wt;
+                size_t pitch = 3 * (size_t)(c.x.hi - c.x.lo) + 5;
+                regions[i] = wt ? PyMem_Malloc(pitch * (size_t)(c.y.hi - c.y.lo)) : NULL;
+                if (!regions[i]) {
+                    PyErr_NoMemory();
+                    goto out;
+                }
+                for (int y = c.y.lo; y < c.y.hi; y++)
+                    memcpy(regions[i] + (size_t)(y - c.y.lo) * pitch,
+                           src + ((size_t)y * w + (size_t)c.x.lo) * 3,
+                           3 * (size_t)(c.x.hi - c.x.lo));
+                rk[i].src = (unsigned long long)(uintptr_t)regions[i];
+                rk[i].dst = (unsigned long long)(uintptr_t)one.dst;
+                rk[i].src_pitch = (int)pitch;
+                rk[i].src_x = c.x.lo;
+                rk[i].src_y = c.y.lo;
+                rc = fl_resample_kernel_pack(&c, t->width, t->height, first, nfirst, weights,
+                                             nweights, &rk[i]);
+                nfirst += add_first;
+                nweights += add_weights;
+            }
+        }
+        if (rc != FL_OK) {
+            PyErr_Format(rc == FL_ERR_NOMEM ? PyExc_MemoryError : PyExc_ValueError,
+                         "resample_kernel: image %zd refused (status %d)", i, rc);
+            goto out;
+        }
+    }
+    if (kernel) {
+        fl_rk_batch batch = {
+            .images = (unsigned long long)(uintptr_t)rk,
+            .first = (unsigned long long)(uintptr_t)first,
+            .weights = (unsigned long long)(uintptr_t)weights,
+            .count = (int)n,
+            .out_w = t->width,
+            .out_h = t->height,
+            .dtype = t->dtype,
+            .layout = t->layout,
+        };
+        for (int ch = 0; ch < 3; ch++) {
+            batch.scale[ch] = t->scale[ch];
+            batch.offset[ch] = t->offset[ch];
+        }
+        fl_resample_kernel_host(&batch);
+    }
+    result = 0;
+out:
+    if (regions)
+        for (Py_ssize_t i = 0; i < n; i++)
+            PyMem_Free(regions[i]);
+    PyMem_Free(regions);
+    PyMem_Free(rk);
+    PyMem_Free(first);
+    PyMem_Free(weights);
+    fl_resample_scratch_free(scratch);
+    return result;
+}
+
+static PyObject *resample_kernel(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 11) {
+        PyErr_SetString(PyExc_TypeError, "resample_kernel(images, boxes, flips, size, filter, "
+                                         "antialias, dtype, layout, scale, offset, kernel) "
+                                         "takes 11 arguments");
+        return NULL;
+    }
+    if (!PyList_Check(args[0]) || !PyList_Check(args[1]) || !PyList_Check(args[2]) ||
+        PyList_GET_SIZE(args[1]) != PyList_GET_SIZE(args[0]) ||
+        PyList_GET_SIZE(args[2]) != PyList_GET_SIZE(args[0]) || PyList_GET_SIZE(args[0]) < 1) {
+        PyErr_SetString(PyExc_TypeError, "resample_kernel: images, boxes and flips must be "
+                                         "lists of one length, not empty");
+        return NULL;
+    }
+    fl_resample_target t = {0};
+    double size[2], scale[3], offset[3];
+    int kernel = PyObject_IsTrue(args[10]);
+    if (fl__read_numbers(args[3], 2, 1, size) < 0 || fl__as_int(args[4], &t.filter) < 0 ||
+        fl__as_int(args[5], &t.antialias) < 0 || fl__as_int(args[6], &t.dtype) < 0 ||
+        fl__as_int(args[7], &t.layout) < 0 || fl__read_numbers(args[8], 3, 0, scale) < 0 ||
+        fl__read_numbers(args[9], 3, 0, offset) < 0 || kernel < 0)
+        return NULL;
+    if (size[0] < 1 || size[1] < 1 || size[0] > 1 << 14 || size[1] > 1 << 14 ||
+        (t.dtype != FL_DTYPE_UINT8 && t.dtype != FL_DTYPE_FLOAT32 &&
+         t.dtype != FL_DTYPE_FLOAT16) ||
+        (t.layout != FL_LAYOUT_CHW && t.layout != FL_LAYOUT_HWC)) {
+        PyErr_SetString(PyExc_ValueError, "resample_kernel: bad size, dtype or layout");
+        return NULL;
+    }
+    t.width = (int)size[0];
+    t.height = (int)size[1];
+    for (int c = 0; c < 3; c++) {
+        t.scale[c] = (float)scale[c];
+        t.offset[c] = (float)offset[c];
+    }
+    static const int types[] = {NPY_UINT8, NPY_FLOAT32, NPY_FLOAT16};
+    npy_intp dims[4] = {PyList_GET_SIZE(args[0]), 3, t.height, t.width};
+    if (t.layout == FL_LAYOUT_HWC) {
+        dims[1] = t.height;
+        dims[2] = t.width;
+        dims[3] = 3;
+    }
+    PyObject *out = PyArray_SimpleNew(4, dims, types[t.dtype]);
+    if (!out)
+        return NULL;
+    if (resample_kernel_run(args[0], args[1], args[2], &t, kernel,
+                            PyArray_DATA((PyArrayObject *)out)) < 0) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    return out;
+}
+
+static PyObject *resample_kernel_source(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    return PyUnicode_FromString(fl_resample_kernel_source);
+}
+
 /* Added to fastload._C by module.c's exec (PyModule_AddFunctions). */
 PyMethodDef fl__testing_methods[] = {
     {"color_draws", (PyCFunction)(void (*)(void))color_draws, METH_FASTCALL,
@@ -316,5 +491,15 @@ PyMethodDef fl__testing_methods[] = {
      "mix_apply(images, labels, kind, lam, box, num_classes, nhwc, /)\n--\n\n"
      "MixUp (kind 0, lam) or CutMix (kind 1, box (x1, y1, x2, y2)) with the\n"
      "given parameters, for tests; returns the soft labels."},
+    {"resample_kernel", (PyCFunction)(void (*)(void))resample_kernel, METH_FASTCALL,
+     "resample_kernel(images, boxes, flips, size, filter, antialias, dtype, layout,\n"
+     "scale, offset, kernel, /)\n--\n\n"
+     "Resamples HWC uint8 images, each with its box (x, y, w, h) and flip, into\n"
+     "a batch of size (w, h) (filter, antialias, dtype and layout as FL_*, scale and\n"
+     "offset 3 numbers): by fl_resample, or (kernel true) by the GPU resample\n"
+     "kernel's host run.  For tests."},
+    {"resample_kernel_source", (PyCFunction)resample_kernel_source, METH_NOARGS,
+     "resample_kernel_source()\n--\n\n"
+     "The resample kernel's source text as the extension carries it, for tests."},
     {NULL, NULL, 0, NULL},
 };

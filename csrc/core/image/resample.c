@@ -692,9 +692,10 @@ static int consecutive(const int *first, int n)
 /* ------------------------------------------------------------------------ */
 /* Entry point                                                              */
 
-static int valid_target(const fl_resample_target *t)
+/* The target's checks, all but dst (which the tables do not need). */
+static int valid_target_shape(const fl_resample_target *t)
 {
-    if (!t || !t->dst || t->width < 1 || t->height < 1)
+    if (!t || t->width < 1 || t->height < 1)
         return 0;
     if (t->filter != FL_FILTER_NEAREST && t->filter != FL_FILTER_BILINEAR &&
         t->filter != FL_FILTER_BICUBIC)
@@ -713,6 +714,11 @@ static int valid_target(const fl_resample_target *t)
         if (!isfinite(t->scale[c]) || !isfinite(t->offset[c]))
             return 0;
     return 1;
+}
+
+static int valid_target(const fl_resample_target *t)
+{
+    return valid_target_shape(t) && t->dst;
 }
 
 /* Which pass runs first.  The order matters only through the clipping of
@@ -736,13 +742,25 @@ size_t fl_dtype_size(int dtype)
  * refused, as Pillow refuses it. */
 #define BOX_SLACK 1e-6
 
-FL_SIMD_CLONES
-int fl_resample(const unsigned char *src, int src_w, int src_h, size_t src_stride,
-                double box_x, double box_y, double box_w, double box_h,
-                const fl_resample_target *target, fl_resample_scratch *scratch)
+/* The source samples lo .. hi - 1 that some output of an axis reads. */
+static void axis_span(const int *first, int n, int taps, int *lo, int *hi)
 {
-    if (!src || !scratch || !valid_target(target) || src_w < 1 || src_h < 1 ||
-        src_w > INT32_MAX / 4 || src_stride < (size_t)src_w * 3)
+    *lo = first[0];
+    *hi = first[0] + taps;
+    for (int i = 1; i < n; i++) {
+        if (first[i] < *lo)
+            *lo = first[i];
+        if (first[i] + taps > *hi)
+            *hi = first[i] + taps;
+    }
+}
+
+int fl_resample_tables(int src_w, int src_h, double box_x, double box_y, double box_w,
+                       double box_h, const fl_resample_target *target,
+                       fl_resample_scratch *scratch, fl_resample_coeffs *out)
+{
+    if (!scratch || !out || !valid_target_shape(target) || src_w < 1 || src_h < 1 ||
+        src_w > INT32_MAX / 4)
         return FL_ERR_INVALID;
     if (!(isfinite(box_x) && isfinite(box_y) && isfinite(box_w) && isfinite(box_h)) ||
         box_x < 0.0 || box_y < 0.0 || !(box_w > 0.0) || !(box_h > 0.0) ||
@@ -754,16 +772,60 @@ int fl_resample(const unsigned char *src, int src_w, int src_h, size_t src_strid
     fl_axis ax = plan_axis(src_w, box_x, box_w, out_w, t->filter, t->antialias);
     fl_axis ay = plan_axis(src_h, box_y, box_h, out_h, t->filter, t->antialias);
     int taps_x = axis_taps(&ax), taps_y = axis_taps(&ay);
-
-    int vfirst = vertical_first(src_w, src_h, out_w, out_h);
     fl_buf *b = scratch->bufs;
-    size_t ring_row = (size_t)4 * out_w; /* floats in one output-width row */
     int rc;
     if ((rc = reserve(&b[BUF_XFIRST], sizeof(int) * (size_t)out_w)) != FL_OK ||
         (rc = reserve(&b[BUF_XW], sizeof(float) * (size_t)out_w * taps_x)) != FL_OK ||
-        (rc = reserve(&b[BUF_XW4], sizeof(float) * 4 * (size_t)out_w * taps_x)) != FL_OK ||
         (rc = reserve(&b[BUF_YFIRST], sizeof(int) * (size_t)out_h)) != FL_OK ||
-        (rc = reserve(&b[BUF_YW], sizeof(float) * (size_t)out_h * taps_y)) != FL_OK ||
+        (rc = reserve(&b[BUF_YW], sizeof(float) * (size_t)out_h * taps_y)) != FL_OK)
+        return rc;
+
+    int *xfirst = b[BUF_XFIRST].data, *yfirst = b[BUF_YFIRST].data;
+    float *xw = b[BUF_XW].data, *yw = b[BUF_YW].data;
+    build_axis(&ax, taps_x, xfirst, xw);
+    build_axis(&ay, taps_y, yfirst, yw);
+    if (t->flip)
+        mirror_axis(out_w, taps_x, xfirst, xw);
+
+    out->x.taps = taps_x;
+    out->x.first = xfirst;
+    out->x.weights = xw;
+    axis_span(xfirst, out_w, taps_x, &out->x.lo, &out->x.hi);
+    out->y.taps = taps_y;
+    out->y.first = yfirst;
+    out->y.weights = yw;
+    axis_span(yfirst, out_h, taps_y, &out->y.lo, &out->y.hi);
+    out->vertical_first = vertical_first(src_w, src_h, out_w, out_h);
+    out->clip = t->filter == FL_FILTER_BICUBIC;
+    return FL_OK;
+}
+
+FL_SIMD_CLONES
+int fl_resample(const unsigned char *src, int src_w, int src_h, size_t src_stride,
+                double box_x, double box_y, double box_w, double box_h,
+                const fl_resample_target *target, fl_resample_scratch *scratch)
+{
+    if (!src || !valid_target(target) || src_w < 1 || src_w > INT32_MAX / 4 ||
+        src_stride < (size_t)src_w * 3)
+        return FL_ERR_INVALID;
+    fl_resample_coeffs tables;
+    int rc = fl_resample_tables(src_w, src_h, box_x, box_y, box_w, box_h, target, scratch,
+                                &tables);
+    if (rc != FL_OK)
+        return rc;
+
+    const fl_resample_target *t = target;
+    int out_w = t->width, out_h = t->height;
+    int taps_x = tables.x.taps, taps_y = tables.y.taps;
+    int vfirst = tables.vertical_first, clip = tables.clip;
+    const int *xfirst = tables.x.first, *yfirst = tables.y.first;
+    const float *xw = tables.x.weights, *yw = tables.y.weights;
+    /* Only the source columns some window reads are widened. */
+    int col_lo = tables.x.lo, col_hi = tables.x.hi;
+
+    fl_buf *b = scratch->bufs;
+    size_t ring_row = (size_t)4 * out_w; /* floats in one output-width row */
+    if ((rc = reserve(&b[BUF_XW4], sizeof(float) * 4 * (size_t)out_w * taps_x)) != FL_OK ||
         (rc = reserve(&b[BUF_PIXELS], sizeof(float) * (3 * (size_t)src_w + 1))) != FL_OK ||
         (rc = reserve(&b[BUF_RING], vfirst ? 0 : sizeof(float) * ring_row * taps_y)) != FL_OK ||
         (rc = reserve(&b[BUF_ACC], sizeof(float) * ring_row)) != FL_OK ||
@@ -771,27 +833,11 @@ int fl_resample(const unsigned char *src, int src_w, int src_h, size_t src_strid
         (rc = reserve(&b[BUF_BYTES], 4 * (size_t)out_w)) != FL_OK)
         return rc;
 
-    int *xfirst = b[BUF_XFIRST].data, *yfirst = b[BUF_YFIRST].data;
-    float *xw = b[BUF_XW].data, *xw4 = b[BUF_XW4].data, *yw = b[BUF_YW].data;
+    float *xw4 = b[BUF_XW4].data;
     float *px = b[BUF_PIXELS].data, *ring = b[BUF_RING].data, *acc = b[BUF_ACC].data;
     unsigned char *bytes = b[BUF_BYTES].data;
-
-    build_axis(&ax, taps_x, xfirst, xw);
-    build_axis(&ay, taps_y, yfirst, yw);
-    if (t->flip)
-        mirror_axis(out_w, taps_x, xfirst, xw);
     for (size_t i = 0; i < (size_t)out_w * taps_x; i++)
         xw4[4 * i + 0] = xw4[4 * i + 1] = xw4[4 * i + 2] = xw4[4 * i + 3] = xw[i];
-    int clip = t->filter == FL_FILTER_BICUBIC;
-
-    /* Only the source columns some window reads are widened. */
-    int col_lo = src_w, col_hi = 0;
-    for (int i = 0; i < out_w; i++) {
-        if (xfirst[i] < col_lo)
-            col_lo = xfirst[i];
-        if (xfirst[i] + taps_x > col_hi)
-            col_hi = xfirst[i] + taps_x;
-    }
 
     if (taps_x == 1 && taps_y == 1) {
         /* NEAREST or a plain copy: a gather per output row. */

@@ -66,6 +66,48 @@ int fl_resample(const unsigned char *src, int src_w, int src_h, size_t src_strid
                 double box_x, double box_y, double box_w, double box_h,
                 const fl_resample_target *target, fl_resample_scratch *scratch);
 
+/* One axis of a resize as fl_resample computes it: output sample i is
+ * sum over t < taps of weights[i * taps + t] * source[first[i] + t], with
+ * every read inside the image (short windows at the edges are moved inwards
+ * and padded with zero weights).  The horizontal axis has the flip folded
+ * in (output column i reads what column width - 1 - i would have). */
+typedef struct fl_resample_axis {
+    int taps;             /* >= 1; 1 means a pure pick of first[i] (see clip) */
+    int lo, hi;           /* source samples some output reads: lo .. hi - 1 */
+    const int *first;     /* [out size], owned by the scratch */
+    const float *weights; /* [out size * taps], owned by the scratch */
+} fl_resample_axis;
+
+/* Everything the resampling of one image needs beyond the pixels: the two
+ * axes and the order of the passes.  With taps 1 on both axes the output is
+ * the picked pixel itself (the weights are not applied).  Otherwise:
+ *
+ * - vertical_first 0: h_t = sum over x taps (weights times bytes as float),
+ *   clipped to 0..255 when `clip` (or the byte itself when taps_x is 1),
+ *   for each of the taps_y rows, then v = sum over y taps of weight * h_t;
+ * - vertical_first 1: c_t = sum over y taps, clipped when `clip`, for each
+ *   of the taps_x columns, then v = sum over x taps of weight * c_t.
+ *
+ * Sums start at 0.0f and add one product at a time in tap order, in float,
+ * without fused multiply-add; v is then clipped to 0..255, scaled, offset
+ * and converted as fl_resample stores it. */
+typedef struct fl_resample_coeffs {
+    fl_resample_axis x, y; /* x: target->width entries; y: target->height */
+    int vertical_first;    /* 1: the vertical pass runs first */
+    int clip;              /* 1: the first pass's sums are clipped (BICUBIC) */
+} fl_resample_coeffs;
+
+/* Computes into *out the tables fl_resample uses for the box (box_x, box_y,
+ * box_w, box_h) of a src_w x src_h image and target (its width, height,
+ * filter, antialias and flip; dst, layout, dtype, scale and offset are
+ * checked as fl_resample checks them, except that dst may be NULL, and
+ * otherwise not read).  out's arrays live in scratch until the next call on
+ * it.  Returns FL_OK, FL_ERR_INVALID (a bad argument, as fl_resample) or
+ * FL_ERR_NOMEM; *out is set only on FL_OK. */
+int fl_resample_tables(int src_w, int src_h, double box_x, double box_y, double box_w,
+                       double box_h, const fl_resample_target *target,
+                       fl_resample_scratch *scratch, fl_resample_coeffs *out);
+
 /* Converts an image already resampled to target's size — three float
  * planes (R, G, B) of width * height values in [0, 255] (others are
  * clipped) — into target: scale, offset, dtype and layout as fl_resample
