@@ -106,7 +106,8 @@ def run_case(body, libs, **env):
     selected; `env` values of None remove a variable."""
     script = PRELUDE + textwrap.dedent(body) + "\nprint('ok')\n"
     environment = dict(os.environ, PYTHONPATH=str(ROOT), FASTLOAD_LIBCUDA=libs["cuda"],
-                       FASTLOAD_LIBNVJPEG=libs["nvjpeg"], FASTLOAD_LIBNVRTC=libs["nvrtc"])
+                       FASTLOAD_LIBNVJPEG=libs["nvjpeg"], FASTLOAD_LIBNVRTC=libs["nvrtc"],
+                       FASTLOAD_KERNEL_CACHE="off")
     for key, value in env.items():
         if value is None:
             environment.pop(key, None)
@@ -266,6 +267,29 @@ def test_kernel_compiled_for_the_device_and_launched(fake_gpu_libraries):
         c = counters("FASTLOAD_LIBCUDA", CUDA_COUNTERS)
         assert (c["live_modules"], c["kernel_launches"], c["device_buffers"]) == (1, 2, 0), c
     """, fake_gpu_libraries, FAKE_CUDA_CAPABILITY="8.6")
+
+
+def test_compiled_ptx_is_cached_on_disk(fake_gpu_libraries, tmp_path):
+    body = """
+        assert _C.nvrtc_launch_probe(None, 0, FILL, "fill_pattern", 300, 5) == fill_expected(300, 5)
+        print(nvrtc_options()[0])
+    """
+    cache = tmp_path / "kernels"
+    env = dict(FASTLOAD_KERNEL_CACHE=str(cache), FAKE_CUDA_CAPABILITY="8.0")
+    assert run_case(body, fake_gpu_libraries, **env) == ["1"]  # compiled, then stored
+    files = sorted(p.name for p in cache.iterdir())
+    assert len(files) == 1 and files[0].endswith("-compute_80-nvrtc12.4.ptx"), files
+    assert (cache / files[0]).read_text().startswith("// fake PTX\n")
+    assert run_case(body, fake_gpu_libraries, **env) == ["0"]  # loaded, not compiled
+    # Another architecture or NVRTC is another file; a damaged file is compiled again.
+    assert run_case(body, fake_gpu_libraries, FASTLOAD_KERNEL_CACHE=str(cache),
+                    FAKE_CUDA_CAPABILITY="9.0") == ["1"]
+    assert run_case(body, fake_gpu_libraries, FAKE_NVRTC_VERSION="13.0", **env) == ["1"]
+    assert len(list(cache.iterdir())) == 3
+    (cache / files[0]).write_text("garbage")
+    assert run_case(body, fake_gpu_libraries, **env) == ["1"]
+    assert (cache / files[0]).read_text().startswith("// fake PTX\n")
+    assert not [p for p in cache.iterdir() if p.name.endswith(".tmp")]
 
 
 def test_compile_error_carries_the_log(fake_gpu_libraries):

@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/cuda/library.h"
 
@@ -194,6 +196,90 @@ static uint64_t fnv1a(const char *text, size_t bytes)
     return hash;
 }
 
+/* ---- The PTX cache on disk -------------------------------------------- */
+
+/* A compile costs NVRTC's start-up and the compile itself (hundreds of
+ * milliseconds) in every process; the PTX is kept in
+ * $FASTLOAD_KERNEL_CACHE (default ~/.cache/fastload/kernels; "off"
+ * disables it), one file per source, architecture and NVRTC version, named
+ * by all three (and the source's length and a format number that changes
+ * with the options).  The cache is only a shortcut: a file that cannot be
+ * read, written or loaded means a compile, never an error. */
+#define PTX_CACHE_FORMAT 1
+
+static char *cache_path(const fl_nvrtc *lib, uint64_t hash, size_t bytes, int major, int minor,
+                        int create)
+{
+    const char *folder = getenv("FASTLOAD_KERNEL_CACHE");
+    char *made = NULL;
+    if (folder && strcmp(folder, "off") == 0)
+        return NULL;
+    if (!folder || !*folder) {
+        const char *home = getenv("HOME");
+        if (!home || !*home)
+            return NULL;
+        made = message("%s/.cache/fastload/kernels", home);
+        if (!made)
+            return NULL;
+        if (create) { /* each level; an existing one is fine */
+            char *cache = message("%s/.cache", home);
+            char *fastload = message("%s/.cache/fastload", home);
+            if (cache)
+                mkdir(cache, 0755);
+            if (fastload)
+                mkdir(fastload, 0755);
+            free(cache);
+            free(fastload);
+        }
+        folder = made;
+    }
+    if (create)
+        mkdir(folder, 0755);
+    char *path = message("%s/v%d-%016llx-%zu-compute_%d%d-nvrtc%d.%d.ptx", folder,
+                         PTX_CACHE_FORMAT, (unsigned long long)hash, bytes, major, minor,
+                         lib->version_major, lib->version_minor);
+    free(made);
+    return path;
+}
+
+/* The cached PTX (malloc'd), or NULL. */
+static char *cache_read(const char *path)
+{
+    FILE *file = path ? fopen(path, "rb") : NULL;
+    char *ptx = NULL;
+    long size = -1;
+    if (file && fseek(file, 0, SEEK_END) == 0)
+        size = ftell(file);
+    if (size > 0 && size < (64L << 20) && fseek(file, 0, SEEK_SET) == 0 &&
+        (ptx = malloc((size_t)size + 1)) != NULL) {
+        if (fread(ptx, 1, (size_t)size, file) != (size_t)size || memchr(ptx, 0, (size_t)size)) {
+            free(ptx);
+            ptx = NULL;
+        } else {
+            ptx[size] = '\0';
+        }
+    }
+    if (file)
+        fclose(file);
+    return ptx;
+}
+
+/* Writes `ptx` to `path` through a temporary file renamed into place, so a
+ * reader never sees half a file. */
+static void cache_write(const char *path, const char *ptx)
+{
+    char *temporary = path ? message("%s.%ld.tmp", path, (long)getpid()) : NULL;
+    FILE *file = temporary ? fopen(temporary, "wb") : NULL;
+    if (file) {
+        size_t size = strlen(ptx);
+        int ok = fwrite(ptx, 1, size, file) == size;
+        ok &= fclose(file) == 0;
+        if (!ok || rename(temporary, path) != 0)
+            unlink(temporary);
+    }
+    free(temporary);
+}
+
 static fl_cu_module find_or_load(const fl_cuda *cuda, const fl_nvrtc *lib, int ordinal,
                                  const char *source, const char *name, char **error)
 {
@@ -214,12 +300,27 @@ static fl_cu_module find_or_load(const fl_cuda *cuda, const fl_nvrtc *lib, int o
                          ordinal, fl_cuda_error_string(cuda, rc));
         return NULL;
     }
-    char *ptx = NULL;
-    if (fl_nvrtc_compile_ptx(lib, source, name, major, minor, &ptx, error) != 0)
-        return NULL;
     fl_cu_module module = NULL;
-    rc = cuda->module_load_data(&module, ptx);
+    char *path = cache_path(lib, hash, bytes, major, minor, 0);
+    char *ptx = cache_read(path);
+    if (ptx && cuda->module_load_data(&module, ptx) != 0)
+        module = NULL; /* stale or damaged: compile again, and replace it */
     free(ptx);
+    ptx = NULL;
+    if (!module) {
+        if (fl_nvrtc_compile_ptx(lib, source, name, major, minor, &ptx, error) != 0) {
+            free(path);
+            return NULL;
+        }
+        rc = cuda->module_load_data(&module, ptx);
+        if (rc == 0 && path) {
+            free(path);
+            path = cache_path(lib, hash, bytes, major, minor, 1);
+            cache_write(path, ptx);
+        }
+        free(ptx);
+    }
+    free(path);
     if (rc != 0) {
         /* CUDA_ERROR_UNSUPPORTED_PTX_VERSION (222): NVRTC newer than the driver. */
         *error = message("cuModuleLoadData(%s) on cuda:%d failed: %s (NVRTC %d.%d)", name,

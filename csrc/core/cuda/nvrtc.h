@@ -63,7 +63,10 @@ int fl_nvrtc_compile_ptx(const fl_nvrtc *lib, const char *source, const char *na
 /* The kernel `kernel` (an extern "C" __global__ function) of `source` on
  * device `ordinal`: compiled and loaded once per process, source and device
  * (a table of modules, guarded by a mutex; the module lives until exit, as
- * the primary context does), then looked up.  Call with the device's
+ * the primary context does), then looked up.  The PTX is kept on disk in
+ * $FASTLOAD_KERNEL_CACHE (default ~/.cache/fastload/kernels, "off" for
+ * none), keyed by the source, the architecture and NVRTC's version, so a
+ * later process loads it without compiling.  Call with the device's
  * context current.  Returns 0 with *function, or -1 with *error
  * (malloc'd, or NULL when out of memory; the caller frees). */
 int fl_nvrtc_kernel(const fl_cuda *cuda, const fl_nvrtc *lib, int ordinal, const char *source,
