@@ -7,7 +7,6 @@ in a fresh process: each library is opened once per process.  The last test
 decodes through the real nvJPEG on a GPU (marked ``gpu``).
 """
 
-import ctypes
 import io
 import os
 import pathlib
@@ -336,7 +335,7 @@ def _why_no_real_nvjpeg():
 
 
 @pytest.mark.gpu
-def test_real_nvjpeg_decodes_like_pillow():
+def test_real_nvjpeg_decodes_like_pillow(tmp_path):
     why = _why_no_real_nvjpeg()
     if why:
         pytest.skip(why)
@@ -350,21 +349,21 @@ def test_real_nvjpeg_decodes_like_pillow():
         out = io.BytesIO()
         Image.fromarray(rgb).save(out, "JPEG", quality=92, subsampling=subsampling)
         jpegs.append(out.getvalue())
-    script = ("import fastload.cuda as c, numpy as np, sys\n"
+        (tmp_path / f"{subsampling}.jpg").write_bytes(out.getvalue())
+    script = ("import fastload.cuda as c, numpy as np, pathlib, sys\n"
               "from fastload import _C\n"
-              f"jpegs = {jpegs!r}\n"
+              "folder = pathlib.Path(sys.argv[1])\n"
+              "jpegs = [(folder / f'{s}.jpg').read_bytes() for s in (0, 2)]\n"
               "out = _C.nvjpeg_decode_probe(c._library_folders('nvjpeg'), 0, jpegs, True, True)\n"
-              "print(out['backend'])\n"
-              "np.save(sys.argv[1], np.stack(out['images']))\n")
+              "print(out['backend'], c._nvjpeg_info())\n"
+              "np.save(folder / 'decoded.npy', np.stack(out['images']))\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     for key in ("FASTLOAD_LIBCUDA", "FASTLOAD_LIBNVJPEG"):
         env.pop(key, None)
-    target = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / f"nvjpeg-{os.getpid()}.npy"
-    result = subprocess.run([sys.executable, "-c", script, str(target)], env=env,
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=env,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    images = np.load(target)
-    target.unlink()
+    images = np.load(tmp_path / "decoded.npy")
     for data, image in zip(jpegs, images):
         reference = np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).astype(np.float64)
         mse = np.mean((image.astype(np.float64) - reference) ** 2)
