@@ -64,8 +64,8 @@ NVJPEG_COUNTERS = ("live_handles", "live_states", "live_streams", "create_calls"
                    "last_backend", "initialize_calls", "decode_calls", "images_decoded",
                    "supported_calls")
 
-def decode(jpegs, hardware=True, do_decode=True):
-    return _C.nvjpeg_decode_probe(FOLDERS, 0, jpegs, hardware, do_decode)
+def decode(jpegs, hardware=True, do_decode=True, allocator=False):
+    return _C.nvjpeg_decode_probe(FOLDERS, 0, jpegs, hardware, do_decode, allocator)
 
 def error_of(call):
     try:
@@ -187,6 +187,27 @@ def test_batched_decode_matches_libjpeg(fake_gpu_libraries):
     """, fake_gpu_libraries)
 
 
+def test_device_memory_through_our_allocator(fake_gpu_libraries):
+    run_case("""
+        jpegs = [jpeg(24, 24, 1), jpeg(9, 31, 2)]
+        plain = decode(jpegs)
+        assert plain["allocator"] == (0, 0)
+        pooled = decode(jpegs, allocator=True)
+        # nvjpegCreateExV2 took the allocator: its scratch came from it, and
+        # all of it went back when the decoder went.
+        assert pooled["allocator"][0] >= 1 and pooled["allocator"][1] == 0, pooled["allocator"]
+        assert all(np.array_equal(a, b) for a, b in zip(plain["images"], pooled["images"]))
+        no_leaks()
+    """, fake_gpu_libraries)
+    # The allocator refusing is nvJPEG's allocator failure, named.
+    run_case("""
+        message = error_of(lambda: decode([jpeg(24, 24, 1)], allocator=True))
+        assert message == ("nvjpegDecodeBatchedInitialize failed: "
+                           "NVJPEG_STATUS_ALLOCATOR_FAILURE (5)"), message
+        no_leaks()
+    """, fake_gpu_libraries, FAKE_CUDA_MEMORY="2000")
+
+
 def test_without_jpeg_engines_the_default_backend_decodes(fake_gpu_libraries):
     run_case("""
         data = [jpeg(20, 30, 5, progressive=True)]
@@ -203,7 +224,8 @@ def test_progressive_refused_by_the_hardware_backend(fake_gpu_libraries):
     run_case("""
         jpegs = [jpeg(16, 16, 1), jpeg(16, 16, 2, progressive=True)]
         out = decode(jpegs, do_decode=False)
-        assert out == {"backend": "hardware", "supported": [True, False], "images": None}, out
+        assert out == {"backend": "hardware", "supported": [True, False], "images": None,
+                       "allocator": (0, 0)}, out
         message = error_of(lambda: decode(jpegs))
         assert message == ("nvjpegDecodeBatched failed: NVJPEG_STATUS_JPEG_NOT_SUPPORTED (4)"), \\
             message
@@ -354,7 +376,8 @@ def test_real_nvjpeg_decodes_like_pillow(tmp_path):
               "from fastload import _C\n"
               "folder = pathlib.Path(sys.argv[1])\n"
               "jpegs = [(folder / f'{s}.jpg').read_bytes() for s in (0, 2)]\n"
-              "out = _C.nvjpeg_decode_probe(c._library_folders('nvjpeg'), 0, jpegs, True, True)\n"
+              "out = _C.nvjpeg_decode_probe(c._library_folders('nvjpeg'), 0, jpegs, True, True,\n"
+              "                             False)\n"
               "print(out['backend'], c._nvjpeg_info())\n"
               "np.save(folder / 'decoded.npy', np.stack(out['images']))\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT))

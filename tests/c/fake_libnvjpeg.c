@@ -76,12 +76,28 @@ static int failing(const char *what)
     return v && strcmp(v, what) == 0;
 }
 
+/* nvjpegDevAllocatorV2_t, as nvjpegCreateExV2 takes it. */
+typedef struct {
+    int (*dev_malloc)(void *ctx, void **ptr, size_t size, void *stream);
+    int (*dev_free)(void *ctx, void *ptr, size_t size, void *stream);
+    void *dev_ctx;
+} dev_allocator_v2;
+
 typedef struct {
     int backend;
+    int has_allocator;
+    dev_allocator_v2 allocator; /* CreateExV2's, when given */
 } handle;
+/* With a V2 device allocator, a state's batched initialise takes its
+ * scratch memory from it (4 KiB an image) and gives it back when the state
+ * goes or is initialised again: the calls, their order of arguments and
+ * their pairing are what the tests check. */
 typedef struct {
     int batch_size;
     int format;
+    handle *owner;
+    void *scratch;
+    size_t scratch_bytes;
 } state;
 typedef struct {
     int parsed;
@@ -110,7 +126,7 @@ nvjpegStatus_t nvjpegCreateEx(int backend, void *dev, void *pinned, unsigned int
     const char *hardware = getenv("FAKE_NVJPEG_HARDWARE");
     if (backend == BACKEND_HARDWARE && hardware && strcmp(hardware, "0") == 0)
         return ARCH_MISMATCH;
-    handle *h = malloc(sizeof *h);
+    handle *h = calloc(1, sizeof *h);
     if (!h)
         return ALLOCATOR_FAILURE;
     h->backend = backend;
@@ -123,10 +139,17 @@ nvjpegStatus_t nvjpegCreateEx(int backend, void *dev, void *pinned, unsigned int
     return SUCCESS;
 }
 
-nvjpegStatus_t nvjpegCreateExV2(int backend, void *dev, void *pinned, unsigned int flags,
-                                void **out)
+nvjpegStatus_t nvjpegCreateExV2(int backend, dev_allocator_v2 *dev, void *pinned,
+                                unsigned int flags, void **out)
 {
-    return nvjpegCreateEx(backend, dev, pinned, flags, out);
+    if (dev && (!dev->dev_malloc || !dev->dev_free))
+        return INVALID_PARAMETER;
+    nvjpegStatus_t rc = nvjpegCreateEx(backend, NULL, pinned, flags, out);
+    if (rc == SUCCESS && dev) {
+        ((handle *)*out)->has_allocator = 1;
+        ((handle *)*out)->allocator = *dev;
+    }
+    return rc;
 }
 
 nvjpegStatus_t nvjpegDestroy(void *h)
@@ -140,17 +163,27 @@ nvjpegStatus_t nvjpegDestroy(void *h)
 
 nvjpegStatus_t nvjpegJpegStateCreate(void *h, void **out)
 {
-    (void)h;
     state *s = calloc(1, sizeof *s);
     if (!s)
         return ALLOCATOR_FAILURE;
+    s->owner = h;
     *out = s;
     count(LIVE_STATES, 1);
     return SUCCESS;
 }
 
+static void free_scratch(state *s)
+{
+    if (s->scratch)
+        s->owner->allocator.dev_free(s->owner->allocator.dev_ctx, s->scratch, s->scratch_bytes,
+                                     NULL);
+    s->scratch = NULL;
+    s->scratch_bytes = 0;
+}
+
 nvjpegStatus_t nvjpegJpegStateDestroy(void *s)
 {
+    free_scratch(s);
     free(s);
     count(LIVE_STATES, -1);
     return SUCCESS;
@@ -250,18 +283,28 @@ nvjpegStatus_t nvjpegGetImageInfo(void *h, const unsigned char *data, size_t len
     return rc;
 }
 
-nvjpegStatus_t nvjpegDecodeBatchedInitialize(void *h, void *s, int batch_size,
+nvjpegStatus_t nvjpegDecodeBatchedInitialize(void *h, void *sp, int batch_size,
                                              int max_cpu_threads, int format)
 {
-    (void)h;
     (void)max_cpu_threads;
+    state *s = sp;
     count(INITIALIZE_CALLS, 1);
     if (failing("initialize"))
         return ALLOCATOR_FAILURE;
     if (batch_size <= 0 || format != OUTPUT_RGBI)
         return INVALID_PARAMETER;
-    ((state *)s)->batch_size = batch_size;
-    ((state *)s)->format = format;
+    free_scratch(s);
+    if (((handle *)h)->has_allocator) {
+        size_t bytes = 4096 * (size_t)batch_size;
+        dev_allocator_v2 *a = &((handle *)h)->allocator;
+        if (a->dev_malloc(a->dev_ctx, &s->scratch, bytes, NULL) != 0) {
+            s->scratch = NULL;
+            return ALLOCATOR_FAILURE;
+        }
+        s->scratch_bytes = bytes;
+    }
+    s->batch_size = batch_size;
+    s->format = format;
     return SUCCESS;
 }
 

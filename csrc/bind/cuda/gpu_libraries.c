@@ -123,6 +123,38 @@ static PyObject *nvrtc_info(PyObject *module, PyObject *folders)
 
 #define MAX_PROBE_IMAGES 64
 
+/* A stream-ordered device allocator (nvJPEG's V2 interface) over
+ * cuMemAlloc, counting what nvJPEG asked of it: the shape the decode
+ * stage's pool takes.  One thread at a time (the probe's). */
+typedef struct {
+    const fl_cuda *cuda;
+    long long calls;      /* successful allocations */
+    long long live_bytes; /* allocated, not yet freed */
+} probe_allocator;
+
+static int probe_malloc(void *ctx, void **ptr, size_t bytes, fl_cu_stream stream)
+{
+    (void)stream;
+    probe_allocator *a = ctx;
+    fl_cu_deviceptr p = 0;
+    if (a->cuda->mem_alloc(&p, bytes ? bytes : 1) != 0)
+        return 1;
+    *ptr = (void *)(size_t)p;
+    a->calls++;
+    a->live_bytes += (long long)bytes;
+    return 0;
+}
+
+static int probe_free(void *ctx, void *ptr, size_t bytes, fl_cu_stream stream)
+{
+    (void)stream;
+    probe_allocator *a = ctx;
+    if (a->cuda->mem_free((fl_cu_deviceptr)(size_t)ptr) != 0)
+        return 1;
+    a->live_bytes -= (long long)bytes;
+    return 0;
+}
+
 /* Everything the GIL-free part of the decode probe uses, released at one
  * place. */
 typedef struct {
@@ -131,6 +163,8 @@ typedef struct {
     int device;
     int use_hardware;
     int decode;
+    int use_allocator;
+    probe_allocator allocator;
     int count;
     const unsigned char *data[MAX_PROBE_IMAGES];
     size_t lengths[MAX_PROBE_IMAGES];
@@ -146,8 +180,11 @@ typedef struct {
  * backend takes them.  Returns 0 or -1 with job->error. */
 static int probe_sizes(decode_job *job, fl_nvjpeg_decoder **decoder)
 {
-    fl_nvjpeg_status rc = fl_nvjpeg_decoder_create(job->lib, job->use_hardware, NULL, NULL,
-                                                   decoder, job->error, sizeof job->error);
+    fl_nvjpeg_dev_allocator_v2 dev = {probe_malloc, probe_free, &job->allocator};
+    job->allocator.cuda = job->cuda;
+    fl_nvjpeg_status rc =
+        fl_nvjpeg_decoder_create(job->lib, job->use_hardware, job->use_allocator ? &dev : NULL,
+                                 NULL, decoder, job->error, sizeof job->error);
     if (rc != 0)
         return -1;
     job->backend = (*decoder)->backend;
@@ -223,9 +260,9 @@ static void free_buffers(decode_job *job)
 static PyObject *nvjpeg_decode_probe(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError,
-                        "nvjpeg_decode_probe(folders, device, jpegs, use_hardware, decode)");
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "nvjpeg_decode_probe(folders, device, jpegs, "
+                                         "use_hardware, decode, use_allocator)");
         return NULL;
     }
     decode_job *job = NULL;
@@ -242,7 +279,8 @@ static PyObject *nvjpeg_decode_probe(PyObject *module, PyObject *const *args, Py
     job->device = as_int(args[1]);
     job->use_hardware = PyObject_IsTrue(args[3]);
     job->decode = PyObject_IsTrue(args[4]);
-    if (PyErr_Occurred() || job->use_hardware < 0 || job->decode < 0)
+    job->use_allocator = PyObject_IsTrue(args[5]);
+    if (PyErr_Occurred() || job->use_hardware < 0 || job->decode < 0 || job->use_allocator < 0)
         goto bailout;
     jpegs = PySequence_Tuple(args[2]); /* holds the bytes while the GIL is released */
     if (!jpegs)
@@ -312,8 +350,14 @@ static PyObject *nvjpeg_decode_probe(PyObject *module, PyObject *const *args, Py
             goto bailout;
         }
     }
-    result = Py_BuildValue("{sssOsO}", "backend", backend_name(job->backend), "supported",
-                           supported, "images", arrays ? arrays : Py_None);
+    /* The decoder goes first, so the allocator's account is complete. */
+    Py_BEGIN_ALLOW_THREADS
+    fl_nvjpeg_decoder_destroy(decoder);
+    Py_END_ALLOW_THREADS
+    decoder = NULL;
+    result = Py_BuildValue("{sssOsOs(LL)}", "backend", backend_name(job->backend), "supported",
+                           supported, "images", arrays ? arrays : Py_None, "allocator",
+                           job->allocator.calls, job->allocator.live_bytes);
 bailout:
     if (job && entered) {
         Py_BEGIN_ALLOW_THREADS
@@ -427,13 +471,16 @@ PyMethodDef fl__gpu_library_methods[] = {
      "Opens NVRTC once per process (as nvjpeg_info) and returns {'available',\n"
      "'path', 'version': (major, minor), 'error'}."},
     {"nvjpeg_decode_probe", (PyCFunction)(void (*)(void))nvjpeg_decode_probe, METH_FASTCALL,
-     "nvjpeg_decode_probe(folders, device, jpegs, use_hardware, decode, /)\n--\n\n"
+     "nvjpeg_decode_probe(folders, device, jpegs, use_hardware, decode, use_allocator, /)\n"
+     "--\n\n"
      "For tests: makes an nvJPEG decoder on cuda:`device` (the hardware backend\n"
-     "first when `use_hardware`), asks whether it takes each JPEG, and with\n"
+     "first when `use_hardware`; with `use_allocator`, nvjpegCreateExV2 with a\n"
+     "counting device allocator), asks whether it takes each JPEG, and with\n"
      "`decode` decodes them all in one batch into device buffers copied back.\n"
      "Returns {'backend': 'hardware' or 'default', 'supported': [bool],\n"
-     "'images': [HxWx3 uint8 arrays] or None}; RuntimeError naming the call\n"
-     "and status on failure."},
+     "'images': [HxWx3 uint8 arrays] or None, 'allocator': (allocations, bytes\n"
+     "still held after the decoder is gone)}; RuntimeError naming the call and\n"
+     "status on failure."},
     {"nvrtc_launch_probe", (PyCFunction)(void (*)(void))nvrtc_launch_probe, METH_FASTCALL,
      "nvrtc_launch_probe(folders, device, source, kernel, n, arg, /)\n--\n\n"
      "For tests: compiles `source` with NVRTC for cuda:`device` (once per\n"

@@ -160,6 +160,14 @@ fl_nvjpeg_status fl_nvjpeg_decoder_create(const fl_nvjpeg *lib, int use_hardware
         return FL_NVJPEG_STATUS_ALLOCATOR_FAILURE;
     }
     decoder->lib = lib;
+    if (dev) {
+        decoder->dev = *dev;
+        dev = &decoder->dev;
+    }
+    if (pinned) {
+        decoder->pinned = *pinned;
+        pinned = &decoder->pinned;
+    }
     fl_nvjpeg_status rc = FL_NVJPEG_STATUS_NOT_INITIALIZED;
     if (use_hardware) {
         /* Without JPEG engines the library refuses this backend (its docs:

@@ -177,6 +177,10 @@ typedef struct fl_nvjpeg_decoder {
     fl_nvjpeg_backend backend; /* the backend it got */
     int batch_size;           /* what the state was initialised for (0: not yet) */
     fl_nvjpeg_output_format format;
+    /* The caller's allocators, copied: the library may keep the pointers
+     * it was given for the handle's life. */
+    fl_nvjpeg_dev_allocator_v2 dev;
+    fl_nvjpeg_pinned_allocator_v2 pinned;
 } fl_nvjpeg_decoder;
 
 /* Makes a decoder on the current context's device.  With `use_hardware`,
