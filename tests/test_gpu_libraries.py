@@ -64,8 +64,8 @@ NVJPEG_COUNTERS = ("live_handles", "live_states", "live_streams", "create_calls"
                    "last_backend", "initialize_calls", "decode_calls", "images_decoded",
                    "supported_calls")
 
-def decode(jpegs, hardware=True, do_decode=True, allocator=False):
-    return _C.nvjpeg_decode_probe(FOLDERS, 0, jpegs, hardware, do_decode, allocator)
+def decode(jpegs, hardware=True, do_decode=True, allocator=False, rois=None):
+    return _C.nvjpeg_decode_probe(FOLDERS, 0, jpegs, hardware, do_decode, allocator, rois)
 
 def error_of(call):
     try:
@@ -206,6 +206,27 @@ def test_device_memory_through_our_allocator(fake_gpu_libraries):
                            "NVJPEG_STATUS_ALLOCATOR_FAILURE (5)"), message
         no_leaks()
     """, fake_gpu_libraries, FAKE_CUDA_MEMORY="2000")
+
+
+def test_regions_of_interest(fake_gpu_libraries):
+    run_case("""
+        jpegs = [jpeg(64, 48, 1), jpeg(33, 17, 2, subsampling=0)]
+        whole = decode(jpegs)["images"]
+        out = decode(jpegs, rois=[(8, 4, 20, 30), (0, 0, 0, 0)])
+        assert np.array_equal(out["images"][0], whole[0][4:34, 8:28])
+        assert np.array_equal(out["images"][1], whole[1])
+        message = error_of(lambda: decode(jpegs, rois=[(50, 0, 20, 10), (0, 0, 0, 0)]))
+        assert message == "image 0: region outside the image", message
+        c = counters("FASTLOAD_LIBNVJPEG", NVJPEG_COUNTERS + ("live_params",))
+        assert c["live_params"] == 0, c  # the decoder's parameters went with it
+        no_leaks()
+    """, fake_gpu_libraries)
+    run_case("""
+        message = error_of(lambda: decode([jpeg(16, 16, 1)], rois=[(0, 0, 8, 8)]))
+        assert message == ("nvjpegDecodeBatchedEx failed: "
+                           "NVJPEG_STATUS_IMPLEMENTATION_NOT_SUPPORTED (9)"), message
+        no_leaks()
+    """, fake_gpu_libraries, FAKE_NVJPEG_HARDWARE="0")
 
 
 def test_without_jpeg_engines_the_default_backend_decodes(fake_gpu_libraries):
@@ -377,7 +398,7 @@ def test_real_nvjpeg_decodes_like_pillow(tmp_path):
               "folder = pathlib.Path(sys.argv[1])\n"
               "jpegs = [(folder / f'{s}.jpg').read_bytes() for s in (0, 2)]\n"
               "out = _C.nvjpeg_decode_probe(c._library_folders('nvjpeg'), 0, jpegs, True, True,\n"
-              "                             False)\n"
+              "                             False, None)\n"
               "print(out['backend'], c._nvjpeg_info())\n"
               "np.save(folder / 'decoded.npy', np.stack(out['images']))\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT))

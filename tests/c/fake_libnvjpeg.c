@@ -12,7 +12,8 @@
  * NVJPEG_STATUS_BAD_JPEG.  FAKE_NVJPEG_FAIL injects failures: "create"
  * (handle creation: ALLOCATOR_FAILURE), "initialize" (batched initialise:
  * ALLOCATOR_FAILURE), "execute" (batched decode: EXECUTION_FAILED).
- * fake_nvjpeg_counters() tells the tests what was asked.
+ * fake_nvjpeg_counters() tells the tests what was asked.  Regions of
+ * interest (nvjpegDecodeBatchedEx) are taken by the hardware backend only.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -49,6 +50,7 @@ enum {
     DECODE_CALLS,      /* nvjpegDecodeBatched */
     IMAGES_DECODED,
     SUPPORTED_CALLS,   /* nvjpegDecodeBatchedSupported */
+    LIVE_PARAMS,       /* nvjpegDecodeParams_t alive */
     N_COUNTERS
 };
 static long long counters[N_COUNTERS];
@@ -377,5 +379,94 @@ nvjpegStatus_t nvjpegDecodeBatchedSupported(void *hp, void *sp, int *is_supporte
         return INVALID_PARAMETER;
     /* 0 means supported, as in the library. */
     *is_supported = h->backend == BACKEND_HARDWARE && st->progressive;
+    return SUCCESS;
+}
+
+/* ---- Regions of interest (nvjpegDecodeBatchedEx) ------------------------ */
+
+typedef struct {
+    int format;
+    int x, y, width, height; /* width 0: the whole image */
+} params;
+
+nvjpegStatus_t nvjpegDecodeParamsCreate(void *h, void **out)
+{
+    (void)h;
+    params *p = calloc(1, sizeof *p);
+    if (!p)
+        return ALLOCATOR_FAILURE;
+    p->format = OUTPUT_RGBI;
+    *out = p;
+    count(LIVE_PARAMS, 1);
+    return SUCCESS;
+}
+
+nvjpegStatus_t nvjpegDecodeParamsDestroy(void *p)
+{
+    free(p);
+    count(LIVE_PARAMS, -1);
+    return SUCCESS;
+}
+
+nvjpegStatus_t nvjpegDecodeParamsSetOutputFormat(void *p, int format)
+{
+    ((params *)p)->format = format;
+    return SUCCESS;
+}
+
+nvjpegStatus_t nvjpegDecodeParamsSetROI(void *pp, int x, int y, int width, int height)
+{
+    params *p = pp;
+    if (x < 0 || y < 0 || width < 0 || height < 0)
+        return INVALID_PARAMETER;
+    p->x = x;
+    p->y = y;
+    p->width = width;
+    p->height = height;
+    return SUCCESS;
+}
+
+/* Decodes the whole image into a scratch buffer, then copies the region:
+ * the pixels of a region are the whole decode's, as nvJPEG's are. */
+nvjpegStatus_t nvjpegDecodeBatchedEx(void *hp, void *sp, const unsigned char *const *data,
+                                     const size_t *lengths, nvjpegImage_t *destinations,
+                                     void **decode_params, void *cuda_stream)
+{
+    (void)cuda_stream;
+    handle *h = hp;
+    state *s = sp;
+    count(DECODE_CALLS, 1);
+    if (s->batch_size <= 0)
+        return 1; /* NVJPEG_STATUS_NOT_INITIALIZED */
+    if (h->backend != BACKEND_HARDWARE)
+        return 9; /* NVJPEG_STATUS_IMPLEMENTATION_NOT_SUPPORTED */
+    if (failing("execute"))
+        return EXECUTION_FAILED;
+    for (int i = 0; i < s->batch_size; i++) {
+        params *p = decode_params[i];
+        int components = 0, widths[4], heights[4], progressive = 0;
+        nvjpegStatus_t rc =
+            run_libjpeg(data[i], lengths[i], &components, widths, heights, &progressive, NULL);
+        if (rc != SUCCESS)
+            return rc;
+        if (progressive)
+            return JPEG_NOT_SUPPORTED;
+        int w = p->width ? p->width : widths[0], hgt = p->height ? p->height : heights[0];
+        if (p->format != OUTPUT_RGBI || p->x + w > widths[0] || p->y + hgt > heights[0])
+            return INVALID_PARAMETER;
+        size_t pitch = (size_t)widths[0] * 3;
+        nvjpegImage_t whole = {{malloc(pitch * (size_t)heights[0])}, {pitch}};
+        if (!whole.channel[0])
+            return ALLOCATOR_FAILURE;
+        rc = run_libjpeg(data[i], lengths[i], NULL, NULL, NULL, NULL, &whole);
+        for (int row = 0; rc == SUCCESS && row < hgt; row++)
+            memcpy(destinations[i].channel[0] + destinations[i].pitch[0] * (size_t)row,
+                   whole.channel[0] + pitch * (size_t)(p->y + row) + (size_t)p->x * 3,
+                   (size_t)w * 3);
+        free(whole.channel[0]);
+        if (rc != SUCCESS)
+            return rc;
+        count(IMAGES_DECODED, 1);
+    }
     return SUCCESS;
 }

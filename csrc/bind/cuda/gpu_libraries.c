@@ -164,6 +164,8 @@ typedef struct {
     int use_hardware;
     int decode;
     int use_allocator;
+    int use_rois;
+    int rois[MAX_PROBE_IMAGES][4]; /* x, y, width, height when use_rois */
     probe_allocator allocator;
     int count;
     const unsigned char *data[MAX_PROBE_IMAGES];
@@ -206,6 +208,17 @@ static int probe_sizes(decode_job *job, fl_nvjpeg_decoder **decoder)
         }
         job->widths[i] = widths[0];
         job->heights[i] = heights[0];
+        if (job->use_rois) { /* the output is the region (0: the whole width or height) */
+            const int *roi = job->rois[i];
+            if (roi[0] < 0 || roi[1] < 0 || roi[2] < 0 || roi[3] < 0 ||
+                roi[0] + (roi[2] ? roi[2] : widths[0]) > widths[0] ||
+                roi[1] + (roi[3] ? roi[3] : heights[0]) > heights[0]) {
+                snprintf(job->error, sizeof job->error, "image %d: region outside the image", i);
+                return -1;
+            }
+            job->widths[i] = roi[2] ? roi[2] : widths[0];
+            job->heights[i] = roi[3] ? roi[3] : heights[0];
+        }
     }
     return 0;
 }
@@ -231,8 +244,14 @@ static int probe_decode(decode_job *job, fl_nvjpeg_decoder *decoder)
         images[i].channel[0] = (unsigned char *)(size_t)job->buffers[i];
         images[i].pitch[0] = (size_t)job->widths[i] * 3;
     }
-    if (fl_nvjpeg_decode_batch(decoder, job->count, job->data, job->lengths, images, NULL,
-                               job->error, sizeof job->error) != 0)
+    fl_nvjpeg_status status =
+        job->use_rois
+            ? fl_nvjpeg_decode_batch_roi(decoder, job->count, job->data, job->lengths,
+                                         (const int(*)[4])job->rois, images, NULL, job->error,
+                                         sizeof job->error)
+            : fl_nvjpeg_decode_batch(decoder, job->count, job->data, job->lengths, images, NULL,
+                                     job->error, sizeof job->error);
+    if (status != 0)
         return -1;
     fl_cu_result rc = 0;
     for (int i = 0; i < job->count && rc == 0; i++)
@@ -260,9 +279,9 @@ static void free_buffers(decode_job *job)
 static PyObject *nvjpeg_decode_probe(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 6) {
+    if (nargs != 7) {
         PyErr_SetString(PyExc_TypeError, "nvjpeg_decode_probe(folders, device, jpegs, "
-                                         "use_hardware, decode, use_allocator)");
+                                         "use_hardware, decode, use_allocator, rois)");
         return NULL;
     }
     decode_job *job = NULL;
@@ -298,6 +317,19 @@ static PyObject *nvjpeg_decode_probe(PyObject *module, PyObject *const *args, Py
         }
         job->data[i] = (const unsigned char *)PyBytes_AS_STRING(item);
         job->lengths[i] = (size_t)PyBytes_GET_SIZE(item);
+    }
+    if (args[6] != Py_None) {
+        job->use_rois = 1;
+        if (!PyList_Check(args[6]) || PyList_GET_SIZE(args[6]) != job->count) {
+            PyErr_SetString(PyExc_TypeError, "rois: a list of (x, y, width, height), one an image");
+            goto bailout;
+        }
+        for (int i = 0; i < job->count; i++) {
+            PyObject *roi = PyList_GET_ITEM(args[6], i);
+            if (!PyArg_ParseTuple(roi, "iiii;rois: (x, y, width, height) each", &job->rois[i][0],
+                                  &job->rois[i][1], &job->rois[i][2], &job->rois[i][3]))
+                goto bailout;
+        }
     }
     if (!(job->cuda = fl__cuda_driver_or_raise()))
         goto bailout;
@@ -471,14 +503,15 @@ PyMethodDef fl__gpu_library_methods[] = {
      "Opens NVRTC once per process (as nvjpeg_info) and returns {'available',\n"
      "'path', 'version': (major, minor), 'error'}."},
     {"nvjpeg_decode_probe", (PyCFunction)(void (*)(void))nvjpeg_decode_probe, METH_FASTCALL,
-     "nvjpeg_decode_probe(folders, device, jpegs, use_hardware, decode, use_allocator, /)\n"
-     "--\n\n"
+     "nvjpeg_decode_probe(folders, device, jpegs, use_hardware, decode, use_allocator,\n"
+     "                    rois, /)\n--\n\n"
      "For tests: makes an nvJPEG decoder on cuda:`device` (the hardware backend\n"
      "first when `use_hardware`; with `use_allocator`, nvjpegCreateExV2 with a\n"
      "counting device allocator), asks whether it takes each JPEG, and with\n"
-     "`decode` decodes them all in one batch into device buffers copied back.\n"
-     "Returns {'backend': 'hardware' or 'default', 'supported': [bool],\n"
-     "'images': [HxWx3 uint8 arrays] or None, 'allocator': (allocations, bytes\n"
+     "`decode` decodes them all in one batch into device buffers copied back\n"
+     "(only rois[i] = (x, y, width, height) of each, through nvjpegDecodeBatchedEx,\n"
+     "when `rois` is not None).  Returns {'backend': 'hardware' or 'default',\n"
+     "'supported': [bool], 'images': [HxWx3 uint8 arrays] or None, 'allocator': (allocations, bytes\n"
      "still held after the decoder is gone)}; RuntimeError naming the call and\n"
      "status on failure."},
     {"nvrtc_launch_probe", (PyCFunction)(void (*)(void))nvrtc_launch_probe, METH_FASTCALL,

@@ -215,6 +215,9 @@ void fl_nvjpeg_decoder_destroy(fl_nvjpeg_decoder *decoder)
     if (!decoder)
         return;
     /* Children before the handle that made them. */
+    for (int i = 0; i < decoder->params_count; i++)
+        decoder->lib->params_destroy(decoder->params[i]);
+    free(decoder->params);
     if (decoder->parsed)
         decoder->lib->stream_destroy(decoder->parsed);
     if (decoder->state)
@@ -241,30 +244,87 @@ fl_nvjpeg_status fl_nvjpeg_decoder_supported(fl_nvjpeg_decoder *decoder,
     return rc;
 }
 
+/* Initialises the batched state for `count` images unless it already is. */
+static fl_nvjpeg_status initialize(fl_nvjpeg_decoder *decoder, int count, char *error,
+                                   size_t error_size)
+{
+    if (count <= 0)
+        return fail(FL_NVJPEG_STATUS_INVALID_PARAMETER, "fl_nvjpeg_decode_batch", error,
+                    error_size);
+    if (decoder->batch_size == count)
+        return 0;
+    /* max_cpu_threads is ignored by current libraries; 1 is valid for
+     * every version. */
+    fl_nvjpeg_status rc = decoder->lib->decode_batched_initialize(
+        decoder->handle, decoder->state, count, 1, decoder->format);
+    if (rc != 0) {
+        decoder->batch_size = 0;
+        return fail(rc, "nvjpegDecodeBatchedInitialize", error, error_size);
+    }
+    decoder->batch_size = count;
+    return 0;
+}
+
 fl_nvjpeg_status fl_nvjpeg_decode_batch(fl_nvjpeg_decoder *decoder, int count,
                                         const unsigned char *const *data,
                                         const size_t *lengths,
                                         fl_nvjpeg_image *destinations, fl_cu_stream stream,
                                         char *error, size_t error_size)
 {
-    const fl_nvjpeg *lib = decoder->lib;
-    if (count <= 0)
-        return fail(FL_NVJPEG_STATUS_INVALID_PARAMETER, "fl_nvjpeg_decode_batch", error,
-                    error_size);
-    if (decoder->batch_size != count) {
-        /* max_cpu_threads is ignored by current libraries; 1 is valid for
-         * every version. */
-        fl_nvjpeg_status rc = lib->decode_batched_initialize(decoder->handle, decoder->state,
-                                                             count, 1, decoder->format);
-        if (rc != 0) {
-            decoder->batch_size = 0;
-            return fail(rc, "nvjpegDecodeBatchedInitialize", error, error_size);
-        }
-        decoder->batch_size = count;
-    }
-    fl_nvjpeg_status rc =
-        lib->decode_batched(decoder->handle, decoder->state, data, lengths, destinations, stream);
+    fl_nvjpeg_status rc = initialize(decoder, count, error, error_size);
+    if (rc != 0)
+        return rc;
+    rc = decoder->lib->decode_batched(decoder->handle, decoder->state, data, lengths,
+                                      destinations, stream);
     if (rc != 0)
         return fail(rc, "nvjpegDecodeBatched", error, error_size);
+    return 0;
+}
+
+int fl_nvjpeg_decoder_has_roi(const fl_nvjpeg_decoder *decoder)
+{
+    return decoder->lib->decode_batched_ex != NULL &&
+           decoder->backend == FL_NVJPEG_BACKEND_HARDWARE;
+}
+
+fl_nvjpeg_status fl_nvjpeg_decode_batch_roi(fl_nvjpeg_decoder *decoder, int count,
+                                            const unsigned char *const *data,
+                                            const size_t *lengths, const int (*rois)[4],
+                                            fl_nvjpeg_image *destinations, fl_cu_stream stream,
+                                            char *error, size_t error_size)
+{
+    const fl_nvjpeg *lib = decoder->lib;
+    if (!fl_nvjpeg_decoder_has_roi(decoder))
+        return fail(FL_NVJPEG_STATUS_IMPLEMENTATION_NOT_SUPPORTED, "nvjpegDecodeBatchedEx",
+                    error, error_size);
+    fl_nvjpeg_status rc = initialize(decoder, count, error, error_size);
+    if (rc != 0)
+        return rc;
+    if (decoder->params_count < count) { /* grown once to the largest batch */
+        fl_nvjpeg_decode_params *grown =
+            realloc(decoder->params, sizeof *grown * (size_t)count);
+        if (!grown)
+            return fail(FL_NVJPEG_STATUS_ALLOCATOR_FAILURE, "fl_nvjpeg_decode_batch_roi", error,
+                        error_size);
+        decoder->params = grown;
+        for (; decoder->params_count < count; decoder->params_count++) {
+            rc = lib->params_create(decoder->handle, &grown[decoder->params_count]);
+            if (rc != 0)
+                return fail(rc, "nvjpegDecodeParamsCreate", error, error_size);
+        }
+    }
+    for (int i = 0; i < count; i++) {
+        rc = lib->params_set_output_format(decoder->params[i], decoder->format);
+        if (rc != 0)
+            return fail(rc, "nvjpegDecodeParamsSetOutputFormat", error, error_size);
+        rc = lib->params_set_roi(decoder->params[i], rois[i][0], rois[i][1], rois[i][2],
+                                 rois[i][3]);
+        if (rc != 0)
+            return fail(rc, "nvjpegDecodeParamsSetROI", error, error_size);
+    }
+    rc = lib->decode_batched_ex(decoder->handle, decoder->state, data, lengths, destinations,
+                                decoder->params, stream);
+    if (rc != 0)
+        return fail(rc, "nvjpegDecodeBatchedEx", error, error_size);
     return 0;
 }

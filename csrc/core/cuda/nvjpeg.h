@@ -177,6 +177,8 @@ typedef struct fl_nvjpeg_decoder {
     fl_nvjpeg_backend backend; /* the backend it got */
     int batch_size;           /* what the state was initialised for (0: not yet) */
     fl_nvjpeg_output_format format;
+    fl_nvjpeg_decode_params *params; /* owned, params_count of them (ROI decodes) */
+    int params_count;
     /* The caller's allocators, copied: the library may keep the pointers
      * it was given for the handle's life. */
     fl_nvjpeg_dev_allocator_v2 dev;
@@ -218,5 +220,22 @@ fl_nvjpeg_status fl_nvjpeg_decode_batch(fl_nvjpeg_decoder *decoder, int count,
                                         const size_t *lengths,
                                         fl_nvjpeg_image *destinations, fl_cu_stream stream,
                                         char *error, size_t error_size);
+
+/* Whether fl_nvjpeg_decode_batch_roi can run on this decoder: the library
+ * has nvjpegDecodeBatchedEx and its parameter calls, and the decoder has
+ * the hardware backend (the one nvJPEG documents regions of interest for
+ * in batched decoding). */
+int fl_nvjpeg_decoder_has_roi(const fl_nvjpeg_decoder *decoder);
+
+/* As fl_nvjpeg_decode_batch, decoding only a region of each image:
+ * rois[i] = {x, y, width, height} in the image's pixels, written from the
+ * top-left of destinations[i] (width*3 bytes a row, RGBI).  Returns
+ * NVJPEG_STATUS_IMPLEMENTATION_NOT_SUPPORTED when
+ * fl_nvjpeg_decoder_has_roi() is 0. */
+fl_nvjpeg_status fl_nvjpeg_decode_batch_roi(fl_nvjpeg_decoder *decoder, int count,
+                                            const unsigned char *const *data,
+                                            const size_t *lengths, const int (*rois)[4],
+                                            fl_nvjpeg_image *destinations, fl_cu_stream stream,
+                                            char *error, size_t error_size);
 
 #endif /* FL_CUDA_NVJPEG_H */
