@@ -511,9 +511,9 @@ PyMethodDef fl__gpu_library_methods[] = {
      "`decode` decodes them all in one batch into device buffers copied back\n"
      "(only rois[i] = (x, y, width, height) of each, through nvjpegDecodeBatchedEx,\n"
      "when `rois` is not None).  Returns {'backend': 'hardware' or 'default',\n"
-     "'supported': [bool], 'images': [HxWx3 uint8 arrays] or None, 'allocator': (allocations, bytes\n"
-     "still held after the decoder is gone)}; RuntimeError naming the call and\n"
-     "status on failure."},
+     "'supported': [bool], 'images': [HxWx3 uint8 arrays] or None,\n"
+     "'allocator': (allocations, bytes still held after the decoder is gone)};\n"
+     "RuntimeError naming the call and status on failure."},
     {"nvrtc_launch_probe", (PyCFunction)(void (*)(void))nvrtc_launch_probe, METH_FASTCALL,
      "nvrtc_launch_probe(folders, device, source, kernel, n, arg, /)\n--\n\n"
      "For tests: compiles `source` with NVRTC for cuda:`device` (once per\n"
