@@ -119,3 +119,26 @@ def pytest_configure(config):
         raise pytest.UsageError(
             f"FASTLOAD_EXPECT_INSTALLED=wheel, but the fastload in {package} was not installed "
             "from a repaired wheel (no fastload.libs/ beside it)")
+
+
+@pytest.fixture(scope="session")
+def fake_gpu_libraries(tmp_path_factory):
+    """Stand-ins for the GPU decode stage's libraries, built once: {'cuda':
+    tests/c/fake_libcuda.c, 'nvjpeg': tests/c/fake_libnvjpeg.c (decodes with
+    the system's libjpeg), 'nvrtc': tests/c/fake_libnvrtc.c}, as paths for
+    FASTLOAD_LIBCUDA, FASTLOAD_LIBNVJPEG and FASTLOAD_LIBNVRTC."""
+    import shutil
+    import subprocess
+
+    cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
+    if cc is None:
+        pytest.skip("needs a C compiler")
+    out = tmp_path_factory.mktemp("fakegpu")
+    sources = os.path.join(_HERE, "c")
+    libs = {}
+    for name, extra in (("cuda", []), ("nvjpeg", ["-ljpeg"]), ("nvrtc", [])):
+        lib = os.path.join(str(out), f"libfake{name}.so")
+        subprocess.run([cc, "-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror", "-o", lib,
+                        os.path.join(sources, f"fake_lib{name}.c"), *extra], check=True)
+        libs[name] = lib
+    return libs

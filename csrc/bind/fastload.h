@@ -25,7 +25,8 @@
  *   cuda/           cuda.c (the run-time-loaded driver and the helpers the
  *                   files below share), upload.c (CudaStream and CudaEvent),
  *                   device_array.c (DeviceArray, exported through DLPack),
- *                   host_register.c (HostRegistration)
+ *                   host_register.c (HostRegistration), gpu_libraries.c
+ *                   (nvJPEG and NVRTC: nvjpeg_info(), nvrtc_info(), probes)
  *   observe/        stats_type.c (Timers, stages, traces, NVTX), build_info.c
  *                   (what the extension was built with and runs on)
  *
@@ -119,6 +120,9 @@ PyObject *fl__tensor_type(fastload_state *state);
 
 /* testing.c: the test probes, added to the module by its exec. */
 extern PyMethodDef fl__testing_methods[];
+
+/* cuda/gpu_libraries.c: nvJPEG and NVRTC, what was loaded and their probes. */
+extern PyMethodDef fl__gpu_library_methods[];
 
 /* memory/slot_pool.c */
 typedef struct SlotPoolObject {

@@ -129,6 +129,8 @@ static int module_exec(PyObject *module)
     /* The test probes, beside the production functions of module_methods. */
     if (PyModule_AddFunctions(module, fl__testing_methods) < 0)
         return -1;
+    if (PyModule_AddFunctions(module, fl__gpu_library_methods) < 0)
+        return -1;
     fastload_state *state = fl__state_of_module(module);
     if (add_type(module, &fl__SlotPool_spec, NULL, &state->SlotPool_type) < 0 ||
         add_type(module, &fl__SlotOwner_spec, NULL, &state->SlotOwner_type) < 0 ||

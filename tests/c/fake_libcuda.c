@@ -5,8 +5,17 @@
  * FAKE_CUDA_DEVICES: the device count (default 1);
  * FAKE_CUDA_MEMORY: bytes of "device memory" (default 1 GiB);
  * FAKE_CUDA_REGISTER_ERROR: the CUresult cuMemHostRegister returns (default
- * 0).  Built with -DFAKE_CUDA_TOO_OLD it lacks cuMemHostAlloc, like a driver
- * too old for fastload; with -DFAKE_CUDA_NO_REGISTER, cuMemHostRegister.
+ * 0); FAKE_CUDA_CAPABILITY: the compute capability, "major.minor" (default
+ * "9.0"); FAKE_CUDA_SMS: the multiprocessor count (default 4);
+ * FAKE_CUDA_MODULE_ERROR: the CUresult cuModuleLoadData returns (default 0).
+ * Built with -DFAKE_CUDA_TOO_OLD it lacks cuMemHostAlloc, like a driver too
+ * old for fastload; with -DFAKE_CUDA_NO_REGISTER, cuMemHostRegister.
+ *
+ * Kernels: cuModuleLoadData takes the text the fake NVRTC
+ * (tests/c/fake_libnvrtc.c) writes, whose ".entry NAME" lines name the
+ * module's kernels; cuModuleGetFunction finds NAME in the module and in
+ * host_kernels below, and cuLaunchKernel runs that host function once per
+ * thread of the grid, on the calling thread.
  *
  * Device memory is host memory here, copies are memcpy done at once, and
  * streams and events are tokens whose work is complete, unless a test holds
@@ -18,6 +27,7 @@
  * unregistration must come while they are still mapped.
  */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -47,6 +57,10 @@ enum {
     EVENT_QUERIES,        /* cuEventQuery calls */
     PENDING_QUERIES,      /* of which answered "not ready" */
     EVENT_SYNCS,          /* cuEventSynchronize calls */
+    LIVE_MODULES,         /* loaded modules */
+    KERNEL_LAUNCHES,      /* cuLaunchKernel calls that ran */
+    MEMSETS,              /* cuMemsetD8Async calls */
+    DTOH_COPIES,          /* cuMemcpyDtoHAsync calls */
     N_COUNTERS
 };
 static long long counters[N_COUNTERS];
@@ -381,5 +395,151 @@ CUresult cuEventSynchronize(void *event)
     *(char *)event = 0;
     counters[EVENT_SYNCS]++;
     pthread_mutex_unlock(&lock);
+    return 0;
+}
+
+/* ---- Kernels --------------------------------------------------------- */
+
+typedef struct {
+    unsigned int x, y, z;
+} dim3;
+
+/* One CUDA thread of a kernel, in host code: its indices, the launch
+ * shape, and cuLaunchKernel's params (each a pointer to an argument). */
+typedef void host_kernel(dim3 block_idx, dim3 thread_idx, dim3 grid, dim3 block, void **params);
+
+/* fill_pattern(unsigned char *dst, int n, int seed): dst[i] = (i * seed +
+ * 1) & 255 for every i < n of a 1-D grid; a test kernel whose output shows
+ * that every thread of the grid ran with the right index. */
+static void fill_pattern(dim3 block_idx, dim3 thread_idx, dim3 grid, dim3 block, void **params)
+{
+    (void)grid;
+    unsigned char *dst = *(unsigned char **)params[0];
+    int n = *(int *)params[1], seed = *(int *)params[2];
+    long long i = (long long)block_idx.x * block.x + thread_idx.x;
+    if (i < n)
+        dst[i] = (unsigned char)((i * seed + 1) & 255);
+}
+
+/* The kernels a launch can run, by the name the PTX gives: one line each. */
+static const struct {
+    const char *name;
+    host_kernel *run;
+} host_kernels[] = {
+    {"fill_pattern", fill_pattern},
+};
+
+#define MAX_MODULE_KERNELS 16
+typedef struct {
+    int count;
+    char names[MAX_MODULE_KERNELS][64];
+} module;
+
+CUresult cuModuleLoadData(void **out, const void *image)
+{
+    CUresult forced = env_int("FAKE_CUDA_MODULE_ERROR", 0);
+    if (forced)
+        return forced;
+    const char *text = image;
+    if (strncmp(text, "// fake PTX", 11) != 0)
+        return 218; /* CUDA_ERROR_INVALID_PTX */
+    module *m = calloc(1, sizeof *m);
+    if (!m)
+        return 2;
+    for (const char *p = strstr(text, ".entry "); p && m->count < MAX_MODULE_KERNELS;
+         p = strstr(p + 1, ".entry ")) {
+        p += 7;
+        size_t len = strcspn(p, "( \n");
+        if (len == 0 || len >= sizeof m->names[0])
+            continue;
+        memcpy(m->names[m->count], p, len);
+        m->names[m->count++][len] = '\0';
+    }
+    *out = m;
+    count(LIVE_MODULES, 1);
+    return 0;
+}
+
+CUresult cuModuleUnload(void *m)
+{
+    free(m);
+    count(LIVE_MODULES, -1);
+    return 0;
+}
+
+CUresult cuModuleGetFunction(void **function, void *handle, const char *name)
+{
+    module *m = handle;
+    for (int i = 0; i < m->count; i++) {
+        if (strcmp(m->names[i], name) != 0)
+            continue;
+        for (size_t k = 0; k < sizeof host_kernels / sizeof host_kernels[0]; k++)
+            if (strcmp(host_kernels[k].name, name) == 0) {
+                *function = (void *)&host_kernels[k];
+                return 0;
+            }
+    }
+    return 500; /* CUDA_ERROR_NOT_FOUND */
+}
+
+CUresult cuLaunchKernel(void *function, unsigned int gx, unsigned int gy, unsigned int gz,
+                        unsigned int bx, unsigned int by, unsigned int bz, unsigned int shared,
+                        void *stream, void **params, void **extra)
+{
+    (void)shared;
+    (void)stream;
+    if (!function || extra || !params)
+        return 1; /* CUDA_ERROR_INVALID_VALUE: fastload never uses `extra` */
+    if (!gx || !gy || !gz || !bx || !by || !bz || (unsigned long long)bx * by * bz > 1024)
+        return 1;
+    host_kernel *run = host_kernels[(size_t)((char *)function - (char *)host_kernels) /
+                                    sizeof host_kernels[0]].run;
+    dim3 grid = {gx, gy, gz}, block = {bx, by, bz};
+    for (unsigned int z = 0; z < gz; z++)
+        for (unsigned int y = 0; y < gy; y++)
+            for (unsigned int x = 0; x < gx; x++)
+                for (unsigned int tz = 0; tz < bz; tz++)
+                    for (unsigned int ty = 0; ty < by; ty++)
+                        for (unsigned int tx = 0; tx < bx; tx++)
+                            run((dim3){x, y, z}, (dim3){tx, ty, tz}, grid, block, params);
+    count(KERNEL_LAUNCHES, 1);
+    return 0;
+}
+
+CUresult cuDeviceGetAttribute(int *value, int attribute, int device)
+{
+    (void)device;
+    int major = 9, minor = 0;
+    const char *capability = getenv("FAKE_CUDA_CAPABILITY");
+    if (capability && *capability && sscanf(capability, "%d.%d", &major, &minor) != 2)
+        return 1;
+    switch (attribute) {
+    case 16: /* CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT */
+        *value = env_int("FAKE_CUDA_SMS", 4);
+        return 0;
+    case 75: /* CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR */
+        *value = major;
+        return 0;
+    case 76: /* CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR */
+        *value = minor;
+        return 0;
+    default:
+        return 1; /* CUDA_ERROR_INVALID_VALUE */
+    }
+}
+
+CUresult cuMemsetD8Async(unsigned long long dst, unsigned char value, size_t bytes, void *stream)
+{
+    (void)stream;
+    memset((void *)(size_t)dst, value, bytes);
+    count(MEMSETS, 1);
+    return 0;
+}
+
+CUresult cuMemcpyDtoHAsync_v2(void *dst, unsigned long long src, size_t bytes, void *stream)
+{
+    (void)stream;
+    memcpy(dst, (const void *)(size_t)src, bytes);
+    count(DTOH_COPIES, 1);
     return 0;
 }

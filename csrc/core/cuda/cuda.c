@@ -60,6 +60,16 @@ static const struct {
 } optional_entry_points[] = {
     {"cuMemHostRegister_v2", offsetof(fl_cuda, mem_host_register)},
     {"cuMemHostUnregister", offsetof(fl_cuda, mem_host_unregister)},
+    /* Kernels: names checked against the driver API's cuda.h, where only
+     * the copy has a _v2 ABI (cuMemcpyDtoHAsync_v2); cuMemsetD8Async,
+     * cuModule*, cuLaunchKernel and cuDeviceGetAttribute keep their names. */
+    {"cuModuleLoadData", offsetof(fl_cuda, module_load_data)},
+    {"cuModuleUnload", offsetof(fl_cuda, module_unload)},
+    {"cuModuleGetFunction", offsetof(fl_cuda, module_get_function)},
+    {"cuLaunchKernel", offsetof(fl_cuda, launch_kernel)},
+    {"cuDeviceGetAttribute", offsetof(fl_cuda, device_get_attribute)},
+    {"cuMemsetD8Async", offsetof(fl_cuda, memset_d8_async)},
+    {"cuMemcpyDtoHAsync_v2", offsetof(fl_cuda, memcpy_dtoh_async)},
 };
 
 static void load(void)
@@ -144,6 +154,39 @@ void fl_cuda_leave(const fl_cuda *cuda)
 {
     fl_cu_context popped;
     cuda->ctx_pop_current(&popped);
+}
+
+const char *fl_cuda_kernels_missing(const fl_cuda *cuda)
+{
+    /* The kernel entry points are the optional table's tail, from
+     * cuModuleLoadData on. */
+    size_t n = sizeof optional_entry_points / sizeof optional_entry_points[0];
+    for (size_t i = 0; i < n; i++) {
+        if (optional_entry_points[i].offset < offsetof(fl_cuda, module_load_data))
+            continue;
+        if (!*(void *const *)((const char *)cuda + optional_entry_points[i].offset))
+            return optional_entry_points[i].name;
+    }
+    return NULL;
+}
+
+fl_cu_result fl_cuda_device_info(const fl_cuda *cuda, int ordinal, int *major, int *minor,
+                                 int *multiprocessors)
+{
+    if (!cuda->device_get_attribute)
+        return 801; /* CUDA_ERROR_NOT_SUPPORTED */
+    fl_cu_device device;
+    fl_cu_result rc = cuda->device_get(&device, ordinal);
+    if (rc == 0 && major)
+        rc = cuda->device_get_attribute(major, FL_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                                        device);
+    if (rc == 0 && minor)
+        rc = cuda->device_get_attribute(minor, FL_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                                        device);
+    if (rc == 0 && multiprocessors)
+        rc = cuda->device_get_attribute(multiprocessors,
+                                        FL_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device);
+    return rc;
 }
 
 const char *fl_cuda_error_string(const fl_cuda *cuda, fl_cu_result error)

@@ -17,6 +17,8 @@ typedef void *fl_cu_context; /* CUcontext */
 typedef unsigned long long fl_cu_deviceptr; /* CUdeviceptr */
 typedef void *fl_cu_stream; /* CUstream */
 typedef void *fl_cu_event;  /* CUevent */
+typedef void *fl_cu_module;   /* CUmodule */
+typedef void *fl_cu_function; /* CUfunction */
 
 #define FL_CU_ERROR_NOT_READY 600
 #define FL_CU_ERROR_OUT_OF_MEMORY 2
@@ -24,6 +26,10 @@ typedef void *fl_cu_event;  /* CUevent */
 #define FL_CU_MEMHOSTREGISTER_PORTABLE 0x01 /* the same, for registered memory */
 #define FL_CU_STREAM_NON_BLOCKING 0x1    /* no implicit sync with stream 0 */
 #define FL_CU_EVENT_DISABLE_TIMING 0x2
+/* CUdevice_attribute values fastload asks for (cuDeviceGetAttribute). */
+#define FL_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT 16
+#define FL_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
+#define FL_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR 76
 /* The special stream handles of the driver API (and of DLPack's stream=). */
 #define FL_CU_STREAM_LEGACY ((fl_cu_stream)0x1)
 #define FL_CU_STREAM_PER_THREAD ((fl_cu_stream)0x2)
@@ -58,6 +64,22 @@ typedef struct fl_cuda {
     fl_cu_result (*event_record)(fl_cu_event event, fl_cu_stream stream);
     fl_cu_result (*event_query)(fl_cu_event event);
     fl_cu_result (*event_synchronize)(fl_cu_event event);
+    /* Optional: running kernels (the GPU decode stage).  NULL when the driver
+     * lacks one; fl_cuda_kernels_missing() names the first missing. */
+    fl_cu_result (*module_load_data)(fl_cu_module *module, const void *image);
+    fl_cu_result (*module_unload)(fl_cu_module module);
+    fl_cu_result (*module_get_function)(fl_cu_function *function, fl_cu_module module,
+                                        const char *name);
+    fl_cu_result (*launch_kernel)(fl_cu_function function, unsigned int grid_x,
+                                  unsigned int grid_y, unsigned int grid_z,
+                                  unsigned int block_x, unsigned int block_y,
+                                  unsigned int block_z, unsigned int shared_bytes,
+                                  fl_cu_stream stream, void **params, void **extra);
+    fl_cu_result (*device_get_attribute)(int *value, int attribute, fl_cu_device device);
+    fl_cu_result (*memset_d8_async)(fl_cu_deviceptr dst, unsigned char value, size_t bytes,
+                                    fl_cu_stream stream);
+    fl_cu_result (*memcpy_dtoh_async)(void *dst, fl_cu_deviceptr src, size_t bytes,
+                                      fl_cu_stream stream);
 } fl_cuda;
 
 /* Opens and initialises the driver once (thread-safe); later calls return
@@ -73,6 +95,18 @@ const fl_cuda *fl_cuda_get(const char **why);
  * fl_cuda_leave. */
 fl_cu_result fl_cuda_enter(const fl_cuda *cuda, int ordinal);
 void fl_cuda_leave(const fl_cuda *cuda);
+
+/* NULL when the driver has every entry point kernels need (module loading,
+ * cuLaunchKernel, cuDeviceGetAttribute, cuMemsetD8Async,
+ * cuMemcpyDtoHAsync), else the driver's name of the first one missing. */
+const char *fl_cuda_kernels_missing(const fl_cuda *cuda);
+
+/* Device `ordinal`'s compute capability (major, minor) and multiprocessor
+ * count (any of the outputs may be NULL).  Returns 0 or the driver's error
+ * (CUDA_ERROR_NOT_SUPPORTED, 801, when the driver lacks
+ * cuDeviceGetAttribute). */
+fl_cu_result fl_cuda_device_info(const fl_cuda *cuda, int ordinal, int *major, int *minor,
+                                 int *multiprocessors);
 
 /* The driver's name for an error code ("CUDA_ERROR_OUT_OF_MEMORY: out of
  * memory" style), or a generic text when the driver cannot say. */
