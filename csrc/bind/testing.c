@@ -9,6 +9,8 @@
 #include "bind/fastload.h"
 
 #include "core/cuda/resample_kernel.h"
+#include "core/cuda/gpu_batch.h"
+#include "core/image/jpeg.h"
 #include "core/image/pipeline.h"
 #include "core/image/resample.h"
 #include "core/status.h"
@@ -458,6 +460,114 @@ static PyObject *resample_kernel_source(PyObject *module, PyObject *unused)
     return PyUnicode_FromString(fl_resample_kernel_source);
 }
 
+/* A GPU part (a gpu_split source's third output) viewed; -1 with an
+ * exception set when it is not one. */
+static int view_gpu_part(PyObject *obj, fl_gpu_batch *gpu)
+{
+    PyArrayObject *a = (PyArrayObject *)obj;
+    if (!PyArray_Check(obj) || PyArray_TYPE(a) != NPY_UINT8 || !PyArray_IS_C_CONTIGUOUS(a) ||
+        fl_gpu_batch_view(gpu, PyArray_DATA(a), (size_t)PyArray_NBYTES(a)) != FL_OK) {
+        PyErr_SetString(PyExc_ValueError, "not a GPU part of a batch");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *gpu_part_items(PyObject *module, PyObject *part)
+{
+    (void)module;
+    fl_gpu_batch gpu;
+    if (view_gpu_part(part, &gpu) < 0)
+        return NULL;
+    const fl_gpu_batch_head *h = gpu.head;
+    PyObject *items = PyList_New(h->count);
+    for (uint32_t i = 0; items && i < h->count; i++) {
+        const fl_gpu_item *it = &gpu.items[i];
+        PyObject *item = Py_BuildValue(
+            "{sLsLsisisKsKsisisisi}", "row", (long long)it->row, "sample", (long long)it->sample,
+            "width", it->width, "height", it->height, "offset",
+            (unsigned long long)it->offset, "size", (unsigned long long)it->size, "origin_x",
+            it->origin_x, "origin_y", it->origin_y, "taps_x", it->kernel.taps_x, "taps_y",
+            it->kernel.taps_y);
+        if (!item)
+            Py_CLEAR(items);
+        else
+            PyList_SET_ITEM(items, i, item);
+    }
+    if (!items)
+        return NULL;
+    return Py_BuildValue("{sIsIsKsKsN}", "count", h->count, "cpu_count", h->cpu_count,
+                         "encoded_used", (unsigned long long)h->encoded_used, "pixels_used",
+                         (unsigned long long)h->pixels_used, "items", items);
+}
+
+/* The GPU decode stage's work done on the CPU: each image of the part
+ * decoded whole by libjpeg and resampled by the GPU kernel's host run into
+ * its row of `images` (the batch's first output). */
+static PyObject *gpu_part_finish_on_host(PyObject *module, PyObject *const *args,
+                                         Py_ssize_t nargs)
+{
+    (void)module;
+    fl_image_plan plan;
+    fl_gpu_batch gpu;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "gpu_part_finish_on_host(plan, part, images)");
+        return NULL;
+    }
+    if (fl__parse_plan(args[0], &plan) < 0 || view_gpu_part(args[1], &gpu) < 0)
+        return NULL;
+    PyArrayObject *images = (PyArrayObject *)args[2];
+    if (!PyArray_Check(args[2]) || PyArray_NDIM(images) < 1 ||
+        !PyArray_ISWRITEABLE(images)) {
+        PyErr_SetString(PyExc_TypeError, "images must be a writable batch array");
+        return NULL;
+    }
+    npy_intp rows = PyArray_DIM(images, 0);
+    size_t row_bytes = rows ? (size_t)PyArray_NBYTES(images) / (size_t)rows : 0;
+    char msg[256] = "";
+    fl_jpeg *dec;
+    if (fl_jpeg_new(&dec, msg, sizeof msg) != FL_OK) {
+        PyErr_SetString(PyExc_MemoryError, msg);
+        return NULL;
+    }
+    int rc = FL_OK;
+    for (uint32_t i = 0; rc == FL_OK && i < gpu.head->count; i++) {
+        const fl_gpu_item *it = &gpu.items[i];
+        fl_pixels px;
+        rc = fl_jpeg_decode(dec, gpu.encoded + it->offset, it->size, NULL, UINT64_MAX, &px, msg,
+                            sizeof msg);
+        if (rc != FL_OK || it->row < 0 || it->row >= rows)
+            break;
+        fl_rk_image image = it->kernel;
+        image.src = (unsigned long long)(uintptr_t)(px.data + (size_t)it->origin_y * px.stride +
+                                                    3 * (size_t)it->origin_x);
+        image.src_pitch = (int)px.stride;
+        image.dst = (unsigned long long)(uintptr_t)(PyArray_BYTES(images) +
+                                                    (size_t)it->row * row_bytes);
+        fl_rk_batch batch = {
+            .images = (unsigned long long)(uintptr_t)&image,
+            .first = (unsigned long long)(uintptr_t)gpu.first,
+            .weights = (unsigned long long)(uintptr_t)gpu.weights,
+            .count = 1,
+            .out_w = plan.out_w,
+            .out_h = plan.out_h,
+            .dtype = plan.dtype,
+            .layout = plan.layout,
+        };
+        for (int c = 0; c < 3; c++) {
+            batch.scale[c] = plan.mul[c];
+            batch.offset[c] = plan.add[c];
+        }
+        fl_resample_kernel_host(&batch);
+    }
+    fl_jpeg_free(dec);
+    if (rc != FL_OK) {
+        PyErr_Format(PyExc_ValueError, "cannot decode a GPU image: %s", msg);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 /* Added to fastload._C by module.c's exec (PyModule_AddFunctions). */
 PyMethodDef fl__testing_methods[] = {
     {"color_draws", (PyCFunction)(void (*)(void))color_draws, METH_FASTCALL,
@@ -501,5 +611,14 @@ PyMethodDef fl__testing_methods[] = {
     {"resample_kernel_source", (PyCFunction)resample_kernel_source, METH_NOARGS,
      "resample_kernel_source()\n--\n\n"
      "The resample kernel's source text as the extension carries it, for tests."},
+    {"gpu_part_items", (PyCFunction)gpu_part_items, METH_O,
+     "gpu_part_items(part, /)\n--\n\n"
+     "What a batch's GPU part holds, for tests: its counts and its items."},
+    {"gpu_part_finish_on_host", (PyCFunction)(void (*)(void))gpu_part_finish_on_host,
+     METH_FASTCALL,
+     "gpu_part_finish_on_host(plan, part, images, /)\n--\n\n"
+     "The GPU decode stage's work on the CPU, for tests: each image of the part\n"
+     "decoded whole (libjpeg) and resampled by the kernel's host run into its\n"
+     "row of images."},
     {NULL, NULL, 0, NULL},
 };

@@ -247,13 +247,14 @@ class ImageFiles(SourceOwner):
         self._source = self._image_source(self._plan, skip=self.on_error == "skip")
         self._raw = self._image_source(None, skip=False)
 
-    def _image_source(self, plan, skip):
+    def _image_source(self, plan, skip, gpu_split=None):
         return _C.ImageSource(self._paths, self._offsets, self._labels, plan,
                               exact=self.decode == "exact", max_pixels=self.max_pixels,
                               skip=skip, fallback=_fallback(), ranges=self._ranges,
                               fallback_all=self._fallback_all,
                               cache=self.cache._native if self.cache is not None else None,
-                              cache_pixels=self.cache is not None and self.cache.decoded)
+                              cache_pixels=self.cache is not None and self.cache.decoded,
+                              gpu_split=gpu_split)
 
     def __len__(self):
         return len(self._offsets)

@@ -33,7 +33,25 @@
 #include "core/status.h"
 
 #include <errno.h>
+#include <math.h>
+#include <stdatomic.h>
 #include <string.h>
+
+/* A source made with gpu_split= gives a third output a batch: the part
+ * of it the GPU decode stage decodes (core/cuda/gpu_batch.h), sized from
+ * per-image budgets times the batch size.  `share` is the GPU's share of a
+ * batch's JPEGs, set by the loader's controller at any time and read by
+ * the batch jobs on any thread. */
+typedef struct image_split {
+    int on;
+    uint64_t bytes, entries, pixels; /* a part's budgets per image */
+    int explore;                     /* every explore-th batch gives each side one image
+                                        (0: never): the controller keeps both measured */
+    _Atomic uint32_t share;          /* in units of 1 / SHARE_ONE */
+    _Atomic uint64_t batches;        /* batches run */
+} image_split;
+
+#define SHARE_ONE (1u << 24)
 
 typedef struct ImageSourceObject {
     fl__native_source head;
@@ -53,6 +71,7 @@ typedef struct ImageSourceObject {
     PyObject *decode_error;
     int has_shape;         /* the plan fixes the output size: batches stack */
     int channels_first;    /* a tensor in HWC memory: batches are NCHW views */
+    image_split split;     /* gpu_split=: batches leave JPEGs to the GPU stage */
 } ImageSourceObject;
 
 /* A path or message as str: paths as the file system encodes them, text
@@ -254,6 +273,95 @@ static const fl__native_ops image_ops = {
     .skipped = image_skipped,
 };
 
+/* The source object around `core` (run() is handed the core only). */
+static const ImageSourceObject *object_of(const void *core)
+{
+    return (const ImageSourceObject *)((const char *)core - offsetof(ImageSourceObject, core));
+}
+
+static fl_gpu_batch_shape split_shape(const image_split *split, size_t n)
+{
+    return (fl_gpu_batch_shape){
+        .capacity = (uint32_t)n,
+        .first_capacity = split->entries * n,
+        .weight_capacity = split->entries * n,
+        .encoded_capacity = split->bytes * n,
+        .pixel_capacity = split->pixels * n,
+    };
+}
+
+static int split_plan(PyObject *source, fl__native_job *job)
+{
+    ImageSourceObject *self = (ImageSourceObject *)source;
+    if (image_plan(source, job) < 0)
+        return -1;
+    fl_gpu_batch_shape shape = split_shape(&self->split, job->n);
+    size_t bytes = fl_gpu_batch_bytes(&shape);
+    if (job->n > UINT32_MAX || bytes == 0) {
+        PyErr_SetString(PyExc_OverflowError, "batch(): the GPU part of the batch is too large");
+        return -1;
+    }
+    job->n_out = 3;
+    job->descrs[2] = PyArray_DescrFromType(NPY_UINT8);
+    job->ndims[2] = 1;
+    job->dims[2][0] = (npy_intp)bytes;
+    return 0;
+}
+
+/* How many of the n JPEGs go to the GPU: the share, and with exploring,
+ * one image at least on each side every explore-th batch. */
+static size_t split_wanted(image_split *split, size_t n)
+{
+    double share = (double)atomic_load_explicit(&split->share, memory_order_relaxed) / SHARE_ONE;
+    size_t wanted = (size_t)llround(share * (double)n);
+    uint64_t number = atomic_fetch_add_explicit(&split->batches, 1, memory_order_relaxed);
+    if (split->explore > 0 && number % (uint64_t)split->explore == 0 && n >= 2) {
+        if (wanted < 1)
+            wanted = 1;
+        if (wanted > n - 1)
+            wanted = n - 1;
+    }
+    return wanted;
+}
+
+static void split_run(const void *core, fl__native_job *job)
+{
+    const fl_image_source *src = core;
+    /* The counters are atomics: writing them through a const path is the
+     * one mutation a batch makes of its source. */
+    image_split *split = (image_split *)&object_of(core)->split;
+    fl_image_worker *w;
+    int status = fl_image_worker_get(&w, job->msg, sizeof job->msg);
+    if (status != FL_OK) {
+        job->status = status;
+        return;
+    }
+    fl_gpu_batch_shape shape = split_shape(split, job->n);
+    fl_gpu_batch gpu;
+    fl_gpu_batch_init(&gpu, job->data[2], &shape);
+    fl_image_batch_report report = {
+        .skips = job->records,
+        .capacity = job->records ? job->n * 4 + 1 : 0,
+    };
+    int rc = fl_image_source_batch_split(src, w, job->indices, job->n, job->seed, job->epoch,
+                                         job->data[0], (int64_t *)job->data[1],
+                                         split_wanted(split, job->n), &gpu, &report);
+    job->n_records = report.n_skips < report.capacity ? report.n_skips : report.capacity;
+    if (rc != FL_OK) {
+        job->status = rc;
+        job->sample = report.error.index;
+        job->err = report.error.err;
+        memcpy(job->msg, report.error.msg, sizeof job->msg);
+    }
+}
+
+static const fl__native_ops split_ops = {
+    .plan = split_plan,
+    .run = split_run,
+    .failure = image_failure,
+    .skipped = image_skipped,
+};
+
 /* ------------------------------------------------------------ construction */
 
 static int check_vector(PyObject *obj, const char *what)
@@ -342,16 +450,27 @@ static PyObject *ImageSource_new(PyTypeObject *type, PyObject *args, PyObject *k
 {
     static char *kwlist[] = {"paths", "offsets", "labels", "plan", "exact", "max_pixels",
                              "skip", "fallback", "ranges", "fallback_all", "cache", "lmdb",
-                             "memory", "cache_pixels", NULL};
+                             "memory", "cache_pixels", "gpu_split", NULL};
     PyObject *paths, *offsets, *labels, *plan = Py_None, *fallback = Py_None, *ranges = Py_None;
-    PyObject *cache = Py_None, *lmdb = Py_None, *memory = Py_None;
+    PyObject *cache = Py_None, *lmdb = Py_None, *memory = Py_None, *gpu_split = Py_None;
     int exact = 0, skip = 0, fallback_all = 0, cache_pixels = 0;
     unsigned long long max_pixels = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "SOO|O$pKpOOpOOOp:ImageSource", kwlist,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "SOO|O$pKpOOpOOOpO:ImageSource", kwlist,
                                      &paths, &offsets, &labels, &plan, &exact, &max_pixels,
                                      &skip, &fallback, &ranges, &fallback_all, &cache, &lmdb,
-                                     &memory, &cache_pixels))
+                                     &memory, &cache_pixels, &gpu_split))
         return NULL;
+    image_split split = {0};
+    if (gpu_split != Py_None) {
+        unsigned long long bytes, entries, pixels;
+        if (!PyArg_ParseTuple(gpu_split, "KKKi:gpu_split", &bytes, &entries, &pixels,
+                              &split.explore))
+            return NULL;
+        split.on = 1;
+        split.bytes = bytes;
+        split.entries = entries;
+        split.pixels = pixels;
+    }
     struct fl_sample_cache *core_cache = NULL;
     if (cache != Py_None && !(core_cache = fl__sample_cache_of(cache)))
         return NULL;
@@ -461,7 +580,23 @@ static PyObject *ImageSource_new(PyTypeObject *type, PyObject *args, PyObject *k
     }
     self->has_shape = p.out_w > 0 && p.out_h > 0;
     self->channels_first = tensor_output && p.layout == FL_LAYOUT_HWC;
-    self->head.ops = &image_ops;
+    if (split.on) {
+        const char *why;
+        if (!fl_plan_gpu_capable(&p, &why)) {
+            Py_DECREF(self);
+            PyErr_Format(PyExc_ValueError, "ImageSource: the GPU cannot run this transform (%s)",
+                         why);
+            return NULL;
+        }
+    }
+    self->split.on = split.on;
+    self->split.bytes = split.bytes;
+    self->split.entries = split.entries;
+    self->split.pixels = split.pixels;
+    self->split.explore = split.explore;
+    atomic_init(&self->split.share, 0);
+    atomic_init(&self->split.batches, 0);
+    self->head.ops = split.on ? &split_ops : &image_ops;
     self->head.core = &self->core;
     self->head.length = n;
     return (PyObject *)self;
@@ -663,19 +798,55 @@ static PyMethodDef ImageSource_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyObject *ImageSource_get_gpu_share(ImageSourceObject *self, void *closure)
+{
+    (void)closure;
+    if (!self->split.on)
+        Py_RETURN_NONE;
+    return PyFloat_FromDouble((double)atomic_load(&self->split.share) / SHARE_ONE);
+}
+
+static int ImageSource_set_gpu_share(ImageSourceObject *self, PyObject *value, void *closure)
+{
+    (void)closure;
+    if (!self->split.on) {
+        PyErr_SetString(PyExc_AttributeError, "gpu_share: the source was made without gpu_split");
+        return -1;
+    }
+    double share = value ? PyFloat_AsDouble(value) : -1.0;
+    if (share == -1.0 && PyErr_Occurred())
+        return -1;
+    if (!(share >= 0.0 && share <= 1.0)) {
+        PyErr_SetString(PyExc_ValueError, "gpu_share must be in [0, 1]");
+        return -1;
+    }
+    atomic_store(&self->split.share, (uint32_t)llround(share * SHARE_ONE));
+    return 0;
+}
+
+static PyGetSetDef ImageSource_getset[] = {
+    {"gpu_share", (getter)ImageSource_get_gpu_share, (setter)ImageSource_set_gpu_share,
+     "The GPU's share of each batch's JPEGs (gpu_split sources; else None).", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
 static PyType_Slot ImageSource_slots[] = {
     {Py_tp_doc, "ImageSource(paths, offsets, labels, plan=None, *, exact=False, max_pixels=0, "
                 "skip=False, fallback=None, ranges=None, fallback_all=False, cache=None, "
-                "cache_pixels=False)\n--\n\n"
+                "cache_pixels=False, gpu_split=None)\n--\n\n"
                 "The native source of fastload's image datasets (max_pixels=0: no limit;\n"
                 "ranges: (offset, size) of each sample inside its file; fallback_all: PNG\n"
                 "and WebP files go to the fallback decoder too; cache: a SampleCache\n"
-                "of the samples' bytes, or with cache_pixels of their decoded pixels)."},
+                "of the samples' bytes, or with cache_pixels of their decoded pixels;\n"
+                "gpu_split=(bytes, entries, pixels, explore): batches leave gpu_share of\n"
+                "their JPEGs to the GPU decode stage, as a third output, the GPU's part,\n"
+                "of those budgets per image; every explore-th batch gives each side one)."},
     {Py_tp_new, ImageSource_new},
     {Py_tp_dealloc, ImageSource_dealloc},
     {Py_tp_traverse, ImageSource_traverse},
     {Py_tp_clear, ImageSource_clear},
     {Py_tp_methods, ImageSource_methods},
+    {Py_tp_getset, ImageSource_getset},
     {0, NULL},
 };
 

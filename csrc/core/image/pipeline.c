@@ -360,31 +360,65 @@ static void first_channel(const void *row, void *dst, int layout, size_t pixels,
 
 /* Resamples box (bx, by, bw, bh; in the coordinates of `rgb`) into dst,
  * honouring a hard crop by hiding the pixels outside it. */
+/* A hard crop (crop, then resize): only the pixels the box touches take
+ * part, as torchvision's resized_crop gives them to the resize.  Narrows
+ * the width x height image to them: *x0, *y0 is their corner, the box made
+ * relative to it. */
+static void hard_crop(int *width, int *height, double *bx, double *by, double *bw, double *bh,
+                      int *x0_out, int *y0_out)
+{
+    int x0 = (int)floor(*bx), y0 = (int)floor(*by);
+    int x1 = (int)ceil(*bx + *bw), y1 = (int)ceil(*by + *bh);
+    if (x0 < 0)
+        x0 = 0;
+    if (y0 < 0)
+        y0 = 0;
+    if (x1 > *width)
+        x1 = *width;
+    if (y1 > *height)
+        y1 = *height;
+    *width = x1 - x0;
+    *height = y1 - y0;
+    *bx -= x0;
+    *by -= y0;
+    if (*bw > *width - *bx)
+        *bw = *width - *bx;
+    if (*bh > *height - *by)
+        *bh = *height - *by;
+    *x0_out = x0;
+    *y0_out = y0;
+}
+
+/* The resize's target for the plan and geometry: into `dst`. */
+static fl_resample_target resample_target(const fl_image_plan *plan, const fl_sample_geometry *g,
+                                          int filter, int flip, void *dst)
+{
+    fl_resample_target target = {
+        .width = g->out_w,
+        .height = g->out_h,
+        .filter = filter,
+        .antialias = plan->antialias,
+        .flip = flip,
+        .layout = plan->layout,
+        .dtype = plan->dtype,
+        .dst = dst,
+    };
+    for (int c = 0; c < 3; c++) {
+        target.scale[c] = plan->mul[c];
+        target.offset[c] = plan->add[c];
+    }
+    return target;
+}
+
 static int resample_box(fl_image_worker *w, const fl_image_plan *plan,
                         const fl_sample_geometry *g, const unsigned char *rgb, int width,
                         int height, size_t stride, double bx, double by, double bw, double bh,
                         void *dst, char *msg, size_t msg_size)
 {
     if (g->hard_crop) {
-        int x0 = (int)floor(bx), y0 = (int)floor(by);
-        int x1 = (int)ceil(bx + bw), y1 = (int)ceil(by + bh);
-        if (x0 < 0)
-            x0 = 0;
-        if (y0 < 0)
-            y0 = 0;
-        if (x1 > width)
-            x1 = width;
-        if (y1 > height)
-            y1 = height;
+        int x0, y0;
+        hard_crop(&width, &height, &bx, &by, &bw, &bh, &x0, &y0);
         rgb += (size_t)y0 * stride + (size_t)x0 * 3;
-        width = x1 - x0;
-        height = y1 - y0;
-        bx -= x0;
-        by -= y0;
-        if (bw > width - bx)
-            bw = width - bx;
-        if (bh > height - by)
-            bh = height - by;
     }
     if (plan->gray_at_decode) {
         /* A leading Grayscale: the pixels the geometry reads, as Pillow's "L"
@@ -431,20 +465,7 @@ static int resample_box(fl_image_worker *w, const fl_image_plan *plan,
         filter = FL_FILTER_NEAREST;
         flip = 0;
     }
-    fl_resample_target target = {
-        .width = g->out_w,
-        .height = g->out_h,
-        .filter = filter,
-        .antialias = plan->antialias,
-        .flip = flip,
-        .layout = plan->layout,
-        .dtype = plan->dtype,
-        .dst = row,
-    };
-    for (int c = 0; c < 3; c++) {
-        target.scale[c] = plan->mul[c];
-        target.offset[c] = plan->add[c];
-    }
+    fl_resample_target target = resample_target(plan, g, filter, flip, row);
     int rc;
     int float_color = fl_color_active(&plan->color) && !plan->color_pil;
     if (!float_color && !g->blur.on) {
@@ -602,6 +623,64 @@ int fl_pipeline_jpeg(fl_image_worker *w, const fl_image_plan *plan, const fl_sam
     int rc = jpeg_to_row(w, plan, key, data, size, dst, geometry, msg, msg_size, &clock);
     fl_stage_end(&clock);
     return rc;
+}
+
+int fl_plan_gpu_capable(const fl_image_plan *plan, const char **why)
+{
+    const char *no = NULL;
+    if (plan->out_w <= 0 || plan->out_h <= 0)
+        no = "the output size depends on the image";
+    else if (plan->channels != 3 || plan->gray_at_decode)
+        no = "Grayscale";
+    else if (fl_color_active(&plan->color))
+        no = "colour ops";
+    else if (fl_blur_active(&plan->blur))
+        no = "GaussianBlur";
+    else if (plan->augment.policy != FL_AUGMENT_NONE)
+        no = "an augmentation policy";
+    else if (plan->warp.kind != FL_RANDOM_WARP_NONE)
+        no = "a rotation or affine warp";
+    else if (plan->erase.p > 0.0)
+        no = "RandomErasing";
+    else if (plan->crop == FL_CROP_RANDOM &&
+             (plan->pad.left || plan->pad.top || plan->pad.right || plan->pad.bottom ||
+              plan->pad.if_needed))
+        no = "RandomCrop's padding";
+    if (why)
+        *why = no;
+    return no == NULL;
+}
+
+int fl_pipeline_gpu_prepare(fl_image_worker *w, const fl_image_plan *plan,
+                            const fl_sample_key *key, const unsigned char *data, size_t size,
+                            fl_gpu_prepared *out)
+{
+    fl_jpeg_header header;
+    if (size == 0 || fl_jpeg_read_header(w->jpeg, data, size, &header, NULL, 0) != FL_OK)
+        return 0;
+    if (header.progressive || (header.components != 1 && header.components != 3) ||
+        (uint64_t)header.width * (uint64_t)header.height > plan->max_pixels ||
+        !fl_jpeg_complete(data, size))
+        return 0;
+    fl_sample_geometry g;
+    fl_plan_geometry(plan, key, header.width, header.height, &g);
+    if (g.crop_error || g.padded)
+        return 0;
+    int width = header.width, height = header.height, x0 = 0, y0 = 0;
+    double bx = g.box.x, by = g.box.y, bw = g.box.w, bh = g.box.h;
+    if (g.hard_crop)
+        hard_crop(&width, &height, &bx, &by, &bw, &bh, &x0, &y0);
+    fl_resample_target target = resample_target(plan, &g, plan->filter, g.flip, NULL);
+    if (fl_resample_tables(width, height, bx, by, bw, bh, &target, w->scratch, &out->coeffs) !=
+        FL_OK)
+        return 0;
+    out->width = header.width;
+    out->height = header.height;
+    out->origin_x = x0;
+    out->origin_y = y0;
+    out->out_w = g.out_w;
+    out->out_h = g.out_h;
+    return 1;
 }
 
 int fl_pipeline_pixels(fl_image_worker *w, const fl_image_plan *plan, const fl_sample_key *key,

@@ -18,6 +18,7 @@
 #include "core/image/pad.h"
 #include "core/image/pil_ops.h"
 #include "core/image/random_affine.h"
+#include "core/image/resample.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -143,6 +144,35 @@ int fl_pipeline_image(fl_image_worker *w, fl_image_format format, const fl_image
 int fl_pipeline_pixels(fl_image_worker *w, const fl_image_plan *plan, const fl_sample_key *key,
                        const unsigned char *rgb, int width, int height, size_t stride, void *dst,
                        fl_sample_geometry *geometry, char *msg, size_t msg_size);
+
+/* Whether the plan's ops all run in the GPU decode stage: a fixed output
+ * size, any crop but one that pads, the resize, flip, normalisation, dtype
+ * and layout; no colour ops, blur, policy, warp, erasing or grayscale.
+ * Returns 1, or 0 with *why naming the first op that does not (static). */
+int fl_plan_gpu_capable(const fl_image_plan *plan, const char **why);
+
+/* A JPEG made ready for the GPU decode stage: the whole image as nvJPEG
+ * decodes it, and the tables its resize reads, which count from the pixel
+ * (origin_x, origin_y): a hard crop's corner, else 0, 0. */
+typedef struct fl_gpu_prepared {
+    int width, height;         /* the whole image */
+    int origin_x, origin_y;
+    int out_w, out_h;
+    fl_resample_coeffs coeffs; /* in the worker's scratch until its next resample */
+} fl_gpu_prepared;
+
+/* The first half of fl_pipeline_jpeg for an image the GPU decodes, for a
+ * plan fl_plan_gpu_capable takes: the header read, the geometry drawn from
+ * `key` as the CPU path draws it, and the resize's tables built by the CPU
+ * path's own code for the whole, undecoded image (so the GPU's row is the
+ * CPU path's with decode="exact", decoders aside).  Returns 1 with *out
+ * set; 0 when the CPU path should take the image instead: not a baseline
+ * 8-bit gray or YCbCr JPEG (progressive, CMYK), too large, truncated,
+ * damaged or out of memory, the CPU path then reporting any error as it
+ * always does. */
+int fl_pipeline_gpu_prepare(fl_image_worker *w, const fl_image_plan *plan,
+                            const fl_sample_key *key, const unsigned char *data, size_t size,
+                            fl_gpu_prepared *out);
 
 /* Full decode of a JPEG, PNG or WebP to RGB HWC (for transforms written in
  * Python): the pixels stay in the worker's decoder until its next decode. */

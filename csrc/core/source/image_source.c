@@ -218,6 +218,46 @@ int fl_image_source_batch(const fl_image_source *src, fl_image_worker *w, const 
                           size_t n, uint64_t seed, uint64_t epoch, void *images, int64_t *labels,
                           fl_image_batch_report *report)
 {
+    return fl_image_source_batch_split(src, w, idx, n, seed, epoch, images, labels, 0, NULL,
+                                       report);
+}
+
+/* Whether row p (of n) should go to the GPU, `sent` having gone there so
+ * far and `wanted` wanted in all: spread evenly, catching up after rows
+ * the GPU could not take. */
+static int gpu_turn(size_t p, size_t n, size_t sent, size_t wanted)
+{
+    return sent < wanted && sent * n < (p + 1) * wanted;
+}
+
+/* Prepares the JPEG in `file` for the GPU and adds it to `gpu` as row p:
+ * 1 when it was added, 0 when the CPU path must take it. */
+static int add_to_gpu(const fl_image_source *src, fl_image_worker *w, const fl_image_file *file,
+                      const fl_sample_key *key, size_t p, fl_gpu_batch *gpu)
+{
+    fl_gpu_prepared prep;
+    if (file->format != FL_FORMAT_JPEG || src->cache_pixels ||
+        !fl_pipeline_gpu_prepare(w, &src->plan, key, file->data, file->size, &prep))
+        return 0;
+    fl_gpu_item item = {
+        .origin_x = prep.origin_x,
+        .origin_y = prep.origin_y,
+        .row = (int64_t)p,
+        .sample = file->index,
+        .width = prep.width,
+        .height = prep.height,
+        .key_seed = key->seed,
+        .key_epoch = key->epoch,
+    };
+    return fl_gpu_batch_add(gpu, &item, file->data, file->size, &prep.coeffs, prep.out_w,
+                            prep.out_h);
+}
+
+int fl_image_source_batch_split(const fl_image_source *src, fl_image_worker *w,
+                                const int64_t *idx, size_t n, uint64_t seed, uint64_t epoch,
+                                void *images, int64_t *labels, size_t gpu_wanted,
+                                fl_gpu_batch *gpu, fl_image_batch_report *report)
+{
     size_t row_bytes = fl_image_source_row_bytes(src);
     fl_image_failure *f = &report->error;
     report->n_skips = 0;
@@ -225,11 +265,23 @@ int fl_image_source_batch(const fl_image_source *src, fl_image_worker *w, const 
     for (size_t p = 0; p < n; p++) {
         void *dst = (char *)images + p * row_bytes;
         int64_t index = idx[p];
+        int want_gpu = gpu && gpu_turn(p, n, gpu->head->count, gpu_wanted);
         for (int tries = 0;; tries++) {
             fl_sample_key key = {seed, epoch, (uint64_t)index};
             fl_image_file file;
-            if (fl_image_source_read(src, w, index, &file, f) == FL_OK &&
-                fl_image_source_decode(src, w, &file, &key, dst, NULL, f) == FL_OK)
+            uint64_t start = gpu ? fl_stats_now() : 0;
+            int rc = fl_image_source_read(src, w, index, &file, f);
+            if (rc == FL_OK && want_gpu && add_to_gpu(src, w, &file, &key, p, gpu)) {
+                gpu->head->prep_ns += fl_stats_now() - start;
+                break;
+            }
+            if (rc == FL_OK)
+                rc = fl_image_source_decode(src, w, &file, &key, dst, NULL, f);
+            if (gpu) {
+                gpu->head->cpu_ns += fl_stats_now() - start;
+                gpu->head->cpu_count += rc == FL_OK;
+            }
+            if (rc == FL_OK)
                 break;
             index = skip_to_next(src, f, tries, report);
             if (index < 0)

@@ -19,6 +19,7 @@
 #ifndef FL_IMAGE_SOURCE_H
 #define FL_IMAGE_SOURCE_H
 
+#include "core/cuda/gpu_batch.h"
 #include "core/image/pipeline.h"
 
 #include <stddef.h>
@@ -105,6 +106,19 @@ size_t fl_image_source_row_bytes(const fl_image_source *src);
 int fl_image_source_batch(const fl_image_source *src, fl_image_worker *w, const int64_t *idx,
                           size_t n, uint64_t seed, uint64_t epoch, void *images, int64_t *labels,
                           fl_image_batch_report *report);
+
+/* fl_image_source_batch, with `gpu_wanted` of the n JPEGs (spread evenly
+ * over the rows) left to the GPU decode stage: each is read, prepared
+ * (fl_pipeline_gpu_prepare) and added to `gpu` (its bytes and tables), its
+ * row left unwritten, its label written.  An image the GPU cannot take (not
+ * a baseline gray or YCbCr JPEG, or no room left in `gpu`) is decoded here
+ * as usual, and a later row goes to the GPU in its place.  gpu's head
+ * counts the images decoded here and the time spent on each kind (for the
+ * split's controller).  With gpu NULL this is fl_image_source_batch. */
+int fl_image_source_batch_split(const fl_image_source *src, fl_image_worker *w,
+                                const int64_t *idx, size_t n, uint64_t seed, uint64_t epoch,
+                                void *images, int64_t *labels, size_t gpu_wanted,
+                                fl_gpu_batch *gpu, fl_image_batch_report *report);
 
 /* A sample's file as read into the worker's buffer (valid until the
  * worker's next read). */

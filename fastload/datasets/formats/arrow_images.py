@@ -118,9 +118,9 @@ class ArrowImages(ImageFiles):
     def _cache_salt(self):
         return self._identity
 
-    def _image_source(self, plan, skip):
+    def _image_source(self, plan, skip, gpu_split=None):
         if self._memory is None:
-            return super()._image_source(plan, skip)
+            return super()._image_source(plan, skip, gpu_split)
         from ... import _C
         from ..images import _fallback
         return _C.ImageSource(self._paths, self._offsets, self._labels, plan,
@@ -128,7 +128,7 @@ class ArrowImages(ImageFiles):
                               skip=skip, fallback=_fallback(), ranges=self._ranges,
                               fallback_all=self._fallback_all, memory=self._memory,
                               cache=self.cache._native if self.cache is not None else None,
-                              cache_pixels=self.cache is not None)
+                              cache_pixels=self.cache is not None, gpu_split=gpu_split)
 
 
 def _identity(source, indices, image_column, setup):

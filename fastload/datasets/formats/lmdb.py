@@ -156,12 +156,12 @@ class _LMDBImages(_ReopenAfterFork, ImageFiles):
         self._lmdb = None
         self._make_sources()
 
-    def _image_source(self, plan, skip):
+    def _image_source(self, plan, skip, gpu_split=None):
         return _C.ImageSource(self._paths, self._offsets, self._labels, plan,
                               exact=self.decode == "exact", max_pixels=self.max_pixels,
                               skip=skip, fallback=_fallback(), lmdb=self._lmdb,
                               cache=self.cache._native if self.cache is not None else None,
-                              cache_pixels=self.cache is not None)
+                              cache_pixels=self.cache is not None, gpu_split=gpu_split)
 
 
 class _LMDBValues(_ReopenAfterFork, SourceOwner):
