@@ -17,8 +17,8 @@ CC = shutil.which("cc") or shutil.which("gcc")
 @pytest.mark.skipif(CC is None, reason="needs a C compiler")
 def test_quick_run_reports_the_upload_thread(tmp_path):
     driver = tmp_path / "libcuda-fake.so"
-    subprocess.run([CC, "-shared", "-fPIC", "-O1", "-o", str(driver),
-                    str(HERE.parent / "tests" / "c" / "fake_libcuda.c")], check=True)
+    subprocess.run([CC, "-shared", "-fPIC", "-O1", "-I", str(HERE.parent / "csrc"), "-o",
+                    str(driver), str(HERE.parent / "tests" / "c" / "fake_libcuda.c")], check=True)
     result = subprocess.run(
         [sys.executable, str(HERE / "upload_thread_bench.py"), "--batches", "20", "--epochs", "1"],
         env=dict(os.environ, FASTLOAD_LIBCUDA=str(driver)), capture_output=True, text=True,

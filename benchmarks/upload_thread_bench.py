@@ -7,7 +7,7 @@ tensors), on batches whose copies cost next to nothing.
 
 Needs a CUDA driver: a GPU's, or a stand-in named by FASTLOAD_LIBCUDA (the
 tests' fake driver, whose device memory is host memory: build it with
-``cc -shared -fPIC -O1 -o /tmp/libcuda-fake.so tests/c/fake_libcuda.c``).
+``cc -shared -fPIC -O1 -Icsrc -o /tmp/libcuda-fake.so tests/c/fake_libcuda.c``).
 Without torch's CUDA (the fake driver) the loop cannot make tensors of the
 fake's memory: it takes the device batches as they come (the upload thread,
 which is measured, runs as with a GPU).  An ArrayDataset of 32 tiny images

@@ -138,7 +138,8 @@ def fake_gpu_libraries(tmp_path_factory):
     libs = {}
     for name, extra in (("cuda", []), ("nvjpeg", ["-ljpeg"]), ("nvrtc", [])):
         lib = os.path.join(str(out), f"libfake{name}.so")
-        subprocess.run([cc, "-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror", "-o", lib,
+        subprocess.run([cc, "-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror", "-I",
+                        os.path.join(os.path.dirname(_HERE), "csrc"), "-o", lib,
                         os.path.join(sources, f"fake_lib{name}.c"), *extra], check=True)
         libs[name] = lib
     return libs

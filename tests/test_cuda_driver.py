@@ -47,7 +47,8 @@ def fake_driver(tmp_path_factory):
                         ("no-register", ["-DFAKE_CUDA_NO_REGISTER"])):
         lib = out / f"libcuda-{name}.so"
         subprocess.run([CC, "-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror", *flags,
-                        "-o", str(lib), str(ROOT / "tests" / "c" / "fake_libcuda.c")], check=True)
+                        "-I", str(ROOT / "csrc"), "-o", str(lib),
+                        str(ROOT / "tests" / "c" / "fake_libcuda.c")], check=True)
         libs[name] = str(lib)
     return libs
 

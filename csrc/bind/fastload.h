@@ -71,6 +71,7 @@ typedef struct fastload_state {
     PyObject *tensor_type; /* torch.Tensor once a collate has found torch imported, else NULL */
     PyTypeObject *SampleCache_type;
     PyTypeObject *LMDBRows_type;
+    PyTypeObject *GpuDecoder_type;
 } fastload_state;
 
 static inline fastload_state *fl__state_of_module(PyObject *module)
@@ -421,6 +422,26 @@ typedef struct CudaEventObject {
 
 extern PyType_Spec fl__CudaStream_spec;
 extern PyType_Spec fl__CudaEvent_spec;
+
+/* cuda/gpu_decoder.c: the GPU decode stage of one device, which
+ * CudaStream.upload runs on a batch's GPU part. */
+struct fl_gpu_decode;
+typedef struct GpuDecoderObject {
+    PyObject_HEAD
+    struct fl_gpu_decode *stage; /* owned */
+    int device;
+    unsigned long long gpu_images, cpu_images; /* the last batch's (for the split) */
+} GpuDecoderObject;
+
+extern PyType_Spec fl__GpuDecoder_spec;
+
+/* cuda/gpu_libraries.c: libnvjpeg and libnvrtc, opened once (the first
+ * caller's `folders`, a list of str or None, are the candidates); NULL with
+ * *why set (static text), or with an exception set for bad folders. */
+struct fl_nvjpeg;
+struct fl_nvrtc;
+const struct fl_nvjpeg *fl__open_nvjpeg(PyObject *folders, const char **why);
+const struct fl_nvrtc *fl__open_nvrtc(PyObject *folders, const char **why);
 
 /* cuda/device_array.c */
 struct fl_device_block;

@@ -145,7 +145,8 @@ static int module_exec(PyObject *module)
         add_type(module, &fl__CudaEvent_spec, NULL, &state->CudaEvent_type) < 0 ||
         add_type(module, &fl__DeviceArray_spec, NULL, &state->DeviceArray_type) < 0 ||
         add_type(module, &fl__SampleCache_spec, NULL, &state->SampleCache_type) < 0 ||
-        add_type(module, &fl__LMDBRows_spec, NULL, &state->LMDBRows_type) < 0)
+        add_type(module, &fl__LMDBRows_spec, NULL, &state->LMDBRows_type) < 0 ||
+        add_type(module, &fl__GpuDecoder_spec, NULL, &state->GpuDecoder_type) < 0)
         return -1;
     if (fl__add_lmdb_type(module) < 0)
         return -1;
@@ -180,6 +181,7 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(state->tensor_type);
     Py_VISIT(state->SampleCache_type);
     Py_VISIT(state->LMDBRows_type);
+    Py_VISIT(state->GpuDecoder_type);
     return 0;
 }
 
@@ -202,6 +204,7 @@ static int module_clear(PyObject *module)
     Py_CLEAR(state->tensor_type);
     Py_CLEAR(state->SampleCache_type);
     Py_CLEAR(state->LMDBRows_type);
+    Py_CLEAR(state->GpuDecoder_type);
     return 0;
 }
 

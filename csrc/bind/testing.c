@@ -487,8 +487,8 @@ static PyObject *gpu_part_items(PyObject *module, PyObject *part)
             "{sLsLsisisKsKsisisisi}", "row", (long long)it->row, "sample", (long long)it->sample,
             "width", it->width, "height", it->height, "offset",
             (unsigned long long)it->offset, "size", (unsigned long long)it->size, "origin_x",
-            it->origin_x, "origin_y", it->origin_y, "taps_x", it->kernel.taps_x, "taps_y",
-            it->kernel.taps_y);
+            it->origin_x, "origin_y", it->origin_y, "taps_x", gpu.kernel[i].taps_x, "taps_y",
+            gpu.kernel[i].taps_y);
         if (!item)
             Py_CLEAR(items);
         else
@@ -538,7 +538,7 @@ static PyObject *gpu_part_finish_on_host(PyObject *module, PyObject *const *args
                             sizeof msg);
         if (rc != FL_OK || it->row < 0 || it->row >= rows)
             break;
-        fl_rk_image image = it->kernel;
+        fl_rk_image image = gpu.kernel[i];
         image.src = (unsigned long long)(uintptr_t)(px.data + (size_t)it->origin_y * px.stride +
                                                     3 * (size_t)it->origin_x);
         image.src_pitch = (int)px.stride;

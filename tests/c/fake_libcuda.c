@@ -421,12 +421,32 @@ static void fill_pattern(dim3 block_idx, dim3 thread_idx, dim3 grid, dim3 block,
         dst[i] = (unsigned char)((i * seed + 1) & 255);
 }
 
+/* fastload's resample kernel, the very per-pixel function the GPU runs
+ * (compiled here as C, as the extension's host reference is). */
+#include "core/cuda/kernels/host_shim.h" /* built with -I csrc */
+#include "core/cuda/kernels/resample.cu"
+
+/* fl_resample_batch(fl_rk_batch batch): its grid maps (x, y) to output
+ * pixels and z to images, each z-block taking images z, z + grid.z, ... */
+static void resample_batch(dim3 block_idx, dim3 thread_idx, dim3 grid, dim3 block,
+                           void **params)
+{
+    const fl_rk_batch *b = (const fl_rk_batch *)params[0];
+    int x = (int)(block_idx.x * block.x + thread_idx.x);
+    int y = (int)(block_idx.y * block.y + thread_idx.y);
+    if (x >= b->out_w || y >= b->out_h)
+        return;
+    for (int i = (int)block_idx.z; i < b->count; i += (int)grid.z)
+        fl_rk_pixel(b, i, x, y);
+}
+
 /* The kernels a launch can run, by the name the PTX gives: one line each. */
 static const struct {
     const char *name;
     host_kernel *run;
 } host_kernels[] = {
     {"fill_pattern", fill_pattern},
+    {"fl_resample_batch", resample_batch},
 };
 
 #define MAX_MODULE_KERNELS 16

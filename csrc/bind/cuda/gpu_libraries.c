@@ -60,7 +60,7 @@ static int as_int(PyObject *value)
     return (int)v;
 }
 
-static const fl_nvjpeg *open_nvjpeg(PyObject *folders, const char **why)
+const fl_nvjpeg *fl__open_nvjpeg(PyObject *folders, const char **why)
 {
     const char **list;
     if (folder_list(folders, &list) < 0)
@@ -73,7 +73,7 @@ static const fl_nvjpeg *open_nvjpeg(PyObject *folders, const char **why)
     return lib;
 }
 
-static const fl_nvrtc *open_nvrtc(PyObject *folders, const char **why)
+const fl_nvrtc *fl__open_nvrtc(PyObject *folders, const char **why)
 {
     const char **list;
     if (folder_list(folders, &list) < 0)
@@ -97,7 +97,7 @@ static PyObject *nvjpeg_info(PyObject *module, PyObject *folders)
 {
     (void)module;
     const char *why = NULL;
-    const fl_nvjpeg *lib = open_nvjpeg(folders, &why);
+    const fl_nvjpeg *lib = fl__open_nvjpeg(folders, &why);
     if (!lib)
         return PyErr_Occurred() ? NULL
                                 : Py_BuildValue("{sOszsOss}", "available", Py_False, "path",
@@ -110,7 +110,7 @@ static PyObject *nvrtc_info(PyObject *module, PyObject *folders)
 {
     (void)module;
     const char *why = NULL;
-    const fl_nvrtc *lib = open_nvrtc(folders, &why);
+    const fl_nvrtc *lib = fl__open_nvrtc(folders, &why);
     if (!lib)
         return PyErr_Occurred() ? NULL
                                 : Py_BuildValue("{sOszsOss}", "available", Py_False, "path",
@@ -338,7 +338,7 @@ static PyObject *nvjpeg_decode_probe(PyObject *module, PyObject *const *args, Py
         PyErr_Format(PyExc_RuntimeError, "the CUDA driver has no %s", missing);
         goto bailout;
     }
-    if (!(job->lib = open_nvjpeg(args[0], &why))) {
+    if (!(job->lib = fl__open_nvjpeg(args[0], &why))) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_RuntimeError, why);
         goto bailout;
@@ -430,7 +430,7 @@ static PyObject *nvrtc_launch_probe(PyObject *module, PyObject *const *args, Py_
     if (!cuda)
         return NULL;
     const char *why = NULL;
-    const fl_nvrtc *lib = open_nvrtc(args[0], &why);
+    const fl_nvrtc *lib = fl__open_nvrtc(args[0], &why);
     if (!lib) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_RuntimeError, why);

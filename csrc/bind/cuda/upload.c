@@ -18,6 +18,7 @@
 #include "bind/fastload.h"
 
 #include "core/cuda/cuda_memory.h"
+#include "core/cuda/gpu_decode.h"
 #include "core/status.h"
 
 #include <string.h>
@@ -365,11 +366,24 @@ done:
     return out;
 }
 
-/* Enqueues the copies and the event; GIL released.  On failure returns the
- * driver's error and sets *failed to the item that failed (-1: the event). */
+/* A batch's GPU part and the stage that decodes it into the batch's first
+ * array (the images), after that array's copy. */
+typedef struct gpu_work {
+    fl_gpu_decode *stage;        /* NULL: no GPU part */
+    fl_gpu_batch part;
+    size_t rows;                 /* of the images array */
+    int status;                  /* fl_gpu_decode_run's */
+    fl_gpu_decode_report report;
+} gpu_work;
+
+/* Enqueues the copies, the GPU part's decode (when `gpu` has a stage) and
+ * the event; GIL released.  On failure returns the driver's error and sets
+ * *failed to the item that failed (-1: the event); a GPU stage's failure
+ * is FL_CU_ERROR_GPU_STAGE, with its status in gpu->status. */
+#define FL_CU_ERROR_GPU_STAGE (-1)
 static fl_cu_result enqueue(const fl_cuda *cuda, CudaStreamObject *self, fl_slot_pool *pool,
-                            upload_item *items, Py_ssize_t n, fl_cu_event *event,
-                            Py_ssize_t *failed)
+                            upload_item *items, Py_ssize_t n, gpu_work *gpu,
+                            fl_cu_event *event, Py_ssize_t *failed)
 {
     fl_cu_result rc = fl_cuda_enter(cuda, self->device);
     if (rc != 0) {
@@ -392,6 +406,18 @@ static fl_cu_result enqueue(const fl_cuda *cuda, CudaStreamObject *self, fl_slot
         if (rc == 0 && items[i].bytes)
             rc = cuda->memcpy_htod_async(fl_cuda_slot_address(items[i].slot), items[i].host,
                                          items[i].bytes, self->stream);
+    }
+    if (rc == 0 && gpu->stage) {
+        *failed = -1;
+        fl_gpu_decode_target target = {
+            .images = fl_cuda_slot_address(items[0].slot),
+            .row_bytes = gpu->rows ? items[0].bytes / gpu->rows : 0,
+            .rows = gpu->rows,
+        };
+        gpu->status = fl_gpu_decode_run(gpu->stage, &gpu->part, &target, self->stream,
+                                        &gpu->report);
+        if (gpu->status != FL_OK)
+            rc = FL_CU_ERROR_GPU_STAGE;
     }
     if (rc == 0) {
         *failed = -1;
@@ -431,11 +457,52 @@ static int release_done(const fl_cuda *cuda, CudaStreamObject *self, int all)
     return PyList_SetSlice(in_flight, 0, all ? n : done, NULL);
 }
 
+/* With a decoder, `batch` is a native batch [images, labels, part]: the
+ * uploaded batch is [images, labels] (returned in *uploaded, a new
+ * reference), the part set up in *gpu.  -1 with an exception set. */
+static int split_batch(PyObject *batch, PyObject *decoder, PyObject **uploaded, gpu_work *gpu)
+{
+    PyArrayObject *images, *part;
+    if (!PyList_Check(batch) || PyList_GET_SIZE(batch) != 3 ||
+        !PyArray_Check(PyList_GET_ITEM(batch, 0)) || !PyArray_Check(PyList_GET_ITEM(batch, 2))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "upload: with a decoder the batch is [images, labels, GPU part]");
+        return -1;
+    }
+    images = (PyArrayObject *)PyList_GET_ITEM(batch, 0);
+    part = (PyArrayObject *)PyList_GET_ITEM(batch, 2);
+    if (PyArray_TYPE(part) != NPY_UINT8 || !PyArray_IS_C_CONTIGUOUS(part) ||
+        fl_gpu_batch_view(&gpu->part, PyArray_DATA(part), (size_t)PyArray_NBYTES(part)) !=
+            FL_OK ||
+        PyArray_NDIM(images) < 1) {
+        PyErr_SetString(PyExc_ValueError, "upload: the batch's GPU part is malformed");
+        return -1;
+    }
+    gpu->stage = ((GpuDecoderObject *)decoder)->stage;
+    gpu->rows = (size_t)PyArray_DIM(images, 0);
+    *uploaded = PyList_GetSlice(batch, 0, 2);
+    return *uploaded ? 0 : -1;
+}
+
+/* The exception for a GPU stage that failed. */
+static void raise_gpu_error(fastload_state *state, const gpu_work *gpu, int device)
+{
+    const fl_gpu_decode_report *r = &gpu->report;
+    if (gpu->status == FL_ERR_NOMEM)
+        PyErr_Format(PyExc_MemoryError, "GPU decoding on cuda:%d: %s", device, r->msg);
+    else if (r->failed_sample >= 0)
+        PyErr_Format(state->DecodeError, "cannot decode sample index %lld: %s",
+                     (long long)r->failed_sample, r->msg);
+    else
+        PyErr_Format(PyExc_RuntimeError, "GPU decoding on cuda:%d: %s", device, r->msg);
+}
+
 static PyObject *CudaStream_upload(CudaStreamObject *self, PyObject *const *args,
                                    Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "upload(batch, pool) takes 2 arguments");
+    if (nargs != 2 && nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "upload(batch, pool, decoder=None) takes 2 or 3 "
+                                         "arguments");
         return NULL;
     }
     fastload_state *state = fl__state_of_type(Py_TYPE(self));
@@ -443,21 +510,41 @@ static PyObject *CudaStream_upload(CudaStreamObject *self, PyObject *const *args
         PyErr_SetString(PyExc_TypeError, "upload: pool must be a SlotPool");
         return NULL;
     }
+    PyObject *decoder = nargs == 3 ? args[2] : Py_None;
+    if (decoder != Py_None && !PyObject_TypeCheck(decoder, state->GpuDecoder_type)) {
+        PyErr_SetString(PyExc_TypeError, "upload: decoder must be a GpuDecoder or None");
+        return NULL;
+    }
     const fl_cuda *cuda = fl__cuda_driver_or_raise();
     if (!cuda || release_done(cuda, self, 0) < 0)
         return NULL;
-    PyObject *batch = args[0];
+    PyObject *batch = args[0], *uploaded = NULL;
+    gpu_work gpu = {0};
+    if (decoder != Py_None) {
+        if (split_batch(batch, decoder, &uploaded, &gpu) < 0)
+            return NULL;
+    } else {
+        uploaded = Py_NewRef(batch);
+    }
     upload_items u = {.kept = PyList_New(0), .tensor_type = fl__tensor_type(state)};
     PyObject *out = NULL, *event_obj = NULL, *arrays = NULL;
-    if (!u.kept || collect(&u, batch) < 0)
+    if (!u.kept || collect(&u, uploaded) < 0)
         goto done;
     fl_cu_event event = NULL;
     Py_ssize_t failed = -1, n = u.count;
     fl_cu_result rc;
     fl_slot_pool *pool = ((SlotPoolObject *)args[1])->pool;
     Py_BEGIN_ALLOW_THREADS
-    rc = enqueue(cuda, self, pool, u.items, n, &event, &failed);
+    rc = enqueue(cuda, self, pool, u.items, n, &gpu, &event, &failed);
     Py_END_ALLOW_THREADS
+    if (gpu.stage) {
+        ((GpuDecoderObject *)decoder)->gpu_images = gpu.report.gpu_images;
+        ((GpuDecoderObject *)decoder)->cpu_images = gpu.report.cpu_images;
+    }
+    if (rc == FL_CU_ERROR_GPU_STAGE) {
+        raise_gpu_error(state, &gpu, self->device);
+        goto done;
+    }
     if (rc == FL_CU_ERROR_OUT_OF_MEMORY && failed >= 0) {
         PyErr_Format(PyExc_MemoryError,
                      "CUDA out of memory: cannot allocate %zu bytes on cuda:%d for batch "
@@ -508,7 +595,7 @@ static PyObject *CudaStream_upload(CudaStreamObject *self, PyObject *const *args
     }
     if (arrays) {
         Py_ssize_t next = 0;
-        PyObject *device_batch = rebuild(&u, batch, arrays, &next);
+        PyObject *device_batch = rebuild(&u, uploaded, arrays, &next);
         out = device_batch ? Py_BuildValue("(NO)", device_batch, event_obj) : NULL;
     }
 done:
@@ -518,6 +605,7 @@ done:
     Py_XDECREF(arrays);
     Py_XDECREF(event_obj);
     Py_XDECREF(u.kept);
+    Py_XDECREF(uploaded);
     PyMem_Free(u.items);
     return out;
 }
@@ -565,13 +653,15 @@ static PyObject *CudaStream_get_device(CudaStreamObject *self, void *closure)
 
 static PyMethodDef CudaStream_methods[] = {
     {"upload", (PyCFunction)(void (*)(void))CudaStream_upload, METH_FASTCALL,
-     "upload(batch, pool)\n--\n\n"
+     "upload(batch, pool, decoder=None)\n--\n\n"
      "Copies every array of `batch` (a NumPy array or CPU tensor, or a dict,\n"
      "list or tuple of them, nested) into a device slot of `pool` (a\n"
      "SlotPool(memory='device')) on this stream, one copy each, and records\n"
      "an event after them.  Returns (the batch with a DeviceArray for each\n"
      "array, CudaEvent).  The stream keeps the host batch until the event\n"
-     "completes (see collect)."},
+     "completes (see collect).  With a GpuDecoder, `batch` is a native batch\n"
+     "[images, labels, GPU part]: the part's images are decoded on the GPU\n"
+     "into their rows of the uploaded images, and [images, labels] returned."},
     {"collect", (PyCFunction)CudaStream_collect, METH_NOARGS,
      "collect()\n--\n\nLets go of the host batches whose copies are done; returns how\n"
      "many are still in flight (upload collects too)."},

@@ -16,14 +16,17 @@ static int add_aligned(size_t *at, size_t bytes)
     return 0;
 }
 
+enum { KERNEL, ITEMS, FIRST, WEIGHTS, ENCODED, ARRAYS };
+
 /* The offsets of the arrays after the head, and the total; -1 on overflow. */
-static int layout(const fl_gpu_batch_shape *s, size_t offsets[4], size_t *total)
+static int layout(const fl_gpu_batch_shape *s, size_t offsets[ARRAYS], size_t *total)
 {
     size_t at = sizeof(fl_gpu_batch_head);
-    const uint64_t counts[4] = {s->capacity, s->first_capacity, s->weight_capacity,
-                                s->encoded_capacity};
-    const size_t sizes[4] = {sizeof(fl_gpu_item), sizeof(int), sizeof(float), 1};
-    for (int i = 0; i < 4; i++) {
+    const uint64_t counts[ARRAYS] = {s->capacity, s->capacity, s->first_capacity,
+                                     s->weight_capacity, s->encoded_capacity};
+    const size_t sizes[ARRAYS] = {sizeof(fl_rk_image), sizeof(fl_gpu_item), sizeof(int),
+                                  sizeof(float), 1};
+    for (int i = 0; i < ARRAYS; i++) {
         if (counts[i] > SIZE_MAX / sizes[i])
             return -1;
         size_t start = (at + ALIGN - 1) / ALIGN * ALIGN;
@@ -37,23 +40,30 @@ static int layout(const fl_gpu_batch_shape *s, size_t offsets[4], size_t *total)
 
 size_t fl_gpu_batch_bytes(const fl_gpu_batch_shape *shape)
 {
-    size_t offsets[4], total;
+    size_t offsets[ARRAYS], total;
     return layout(shape, offsets, &total) < 0 ? 0 : total;
 }
 
-static void point(fl_gpu_batch *b, void *base, const size_t offsets[4])
+size_t fl_gpu_batch_table_bytes(const fl_gpu_batch_shape *shape)
+{
+    size_t offsets[ARRAYS], total;
+    return layout(shape, offsets, &total) < 0 ? 0 : offsets[ENCODED];
+}
+
+static void point(fl_gpu_batch *b, void *base, const size_t offsets[ARRAYS])
 {
     char *p = base;
     b->head = base;
-    b->items = (fl_gpu_item *)(p + offsets[0]);
-    b->first = (int *)(p + offsets[1]);
-    b->weights = (float *)(p + offsets[2]);
-    b->encoded = (unsigned char *)(p + offsets[3]);
+    b->kernel = (fl_rk_image *)(p + offsets[KERNEL]);
+    b->items = (fl_gpu_item *)(p + offsets[ITEMS]);
+    b->first = (int *)(p + offsets[FIRST]);
+    b->weights = (float *)(p + offsets[WEIGHTS]);
+    b->encoded = (unsigned char *)(p + offsets[ENCODED]);
 }
 
 void fl_gpu_batch_init(fl_gpu_batch *batch, void *base, const fl_gpu_batch_shape *shape)
 {
-    size_t offsets[4], total;
+    size_t offsets[ARRAYS], total;
     (void)layout(shape, offsets, &total); /* the caller sized it with fl_gpu_batch_bytes */
     memset(base, 0, sizeof(fl_gpu_batch_head));
     point(batch, base, offsets);
@@ -63,7 +73,7 @@ void fl_gpu_batch_init(fl_gpu_batch *batch, void *base, const fl_gpu_batch_shape
 int fl_gpu_batch_view(fl_gpu_batch *batch, void *base, size_t bytes)
 {
     const fl_gpu_batch_head *head = base;
-    size_t offsets[4], total;
+    size_t offsets[ARRAYS], total;
     if (bytes < sizeof *head || layout(&head->shape, offsets, &total) < 0 || total > bytes ||
         head->count > head->shape.capacity ||
         head->first_used > head->shape.first_capacity ||
@@ -89,10 +99,12 @@ int fl_gpu_batch_add(fl_gpu_batch *batch, const fl_gpu_item *item,
         pixels > s->pixel_capacity - h->pixels_used)
         return 0;
     fl_gpu_item *out = &batch->items[h->count];
-    *out = *item;
+    fl_rk_image *kernel = &batch->kernel[h->count];
+    memset(kernel, 0, sizeof *kernel);
     if (fl_resample_kernel_pack(coeffs, out_w, out_h, batch->first, h->first_used,
-                                batch->weights, h->weights_used, &out->kernel) != FL_OK)
+                                batch->weights, h->weights_used, kernel) != FL_OK)
         return 0;
+    *out = *item;
     out->offset = h->encoded_used;
     out->size = size;
     memcpy(batch->encoded + h->encoded_used, data, size);

@@ -6,15 +6,16 @@
  * labels) plus one more region of its slot, laid out here:
  *
  *     fl_gpu_batch_head
- *     fl_gpu_item     items[capacity]        one per image the GPU decodes
+ *     fl_rk_image     kernel[capacity]       the kernel's view of each image
+ *     fl_gpu_item     items[capacity]        the rest of what the stage needs
  *     int             first[first_capacity]  the resize's tables, packed by
  *     float           weights[weight_capacity]   fl_resample_kernel_pack
  *     unsigned char   encoded[encoded_capacity]  the images' JPEG bytes
  *
  * Each array starts on a 64-byte boundary.  The worker fills it in order
- * (fl_gpu_batch_add), the stage reads it: it uploads the items and tables
- * as they are (an item's kernel fields are the kernel's own struct, whose
- * addresses the stage sets), decodes the encoded bytes, and launches the
+ * (fl_gpu_batch_add), the stage reads it: it sets the kernel structs'
+ * addresses, copies everything before `encoded` to the device as it is
+ * (fl_gpu_batch_table_bytes), decodes the encoded bytes, and launches the
  * kernel.  Capacities are fixed when the batch is planned; an image that
  * would not fit is decoded on the CPU instead, so memory stays bounded.
  */
@@ -45,11 +46,10 @@ typedef struct fl_gpu_batch_head {
     uint64_t prep_ns;           /* worker time preparing the GPU's */
 } fl_gpu_batch_head;
 
-/* One image the GPU decodes. */
+/* One image the GPU decodes, beside its kernel struct (whose tables the
+ * worker sets, and src, src_pitch and dst the stage; src_x, src_y stay 0:
+ * the tables count from the origin). */
 typedef struct fl_gpu_item {
-    fl_rk_image kernel;         /* tables set by the worker; src, src_pitch and dst by
-                                   the stage (src_x, src_y 0: the tables count from
-                                   origin) */
     int32_t origin_x, origin_y; /* the image pixel the tables' column and row 0 are (a
                                    hard crop's corner, else 0, 0) */
     int64_t row;                /* its row of the batch */
@@ -64,10 +64,15 @@ typedef struct fl_gpu_item {
  * overflows. */
 size_t fl_gpu_batch_bytes(const fl_gpu_batch_shape *shape);
 
+/* The bytes before `encoded`: the head, the kernel structs, the items and
+ * the tables (what the stage copies to the device); 0 on overflow. */
+size_t fl_gpu_batch_table_bytes(const fl_gpu_batch_shape *shape);
+
 /* The region's arrays, for a region of fl_gpu_batch_bytes(shape) bytes at
  * `base` (64-byte aligned). */
 typedef struct fl_gpu_batch {
     fl_gpu_batch_head *head;
+    fl_rk_image *kernel;
     fl_gpu_item *items;
     int *first;
     float *weights;

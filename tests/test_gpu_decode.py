@@ -1,0 +1,143 @@
+"""The GPU decode stage end to end (csrc/core/cuda/gpu_decode.c through
+CudaStream.upload with a GpuDecoder), driven through the stand-ins: the fake
+driver's device memory is host memory and its cuLaunchKernel runs the
+resample kernel's own per-pixel function; the fake nvJPEG decodes with the
+system's libjpeg.  So the rows the stage writes can be read back and must be
+the CPU path's with decode="exact", byte for byte.  Each case runs in a
+fresh process (each library is opened once per process)."""
+
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from fl_helpers import fastload_only
+
+pytestmark = fastload_only
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+PRELUDE = """
+import ctypes, io, os, tempfile
+import numpy as np
+from PIL import Image
+import fastload
+from fastload import _C
+from fastload import transforms as T
+
+def read_back(array):
+    cai = array.__cuda_array_interface__
+    dtype = np.dtype(cai["typestr"])
+    count = int(np.prod(cai["shape"], dtype=np.int64))
+    raw = (ctypes.c_char * (count * dtype.itemsize)).from_address(cai["data"][0])
+    return np.frombuffer(raw, dtype=dtype).reshape(cai["shape"]).copy()
+
+def device_buffers():
+    out = (ctypes.c_longlong * 2)()
+    ctypes.CDLL(os.environ["FASTLOAD_LIBCUDA"]).fake_cuda_counters(out, 2)
+    return out[1]
+
+folder = tempfile.mkdtemp()
+rng = np.random.default_rng(3)
+files = []
+for i in range(10):
+    size = (int(rng.integers(40, 260)), int(rng.integers(40, 260)))
+    image = Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), np.uint8))
+    image = image.convert("L") if i % 4 == 3 else image
+    path = os.path.join(folder, f"{i}.jpg")
+    image.save(path, "JPEG", quality=90, progressive=(i == 6))
+    files.append(path)
+
+TRANSFORM = T.Compose([T.RandomResizedCrop(24), T.RandomHorizontalFlip(), T.ToTensor(),
+                       T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
+BUDGETS = (1 << 20, 4096, 1 << 18)  # bytes, table entries, pixels per image
+
+def setup(paths=files, transform=TRANSFORM, **kwargs):
+    ds = fastload.ImageFiles(paths, labels=list(range(len(paths))), transform=transform,
+                             decode="exact", **kwargs)
+    source = ds._image_source(ds._plan, skip=ds.on_error == "skip",
+                              gpu_split=(*BUDGETS, 0))
+    source.gpu_share = 1.0
+    decoder = _C.GpuDecoder(0, ds._plan, True, 0, len(paths), BUDGETS[1], BUDGETS[2], True,
+                            None, None)
+    return ds, source, decoder
+
+def run(ds, source, decoder, seed=11, epoch=2):
+    indices = np.arange(len(ds))
+    batch, _ = source.batch(indices, None, None, seed, epoch)
+    (want, want_labels), _ = ds._source.batch(indices, None, None, seed, epoch)
+    stream, pool = _C.CudaStream(0), _C.SlotPool(memory="device")
+    (images, labels), event = stream.upload(batch, pool, decoder)
+    event.synchronize()
+    return read_back(images), read_back(labels), want, want_labels
+"""
+
+
+def run_case(body, libs, **env):
+    script = PRELUDE + textwrap.dedent(body) + "\nprint('ok')\n"
+    environment = dict(os.environ, PYTHONPATH=str(ROOT), FASTLOAD_LIBCUDA=libs["cuda"],
+                       FASTLOAD_LIBNVJPEG=libs["nvjpeg"], FASTLOAD_LIBNVRTC=libs["nvrtc"],
+                       FASTLOAD_KERNEL_CACHE="off", **env)
+    result = subprocess.run([sys.executable, "-c", script], env=environment,
+                            capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines()[-1] == "ok", result.stdout
+
+
+def test_the_gpu_rows_are_the_cpu_paths(fake_gpu_libraries):
+    run_case("""
+        ds, source, decoder = setup()
+        assert decoder.backend == "hardware"
+        images, labels, want, want_labels = run(ds, source, decoder)
+        assert np.array_equal(labels, want_labels)
+        assert np.array_equal(images, want)
+        assert decoder.last_batch == (9, 0)  # the progressive one stayed with the worker
+        # uint8 in HWC, bicubic: the kernel's other stores and filter.
+        ds, source, decoder = setup(transform=T.Compose([
+            T.RandomResizedCrop((20, 28), interpolation=T.InterpolationMode.BICUBIC),
+            T.RandomHorizontalFlip()]))
+        images, _, want, _ = run(ds, source, decoder)
+        assert np.array_equal(images, want)
+    """, fake_gpu_libraries)
+
+
+def test_images_the_decoder_refuses_are_decoded_on_the_cpu(fake_gpu_libraries):
+    run_case("""
+        ds, source, decoder = setup()
+        images, labels, want, want_labels = run(ds, source, decoder)
+        assert decoder.last_batch == (0, 9)
+        assert np.array_equal(images, want) and np.array_equal(labels, want_labels)
+    """, fake_gpu_libraries, FAKE_NVJPEG_FAIL="execute")
+
+
+def test_device_memory_stays_flat(fake_gpu_libraries):
+    run_case("""
+        ds, source, decoder = setup()
+        stream, pool = _C.CudaStream(0), _C.SlotPool(memory="device")
+        counts = []
+        for epoch in range(100):
+            batch, _ = source.batch(np.arange(len(ds)), None, None, 0, epoch)
+            (images, labels), event = stream.upload(batch, pool, decoder)
+            event.synchronize()
+            del images, labels, batch
+            counts.append(device_buffers())
+        assert len(set(counts[2:])) == 1, counts
+        del decoder, pool, stream
+        assert device_buffers() == 0
+    """, fake_gpu_libraries)
+
+
+def test_a_transform_the_gpu_cannot_run_is_refused(fake_gpu_libraries):
+    run_case("""
+        ds = fastload.ImageFiles(files, transform=T.Compose([T.RandomResizedCrop(24),
+                                                            T.GaussianBlur(3), T.ToTensor()]))
+        try:
+            _C.GpuDecoder(0, ds._plan, False, 0, 4, 4096, 1 << 18, True, None, None)
+        except RuntimeError as e:
+            assert "GaussianBlur" in str(e), e
+        else:
+            raise AssertionError("no error")
+    """, fake_gpu_libraries)
