@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The on-GPU check: builds fastload in place on a GPU machine that has
 # PyTorch but no internet and no image-library headers, runs every test
-# marked `gpu` and the GPU benchmarks, and prints their tables.  About five
-# minutes on 16 cores.
+# marked `gpu` and the GPU benchmarks (uploads, GPU decoding), and prints
+# their tables.  About five minutes on 16 cores.
 #
 #   scripts/gpu_check.sh --pack     # here, with the internet: fills build/gpu-carry
 #   scripts/gpu_check.sh            # there, in a copy of the tree with build/gpu-carry
@@ -68,4 +68,7 @@ echo "fastload: GPU benchmarks"
 "$python" benchmarks/upload_bench.py --quick --workers 4 16 > "$out/upload_bench.md" \
     2> "$out/upload_bench.err" || status=$?
 cat "$out/upload_bench.md"
+"$python" benchmarks/gpu_decode_bench.py --workers 4 16 > "$out/gpu_decode_bench.md" \
+    2> "$out/gpu_decode_bench.err" || status=$?
+cat "$out/gpu_decode_bench.md"
 exit "$status"

@@ -141,3 +141,94 @@ def test_a_transform_the_gpu_cannot_run_is_refused(fake_gpu_libraries):
         else:
             raise AssertionError("no error")
     """, fake_gpu_libraries)
+
+
+def test_a_loader_decodes_on_the_gpu(fake_gpu_libraries):
+    run_case("""
+        import torch
+        ds = fastload.ImageFiles(files, labels=list(range(len(files))), transform=TRANSFORM,
+                                 decode="exact")
+
+        def batches(workers, **kwargs):
+            loader = fastload.DataLoader(ds, batch_size=4, shuffle=True, num_workers=workers,
+                                         device="cuda", output="numpy",
+                                         generator=torch.Generator().manual_seed(5), **kwargs)
+            out = [(read_back(x), read_back(y)) for x, y in loader]
+            decoder = loader._upload.decoder
+            return out, decoder.last_batch if decoder is not None else None
+
+        for workers in (0, 2):
+            (on_cpu, _), (on_gpu, decoded) = batches(workers), batches(workers,
+                                                                       decode_device="cuda")
+            assert len(on_gpu) == 3 and decoded[0] >= 1, decoded  # the GPU decoded
+            for (x, y), (x_cpu, y_cpu) in zip(on_gpu, on_cpu):
+                assert np.array_equal(y, y_cpu) and np.array_equal(x, x_cpu)
+        blurred = fastload.ImageFiles(files, transform=T.Compose([
+            T.RandomResizedCrop(24), T.GaussianBlur(3), T.ToTensor()]))
+        for dataset, kwargs, message in (
+                (ds, dict(), "needs device='cuda'"),
+                (ds, dict(device="cuda", decode_device="gpu"), "must be 'cpu' or 'cuda'"),
+                (blurred, dict(device="cuda"), "whose transform is a")):
+            kwargs.setdefault("decode_device", "cuda")
+            try:
+                fastload.DataLoader(dataset, batch_size=4, **kwargs)
+            except ValueError as e:
+                assert message in str(e), e
+            else:
+                raise AssertionError(kwargs)
+    """, fake_gpu_libraries)
+
+
+# ---- on a real GPU --------------------------------------------------------------------------
+
+
+def _why_no_gpu():
+    import fastload
+
+    torch = pytest.importorskip("torch")
+    if not fastload.cuda.is_available():
+        return f"needs a CUDA GPU (fastload: {fastload.cuda._status()['error']})"
+    if not torch.cuda.is_available():
+        return "needs torch with CUDA"
+    if not fastload.cuda._nvjpeg_info()["available"] or not fastload.cuda._nvrtc_info()[
+            "available"]:
+        return "needs nvJPEG and NVRTC"
+    return None
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_rows_match_the_cpu_path(tmp_path):
+    """nvJPEG's decoder is not libjpeg's, so the pixels differ a little:
+    PSNR >= 40 dB against the CPU path's decode="exact" (the issue's bar),
+    the labels equal, over photo-like images (smooth, with noise)."""
+    why = _why_no_gpu()
+    if why:
+        pytest.skip(why)
+    import torch
+    import fastload
+    from fastload import transforms as T
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    paths = []
+    for i in range(64):
+        w, h = int(rng.integers(200, 700)), int(rng.integers(200, 700))
+        y, x = np.mgrid[0:h, 0:w]
+        rgb = np.stack([x * 255 // w, y * 255 // h, (x + y) % 256], -1) + rng.integers(0, 30,
+                                                                                      (h, w, 3))
+        path = tmp_path / f"{i}.jpg"
+        Image.fromarray(np.clip(rgb, 0, 255).astype(np.uint8)).save(path, quality=90)
+        paths.append(str(path))
+    transform = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor()])
+    ds = fastload.ImageFiles(paths, labels=list(range(64)), transform=transform, decode="exact")
+
+    def batches(**kwargs):
+        loader = fastload.DataLoader(ds, batch_size=16, shuffle=True, num_workers=2,
+                                     device="cuda", generator=torch.Generator().manual_seed(1),
+                                     **kwargs)
+        return [(x.float().cpu(), y.cpu()) for x, y in loader]
+
+    for (x, y), (x_cpu, y_cpu) in zip(batches(decode_device="cuda"), batches()):
+        assert torch.equal(y, y_cpu)
+        mse = torch.mean((x - x_cpu) ** 2).item()
+        assert mse == 0 or 10 * np.log10(1.0 / mse) >= 40, mse

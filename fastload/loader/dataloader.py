@@ -68,6 +68,13 @@ class DataLoader(Generic[T_co]):
     * ``normalize_on_device``: with ``device="cuda"`` and an image dataset
       whose transform ends in ToTensor/Normalize, upload uint8 images (4x
       fewer bytes) and convert and normalize them on the GPU.
+    * ``decode_device``: "cpu" (default) or, with ``device="cuda"`` and a
+      fastload image dataset whose transform the GPU runs (crops, resize,
+      flip, ToTensor, Normalize), "cuda": the workers read each JPEG and draw
+      its crop, nvJPEG decodes it on the GPU and a kernel resamples it into
+      the batch (the same crops and flips as on the CPU); images the GPU
+      does not take (progressive or CMYK JPEGs, PNG, WebP) are decoded by
+      the workers as before.
     * ``output``: "auto" (torch tensors when torch is installed, NumPy arrays
       otherwise), "torch" or "numpy".
 
@@ -113,7 +120,8 @@ class DataLoader(Generic[T_co]):
                  worker_init_fn=None, multiprocessing_context=None, generator=None, *,
                  prefetch_factor=None, persistent_workers=False, pin_memory_device="",
                  in_order=True, device=None, output="auto", normalize_on_device=False,
-                 worker_mode="auto", max_prefetch_bytes=None, batch_transform=None):
+                 worker_mode="auto", max_prefetch_bytes=None, batch_transform=None,
+                 decode_device="cpu"):
         self.autotune = isinstance(num_workers, str)
         self._autotune = None  # the autotuner, shared by this loader's iterators
         if self.autotune:
@@ -197,6 +205,14 @@ class DataLoader(Generic[T_co]):
         if normalize_on_device and self._batch_step is not None:
             raise ValueError("normalize_on_device=True cannot be combined with batch_transform "
                              "(the batch is mixed before it is normalised)")
+        if decode_device not in ("cpu", "cuda"):
+            raise ValueError(f"decode_device must be 'cpu' or 'cuda', got {decode_device!r}")
+        self.decode_device = decode_device
+        if decode_device == "cuda" and device_index is None:
+            raise ValueError("decode_device='cuda' needs device='cuda'")
+        if decode_device == "cuda" and (normalize_on_device or self._batch_step is not None):
+            raise ValueError("decode_device='cuda' cannot be combined with normalize_on_device "
+                             "or batch_transform yet")
 
         if is_iterable_dataset(dataset):
             self._dataset_kind = "iterable"

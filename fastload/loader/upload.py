@@ -91,10 +91,11 @@ class Pump:
     DeviceIter, so dropping the iterator mid-epoch collects it and stops
     the thread."""
 
-    def __init__(self, host_iter, stream, pool, depth, timers=None, row=None):
+    def __init__(self, host_iter, stream, pool, depth, timers=None, row=None, decoder=None):
         self.host = host_iter
         self._stream = stream
         self._pool = pool
+        self._decoder = decoder  # GpuDecoder: batches carry a GPU part to decode
         self._timers, self._row = timers, row  # where the upload's time goes, or None
         self.ready = queue.Queue(maxsize=max(1, depth))
         self.stop = threading.Event()
@@ -132,9 +133,11 @@ class Pump:
     def _run(self):
         stream = self._stream
         try:
+            upload = stream.upload if self._decoder is None else (
+                lambda batch, pool: stream.upload(batch, pool, self._decoder))
             for batch in self.host:
                 started = clock_ns()
-                device_batch, _ = stream.upload(batch, self._pool)
+                device_batch, _ = upload(batch, self._pool)
                 if self._timers is not None:
                     self._timers.add_stage(self._row, UPLOAD, started, clock_ns())
                 del batch  # the stream keeps it until its copies are done
@@ -187,6 +190,35 @@ def _normalize(images, mul, add, dtype):
     return images.to(torch.float32).mul_(mul).add_(add).to(getattr(torch, dtype))
 
 
+# What a batch's GPU part may hold per image (gpu_split's budgets): its JPEG
+# bytes (on the host), its resize's table entries, and its decoded pixels
+# (the stage's device pool: 3 bytes a pixel).  Budgets are per batch, so a
+# large image fits when others are small; past them, the workers decode.
+GPU_BYTES_PER_IMAGE = 512 << 10
+GPU_TABLE_ENTRIES_PER_IMAGE = 64 << 10
+GPU_PIXELS_PER_IMAGE = 1 << 20
+
+
+def _gpu_decoding(loader, device_index):
+    """(the dataset's source whose batches leave their JPEGs to the GPU, the
+    GpuDecoder that decodes them) for ``decode_device="cuda"``."""
+    from .. import cuda
+
+    dataset = loader.dataset
+    maker = getattr(dataset, "_gpu_split_source", None)
+    budgets = (GPU_BYTES_PER_IMAGE, GPU_TABLE_ENTRIES_PER_IMAGE, GPU_PIXELS_PER_IMAGE)
+    source = maker(budgets) if maker is not None and loader.batch_size else None
+    if source is None:
+        raise ValueError("decode_device='cuda' needs a fastload image dataset (ImageFolder, "
+                         "ImageFiles, WebDataset, ...) whose transform is a "
+                         "fastload.transforms.Compose of crops, resize, flip, ToTensor and "
+                         "Normalize, and batches (batch_size)")
+    decoder = _C.GpuDecoder(device_index, dataset._plan, dataset.decode == "exact",
+                            dataset.max_pixels, loader.batch_size, budgets[1], budgets[2], True,
+                            cuda._library_folders("nvjpeg"), cuda._library_folders("nvrtc"))
+    return source, decoder
+
+
 def pin_device(pin_memory_device):
     """The device whose context page-locks the slots (any: they are portable)."""
     match = re.fullmatch(r"cuda:(\d+)", str(pin_memory_device or ""))
@@ -205,6 +237,7 @@ class Upload:
         self.to_torch = loader.output == "torch"
         self.normalize = None     # (mul, add, dtype) applied on the device
         self.native_source = None  # the dataset's uint8 source, with normalize
+        self.decoder = None       # the GPU decode stage, with decode_device="cuda"
         if loader.normalize_on_device:
             source = _native.source_of(loader.dataset, uint8=True)
             if source is None:
@@ -213,6 +246,8 @@ class Upload:
                     "is a fastload.transforms.Compose ending in ToTensor (and Normalize)")
             self.native_source = source
             self.normalize = loader.dataset._device_normalization()
+        if loader.decode_device == "cuda":
+            self.native_source, self.decoder = _gpu_decoding(loader, device_index)
         self._pump = None
 
     def stop(self):
@@ -222,7 +257,7 @@ class Upload:
 
     def start(self, host_iter, timers):
         self._pump = Pump(host_iter, self.stream, self.pool, self.depth, timers.timers,
-                          timers.upload_row)
+                          timers.upload_row, self.decoder)
         return DeviceIter(self._pump, self.to_torch, self.normalize,
                           ConsumerClock(timers.timers))
 
