@@ -216,9 +216,11 @@ static int image_plan(PyObject *source, fl__native_job *job)
     return 0;
 }
 
-static void image_run(const void *core, fl__native_job *job)
+/* A batch into job's outputs; with `gpu`, `gpu_wanted` of its JPEGs left
+ * to the GPU stage there.  A failure is recorded in the job. */
+static void run_batch(const fl_image_source *src, fl__native_job *job, size_t gpu_wanted,
+                      fl_gpu_batch *gpu)
 {
-    const fl_image_source *src = core;
     fl_image_worker *w;
     int status = fl_image_worker_get(&w, job->msg, sizeof job->msg);
     if (status != FL_OK) {
@@ -229,8 +231,9 @@ static void image_run(const void *core, fl__native_job *job)
         .skips = job->records,
         .capacity = job->records ? job->n * 4 + 1 : 0,
     };
-    int rc = fl_image_source_batch(src, w, job->indices, job->n, job->seed, job->epoch,
-                                   job->data[0], (int64_t *)job->data[1], &report);
+    int rc = fl_image_source_batch_split(src, w, job->indices, job->n, job->seed, job->epoch,
+                                         job->data[0], (int64_t *)job->data[1], gpu_wanted,
+                                         gpu, &report);
     job->n_records = report.n_skips < report.capacity ? report.n_skips : report.capacity;
     if (rc != FL_OK) {
         job->status = rc;
@@ -238,6 +241,11 @@ static void image_run(const void *core, fl__native_job *job)
         job->err = report.error.err;
         memcpy(job->msg, report.error.msg, sizeof job->msg);
     }
+}
+
+static void image_run(const void *core, fl__native_job *job)
+{
+    run_batch(core, job, 0, NULL);
 }
 
 static PyObject *image_failure(PyObject *source, const fl__native_job *job)
@@ -326,33 +334,13 @@ static size_t split_wanted(image_split *split, size_t n)
 
 static void split_run(const void *core, fl__native_job *job)
 {
-    const fl_image_source *src = core;
     /* The counters are atomics: writing them through a const path is the
      * one mutation a batch makes of its source. */
     image_split *split = (image_split *)&object_of(core)->split;
-    fl_image_worker *w;
-    int status = fl_image_worker_get(&w, job->msg, sizeof job->msg);
-    if (status != FL_OK) {
-        job->status = status;
-        return;
-    }
     fl_gpu_batch_shape shape = split_shape(split, job->n);
     fl_gpu_batch gpu;
     fl_gpu_batch_init(&gpu, job->data[2], &shape);
-    fl_image_batch_report report = {
-        .skips = job->records,
-        .capacity = job->records ? job->n * 4 + 1 : 0,
-    };
-    int rc = fl_image_source_batch_split(src, w, job->indices, job->n, job->seed, job->epoch,
-                                         job->data[0], (int64_t *)job->data[1],
-                                         split_wanted(split, job->n), &gpu, &report);
-    job->n_records = report.n_skips < report.capacity ? report.n_skips : report.capacity;
-    if (rc != FL_OK) {
-        job->status = rc;
-        job->sample = report.error.index;
-        job->err = report.error.err;
-        memcpy(job->msg, report.error.msg, sizeof job->msg);
-    }
+    run_batch(core, job, split_wanted(split, job->n), &gpu);
 }
 
 static const fl__native_ops split_ops = {
