@@ -94,7 +94,12 @@ def test_the_gpu_rows_are_the_cpu_paths(fake_gpu_libraries):
         images, labels, want, want_labels = run(ds, source, decoder)
         assert np.array_equal(labels, want_labels)
         assert np.array_equal(images, want)
-        assert decoder.last_batch == (9, 0)  # the progressive one stayed with the worker
+        last = decoder.last_batch
+        assert (last["gpu_images"], last["cpu_fallbacks"]) == (9, 0)
+        assert (last["worker_gpu_images"], last["worker_cpu_images"]) == (9, 1)  # progressive
+        images, seconds = decoder.take_timing()  # the fake's events: 100 us a batch
+        assert images == 9 and abs(seconds - 1e-4) < 1e-9, (images, seconds)
+        assert decoder.take_timing() == (0, 0.0)
         # uint8 in HWC, bicubic: the kernel's other stores and filter.
         ds, source, decoder = setup(transform=T.Compose([
             T.RandomResizedCrop((20, 28), interpolation=T.InterpolationMode.BICUBIC),
@@ -108,7 +113,8 @@ def test_images_the_decoder_refuses_are_decoded_on_the_cpu(fake_gpu_libraries):
     run_case("""
         ds, source, decoder = setup()
         images, labels, want, want_labels = run(ds, source, decoder)
-        assert decoder.last_batch == (0, 9)
+        last = decoder.last_batch
+        assert (last["gpu_images"], last["cpu_fallbacks"]) == (0, 9)
         assert np.array_equal(images, want) and np.array_equal(labels, want_labels)
     """, fake_gpu_libraries, FAKE_NVJPEG_FAIL="execute")
 
@@ -154,20 +160,20 @@ def test_a_loader_decodes_on_the_gpu(fake_gpu_libraries):
                                          device="cuda", output="numpy",
                                          generator=torch.Generator().manual_seed(5), **kwargs)
             out = [(read_back(x), read_back(y)) for x, y in loader]
-            decoder = loader._upload.decoder
-            return out, decoder.last_batch if decoder is not None else None
+            stats = loader.stats().as_dict()["gpu_decode"]
+            return out, stats["gpu_images"] if stats is not None else None
 
         for workers in (0, 2):
             (on_cpu, _), (on_gpu, decoded) = batches(workers), batches(workers,
                                                                        decode_device="cuda")
-            assert len(on_gpu) == 3 and decoded[0] >= 1, decoded  # the GPU decoded
+            assert len(on_gpu) == 3 and decoded >= 1, decoded  # the GPU decoded
             for (x, y), (x_cpu, y_cpu) in zip(on_gpu, on_cpu):
                 assert np.array_equal(y, y_cpu) and np.array_equal(x, x_cpu)
         blurred = fastload.ImageFiles(files, transform=T.Compose([
             T.RandomResizedCrop(24), T.GaussianBlur(3), T.ToTensor()]))
         for dataset, kwargs, message in (
                 (ds, dict(), "needs device='cuda'"),
-                (ds, dict(device="cuda", decode_device="gpu"), "must be 'cpu' or 'cuda'"),
+                (ds, dict(device="cuda", decode_device="gpu"), "must be 'cpu', 'cuda' or 'auto'"),
                 (blurred, dict(device="cuda"), "whose transform is a")):
             kwargs.setdefault("decode_device", "cuda")
             try:
@@ -232,3 +238,30 @@ def test_on_a_gpu_the_rows_match_the_cpu_path(tmp_path):
         assert torch.equal(y, y_cpu)
         mse = torch.mean((x - x_cpu) ** 2).item()
         assert mse == 0 or 10 * np.log10(1.0 / mse) >= 40, mse
+
+
+def test_auto_splits_by_the_measured_costs(fake_gpu_libraries):
+    # The fake driver's events say each batch took the GPU 2 s: the workers
+    # are far faster, so the controller moves the JPEGs to the CPU.  Rows
+    # are the CPU path's whichever side decodes them (decode="exact").
+    run_case("""
+        import torch
+        ds = fastload.ImageFiles(files * 4, labels=list(range(40)), transform=TRANSFORM,
+                                 decode="exact")
+
+        def run(**kwargs):
+            loader = fastload.DataLoader(ds, batch_size=4, num_workers=2, device="cuda",
+                                         output="numpy",
+                                         generator=torch.Generator().manual_seed(2), **kwargs)
+            return loader, [(read_back(x), read_back(y)) for x, y in loader]
+
+        loader, on_gpu = run(decode_device="auto")
+        _, on_cpu = run()
+        for (x, y), (x_cpu, y_cpu) in zip(on_gpu, on_cpu):
+            assert np.array_equal(x, x_cpu) and np.array_equal(y, y_cpu)
+        report = loader.stats().as_dict()["gpu_decode"]
+        assert report["mode"] == "auto" and report["gpu_seconds"] > 0.1, report
+        assert report["gpu_share"] < 0.05, report
+        assert report["gpu_images"] >= 1 and report["gpu_images"] + report["cpu_images"] == 40
+        assert "GPU decode (auto, nvJPEG hardware)" in str(loader.stats())
+    """, fake_gpu_libraries, FAKE_CUDA_EVENT_US="2000000")

@@ -430,7 +430,11 @@ typedef struct GpuDecoderObject {
     PyObject_HEAD
     struct fl_gpu_decode *stage; /* owned */
     int device;
-    unsigned long long gpu_images, cpu_images; /* the last batch's (for the split) */
+    /* The last batch's, for the split's controller: the images the stage
+     * decoded and those it handed back to the CPU; the workers' images
+     * decoded on the CPU and prepared for the GPU, and their time. */
+    unsigned long long gpu_images, cpu_images;
+    unsigned long long worker_cpu_images, worker_gpu_images, worker_cpu_ns, worker_prep_ns;
 } GpuDecoderObject;
 
 extern PyType_Spec fl__GpuDecoder_spec;

@@ -320,20 +320,19 @@ class ImageFiles(SourceOwner):
         raw.dtype, raw.mul, raw.add = "uint8", (1.0, 1.0, 1.0), (0.0, 0.0, 0.0)
         return self._image_source(raw, skip=self.on_error == "skip")
 
-    def _gpu_split_source(self, budgets):
-        """The native source for ``decode_device="cuda"``: its batches leave
-        every JPEG the GPU takes to the GPU decode stage (``gpu_split``, with
-        ``budgets`` per image: JPEG bytes, table entries, pixels); None when
-        the transform needs more than the GPU runs."""
+    def _gpu_split_source(self, budgets, explore=0):
+        """The native source for ``decode_device="cuda"`` or ``"auto"``: its
+        batches leave ``gpu_share`` of their JPEGs to the GPU decode stage
+        (``gpu_split``, with ``budgets`` per image: JPEG bytes, table
+        entries, pixels; every ``explore``-th batch one image on each side);
+        None when the transform needs more than the GPU runs."""
         if self._native_source() is None:
             return None
         try:
-            source = self._image_source(self._plan, skip=self.on_error == "skip",
-                                        gpu_split=(*budgets, 0))
+            return self._image_source(self._plan, skip=self.on_error == "skip",
+                                      gpu_split=(*budgets, explore))
         except ValueError:  # the plan has ops the GPU stage does not run
             return None
-        source.gpu_share = 1.0
-        return source
 
     def _device_normalization(self):
         """For normalize_on_device: (mul, add, dtype) such that the uint8

@@ -74,7 +74,9 @@ class DataLoader(Generic[T_co]):
       its crop, nvJPEG decodes it on the GPU and a kernel resamples it into
       the batch (the same crops and flips as on the CPU); images the GPU
       does not take (progressive or CMYK JPEGs, PNG, WebP) are decoded by
-      the workers as before.
+      the workers as before.  "auto": the workers decode part of each
+      batch and the GPU the rest, the split following the measured costs
+      of both sides (``loader.stats()`` shows it).
     * ``output``: "auto" (torch tensors when torch is installed, NumPy arrays
       otherwise), "torch" or "numpy".
 
@@ -205,14 +207,15 @@ class DataLoader(Generic[T_co]):
         if normalize_on_device and self._batch_step is not None:
             raise ValueError("normalize_on_device=True cannot be combined with batch_transform "
                              "(the batch is mixed before it is normalised)")
-        if decode_device not in ("cpu", "cuda"):
-            raise ValueError(f"decode_device must be 'cpu' or 'cuda', got {decode_device!r}")
+        if decode_device not in ("cpu", "cuda", "auto"):
+            raise ValueError("decode_device must be 'cpu', 'cuda' or 'auto', got "
+                             f"{decode_device!r}")
         self.decode_device = decode_device
-        if decode_device == "cuda" and device_index is None:
-            raise ValueError("decode_device='cuda' needs device='cuda'")
-        if decode_device == "cuda" and (normalize_on_device or self._batch_step is not None):
-            raise ValueError("decode_device='cuda' cannot be combined with normalize_on_device "
-                             "or batch_transform yet")
+        if decode_device != "cpu" and device_index is None:
+            raise ValueError(f"decode_device={decode_device!r} needs device='cuda'")
+        if decode_device != "cpu" and (normalize_on_device or self._batch_step is not None):
+            raise ValueError(f"decode_device={decode_device!r} cannot be combined with "
+                             "normalize_on_device or batch_transform yet")
 
         if is_iterable_dataset(dataset):
             self._dataset_kind = "iterable"
@@ -534,7 +537,8 @@ class DataLoader(Generic[T_co]):
         report = LoaderStats(
             timers.timers.snapshot(), timers.num_workers,
             iterators.worker_mode(self) if timers.num_workers else None, self.prefetch_factor,
-            autotune=self.autotune_report(), sources=self._source_counts())
+            autotune=self.autotune_report(), sources=self._source_counts(),
+            gpu_decode=self._upload.gpu_decode_report() if self._upload is not None else None)
         if reset:
             timers.timers.reset()
         return report

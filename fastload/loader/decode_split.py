@@ -72,7 +72,8 @@ class DecodeSplit:
         """How many of a batch of ``n`` images go to the GPU."""
         if self.mode != "auto":
             return n if self.mode == "cuda" else 0
-        g = round(self._share * n)
+        # The batch jobs apply this rule in C (image_source.c, split_wanted).
+        g = math.floor(self._share * n + 0.5)  # half away from zero, as C's llround
         self._batches += 1
         if self._batches % self.explore == 1 and n >= 2:
             g = min(max(g, 1), n - 1)

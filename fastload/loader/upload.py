@@ -91,11 +91,11 @@ class Pump:
     DeviceIter, so dropping the iterator mid-epoch collects it and stops
     the thread."""
 
-    def __init__(self, host_iter, stream, pool, depth, timers=None, row=None, decoder=None):
+    def __init__(self, host_iter, stream, pool, depth, timers=None, row=None, gpu=None):
         self.host = host_iter
         self._stream = stream
         self._pool = pool
-        self._decoder = decoder  # GpuDecoder: batches carry a GPU part to decode
+        self._gpu = gpu  # GpuDecoding: batches carry a GPU part to decode
         self._timers, self._row = timers, row  # where the upload's time goes, or None
         self.ready = queue.Queue(maxsize=max(1, depth))
         self.stop = threading.Event()
@@ -133,11 +133,14 @@ class Pump:
     def _run(self):
         stream = self._stream
         try:
-            upload = stream.upload if self._decoder is None else (
-                lambda batch, pool: stream.upload(batch, pool, self._decoder))
+            gpu = self._gpu
             for batch in self.host:
                 started = clock_ns()
-                device_batch, _ = upload(batch, self._pool)
+                if gpu is None:
+                    device_batch, _ = stream.upload(batch, self._pool)
+                else:
+                    device_batch, _ = stream.upload(batch, self._pool, gpu.decoder)
+                    gpu.after_batch()
                 if self._timers is not None:
                     self._timers.add_stage(self._row, UPLOAD, started, clock_ns())
                 del batch  # the stream keeps it until its copies are done
@@ -199,24 +202,60 @@ GPU_TABLE_ENTRIES_PER_IMAGE = 64 << 10
 GPU_PIXELS_PER_IMAGE = 1 << 20
 
 
-def _gpu_decoding(loader, device_index):
-    """(the dataset's source whose batches leave their JPEGs to the GPU, the
-    GpuDecoder that decodes them) for ``decode_device="cuda"``."""
-    from .. import cuda
+class GpuDecoding:
+    """decode_device="cuda" or "auto": the dataset's source whose batches leave
+    JPEGs to the GPU, the GpuDecoder that decodes them, and the split's
+    controller (fastload.loader.decode_split), fed after each batch by the
+    upload thread: the workers' costs from the batch's GPU part, the GPU's
+    from the stage's timing events."""
 
-    dataset = loader.dataset
-    maker = getattr(dataset, "_gpu_split_source", None)
-    budgets = (GPU_BYTES_PER_IMAGE, GPU_TABLE_ENTRIES_PER_IMAGE, GPU_PIXELS_PER_IMAGE)
-    source = maker(budgets) if maker is not None and loader.batch_size else None
-    if source is None:
-        raise ValueError("decode_device='cuda' needs a fastload image dataset (ImageFolder, "
-                         "ImageFiles, WebDataset, ...) whose transform is a "
-                         "fastload.transforms.Compose of crops, resize, flip, ToTensor and "
-                         "Normalize, and batches (batch_size)")
-    decoder = _C.GpuDecoder(device_index, dataset._plan, dataset.decode == "exact",
-                            dataset.max_pixels, loader.batch_size, budgets[1], budgets[2], True,
-                            cuda._library_folders("nvjpeg"), cuda._library_folders("nvrtc"))
-    return source, decoder
+    EXPLORE = 16  # with "auto", every 16th batch keeps one image on each side
+
+    def __init__(self, loader, device_index):
+        from .. import cuda
+        from .decode_split import DecodeSplit
+
+        dataset = loader.dataset
+        maker = getattr(dataset, "_gpu_split_source", None)
+        budgets = (GPU_BYTES_PER_IMAGE, GPU_TABLE_ENTRIES_PER_IMAGE, GPU_PIXELS_PER_IMAGE)
+        self.split = DecodeSplit(loader.decode_device, max(1, loader.num_workers),
+                                 explore=self.EXPLORE)
+        explore = self.EXPLORE if loader.decode_device == "auto" else 0
+        self.source = (maker(budgets, explore) if maker is not None and loader.batch_size
+                       else None)
+        if self.source is None:
+            raise ValueError(
+                f"decode_device={loader.decode_device!r} needs a fastload image dataset "
+                "(ImageFolder, ImageFiles, WebDataset, ...) whose transform is a "
+                "fastload.transforms.Compose of crops, resize, flip, ToTensor and Normalize, "
+                "and batches (batch_size)")
+        self.source.gpu_share = self.split.share
+        self.decoder = _C.GpuDecoder(device_index, dataset._plan, dataset.decode == "exact",
+                                     dataset.max_pixels, loader.batch_size, budgets[1],
+                                     budgets[2], True, cuda._library_folders("nvjpeg"),
+                                     cuda._library_folders("nvrtc"))
+        self.gpu_images = self.cpu_images = 0
+        self._gpu_cost = None  # seconds a GPU image, from the latest timed batches
+
+    def after_batch(self):
+        """On the upload thread, after each batch: counts, and with "auto"
+        the controller's new share for the next batches."""
+        last = self.decoder.last_batch
+        self.gpu_images += last["gpu_images"]
+        self.cpu_images += last["worker_cpu_images"] + last["cpu_fallbacks"]
+        images, seconds = self.decoder.take_timing()
+        if images:
+            self._gpu_cost = seconds / images
+        if self.split.mode != "auto":
+            return
+        gpu = last["worker_gpu_images"] if self._gpu_cost is not None else 0
+        self.split.observe(last["worker_cpu_images"], last["worker_cpu_seconds"], gpu,
+                           last["worker_prep_seconds"], gpu * (self._gpu_cost or 0.0))
+        self.source.gpu_share = self.split.share
+
+    def report(self):
+        return {**self.split.as_dict(), "backend": self.decoder.backend,
+                "gpu_images": self.gpu_images, "cpu_images": self.cpu_images}
 
 
 def pin_device(pin_memory_device):
@@ -237,7 +276,7 @@ class Upload:
         self.to_torch = loader.output == "torch"
         self.normalize = None     # (mul, add, dtype) applied on the device
         self.native_source = None  # the dataset's uint8 source, with normalize
-        self.decoder = None       # the GPU decode stage, with decode_device="cuda"
+        self.gpu = None           # the GPU decode stage, with decode_device="cuda"/"auto"
         if loader.normalize_on_device:
             source = _native.source_of(loader.dataset, uint8=True)
             if source is None:
@@ -246,9 +285,17 @@ class Upload:
                     "is a fastload.transforms.Compose ending in ToTensor (and Normalize)")
             self.native_source = source
             self.normalize = loader.dataset._device_normalization()
-        if loader.decode_device == "cuda":
-            self.native_source, self.decoder = _gpu_decoding(loader, device_index)
+        if loader.decode_device != "cpu":
+            self.gpu = GpuDecoding(loader, device_index)
+            self.native_source = self.gpu.source
         self._pump = None
+
+    @property
+    def decoder(self):
+        return self.gpu.decoder if self.gpu is not None else None
+
+    def gpu_decode_report(self):
+        return self.gpu.report() if self.gpu is not None else None
 
     def stop(self):
         if self._pump is not None:
@@ -257,7 +304,7 @@ class Upload:
 
     def start(self, host_iter, timers):
         self._pump = Pump(host_iter, self.stream, self.pool, self.depth, timers.timers,
-                          timers.upload_row, self.decoder)
+                          timers.upload_row, self.gpu)
         return DeviceIter(self._pump, self.to_torch, self.normalize,
                           ConsumerClock(timers.timers))
 

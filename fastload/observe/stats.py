@@ -125,7 +125,7 @@ class LoaderStats:
     verdict, ``as_dict()`` gives plain numbers (seconds) for a logger."""
 
     def __init__(self, snapshot, num_workers, worker_mode, prefetch_factor, cpus=None,
-                 autotune=None, contention=None, sources=None):
+                 autotune=None, contention=None, sources=None, gpu_decode=None):
         rows = snapshot["rows"]
         consumer = snapshot["consumer"]
         self.num_workers = num_workers
@@ -137,6 +137,9 @@ class LoaderStats:
         self.autotune = autotune
         # {source: samples handed out this epoch} for a MixSampler, else None.
         self.sources = sources
+        # The GPU decode stage (decode_device="cuda"/"auto"): its backend, the
+        # GPU's share of the JPEGs and the images each side decoded; else None.
+        self.gpu_decode = gpu_decode
         self.batches = consumer["batches"]
         self.elapsed_s = consumer["period_ns"] / 1e9
         self.wait_s = consumer["wait_ns"] / 1e9
@@ -291,6 +294,7 @@ class LoaderStats:
             "cpus": self.cpus,
             "autotune": self.autotune,
             "sources": dict(self.sources) if self.sources is not None else None,
+            "gpu_decode": dict(self.gpu_decode) if self.gpu_decode is not None else None,
             "verdict": self.verdict,
         }
 
@@ -341,6 +345,11 @@ class LoaderStats:
             total = max(sum(self.sources.values()), 1)
             lines.append("sources this epoch: " + ", ".join(
                 f"{name} {count} ({count / total:.0%})" for name, count in self.sources.items()))
+        if self.gpu_decode:
+            g = self.gpu_decode
+            lines.append(f"GPU decode ({g['mode']}, nvJPEG {g['backend']}): share "
+                         f"{g['gpu_share']:.0%}; {g['gpu_images']} images on the GPU, "
+                         f"{g['cpu_images']} on the CPU")
         return "\n".join(lines)
 
     def __repr__(self):

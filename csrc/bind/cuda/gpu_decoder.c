@@ -117,14 +117,44 @@ static PyObject *GpuDecoder_get_backend(GpuDecoderObject *self, void *closure)
 static PyObject *GpuDecoder_get_last(GpuDecoderObject *self, void *closure)
 {
     (void)closure;
-    return Py_BuildValue("(KK)", self->gpu_images, self->cpu_images);
+    return Py_BuildValue("{sKsKsKsKsdsd}", "gpu_images", self->gpu_images, "cpu_fallbacks",
+                         self->cpu_images, "worker_cpu_images", self->worker_cpu_images,
+                         "worker_gpu_images", self->worker_gpu_images, "worker_cpu_seconds",
+                         (double)self->worker_cpu_ns / 1e9, "worker_prep_seconds",
+                         (double)self->worker_prep_ns / 1e9);
 }
+
+static PyObject *GpuDecoder_take_timing(GpuDecoderObject *self, PyObject *unused)
+{
+    (void)unused;
+    const fl_cuda *cuda = fl__cuda_driver_or_raise();
+    if (!cuda)
+        return NULL;
+    uint64_t images = 0;
+    double seconds = 0.0;
+    fl_cu_result rc = fl_cuda_enter(cuda, self->device);
+    if (rc != 0)
+        return fl__cuda_raise(cuda, rc, "timing the GPU decode stage", self->device), NULL;
+    fl_gpu_decode_take_timing(self->stage, &images, &seconds);
+    fl_cuda_leave(cuda);
+    return Py_BuildValue("(Kd)", (unsigned long long)images, seconds);
+}
+
+static PyMethodDef GpuDecoder_methods[] = {
+    {"take_timing", (PyCFunction)GpuDecoder_take_timing, METH_NOARGS,
+     "take_timing()\n--\n\n"
+     "(GPU images, GPU seconds) of the batches completed since the last call, as\n"
+     "the stream's timing events measured them ((0, 0.0) when the driver cannot)."},
+    {NULL, NULL, 0, NULL},
+};
 
 static PyGetSetDef GpuDecoder_getset[] = {
     {"backend", (getter)GpuDecoder_get_backend, NULL,
      "nvJPEG's backend: 'hardware' (the JPEG engines) or 'default'.", NULL},
     {"last_batch", (getter)GpuDecoder_get_last, NULL,
-     "(images the GPU decoded, images decoded on the CPU instead) in the last batch.", NULL},
+     "The last batch: images the stage decoded and handed back to the CPU, and the\n"
+     "workers' images decoded on the CPU and prepared for the GPU, with their time.",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -138,6 +168,7 @@ static PyType_Slot GpuDecoder_slots[] = {
     {Py_tp_new, GpuDecoder_new},
     {Py_tp_dealloc, GpuDecoder_dealloc},
     {Py_tp_getset, GpuDecoder_getset},
+    {Py_tp_methods, GpuDecoder_methods},
     {0, NULL},
 };
 

@@ -538,8 +538,14 @@ static PyObject *CudaStream_upload(CudaStreamObject *self, PyObject *const *args
     rc = enqueue(cuda, self, pool, u.items, n, &gpu, &event, &failed);
     Py_END_ALLOW_THREADS
     if (gpu.stage) {
-        ((GpuDecoderObject *)decoder)->gpu_images = gpu.report.gpu_images;
-        ((GpuDecoderObject *)decoder)->cpu_images = gpu.report.cpu_images;
+        GpuDecoderObject *d = (GpuDecoderObject *)decoder;
+        const fl_gpu_batch_head *h = gpu.part.head;
+        d->gpu_images = gpu.report.gpu_images;
+        d->cpu_images = gpu.report.cpu_images;
+        d->worker_cpu_images = h->cpu_count;
+        d->worker_gpu_images = h->count;
+        d->worker_cpu_ns = h->cpu_ns;
+        d->worker_prep_ns = h->prep_ns;
     }
     if (rc == FL_CU_ERROR_GPU_STAGE) {
         raise_gpu_error(state, &gpu, self->device);

@@ -70,6 +70,9 @@ static const struct {
     {"cuDeviceGetAttribute", offsetof(fl_cuda, device_get_attribute)},
     {"cuMemsetD8Async", offsetof(fl_cuda, memset_d8_async)},
     {"cuMemcpyDtoHAsync_v2", offsetof(fl_cuda, memcpy_dtoh_async)},
+    /* Timing the GPU decode stage's batches (events made without
+     * CU_EVENT_DISABLE_TIMING). */
+    {"cuEventElapsedTime", offsetof(fl_cuda, event_elapsed_time)},
 };
 
 static void load(void)

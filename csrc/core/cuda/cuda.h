@@ -80,6 +80,8 @@ typedef struct fl_cuda {
                                     fl_cu_stream stream);
     fl_cu_result (*memcpy_dtoh_async)(void *dst, fl_cu_deviceptr src, size_t bytes,
                                       fl_cu_stream stream);
+    /* Optional: milliseconds between two completed timing events. */
+    fl_cu_result (*event_elapsed_time)(float *ms, fl_cu_event start, fl_cu_event end);
 } fl_cuda;
 
 /* Opens and initialises the driver once (thread-safe); later calls return

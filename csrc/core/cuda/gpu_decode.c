@@ -8,6 +8,14 @@
 #include <string.h>
 
 #define POOL_ALIGN 256 /* each decoded image starts on a 256-byte boundary */
+#define TIMINGS 8      /* batches timed at once (more in flight go untimed) */
+
+/* A batch's GPU work bracketed by two timing events. */
+typedef struct timing {
+    fl_cu_event start, end;
+    uint32_t images;
+    int pending;
+} timing;
 
 struct fl_gpu_decode {
     const fl_cuda *cuda;
@@ -26,6 +34,10 @@ struct fl_gpu_decode {
     size_t scratch_count;
     unsigned char *row;         /* a CPU fallback's row */
     size_t row_capacity;
+    timing timings[TIMINGS];    /* start/end events of the batches being timed */
+    int timing_on;              /* the driver has cuEventElapsedTime, events made */
+    uint64_t timed_images;      /* completed since fl_gpu_decode_take_timing */
+    double timed_seconds;
 };
 
 static int driver_error(const fl_cuda *cuda, fl_cu_result rc, const char *call, char *msg,
@@ -88,14 +100,51 @@ int fl_gpu_decode_new(const fl_cuda *cuda, const fl_nvjpeg *nvjpeg, const fl_nvr
         fl_gpu_decode_free(s);
         return status;
     }
+    s->timing_on = cuda->event_elapsed_time != NULL;
+    for (int t = 0; t < TIMINGS && s->timing_on; t++)
+        if (cuda->event_create(&s->timings[t].start, 0) != 0 ||
+            cuda->event_create(&s->timings[t].end, 0) != 0)
+            s->timing_on = 0; /* untimed: the split then has no GPU cost */
     *out = s;
     return FL_OK;
+}
+
+/* Adds the completed timed batches, oldest first, to the totals. */
+static void collect_timings(fl_gpu_decode *s)
+{
+    for (int t = 0; t < TIMINGS; t++) {
+        timing *tm = &s->timings[t];
+        float ms;
+        if (!tm->pending || s->cuda->event_query(tm->end) != 0)
+            continue;
+        if (s->cuda->event_elapsed_time(&ms, tm->start, tm->end) == 0 && ms >= 0.0f) {
+            s->timed_images += tm->images;
+            s->timed_seconds += ms / 1e3;
+        }
+        tm->pending = 0;
+    }
+}
+
+void fl_gpu_decode_take_timing(fl_gpu_decode *s, uint64_t *images, double *seconds)
+{
+    if (s->timing_on)
+        collect_timings(s);
+    *images = s->timed_images;
+    *seconds = s->timed_seconds;
+    s->timed_images = 0;
+    s->timed_seconds = 0.0;
 }
 
 void fl_gpu_decode_free(fl_gpu_decode *s)
 {
     if (!s)
         return;
+    for (int t = 0; t < TIMINGS; t++) {
+        if (s->timings[t].start)
+            s->cuda->event_destroy(s->timings[t].start);
+        if (s->timings[t].end)
+            s->cuda->event_destroy(s->timings[t].end);
+    }
     if (s->pixels)
         s->cuda->mem_free(s->pixels);
     if (s->tables)
@@ -236,6 +285,17 @@ int fl_gpu_decode_run(fl_gpu_decode *s, fl_gpu_batch *part, const fl_gpu_decode_
     if (n == 0)
         return FL_OK;
 
+    /* Timed from the decode's start to the kernel's end, when a timing
+     * pair is free (a batch behind many in flight goes untimed). */
+    timing *tm = NULL;
+    if (s->timing_on) {
+        collect_timings(s);
+        for (int t = 0; t < TIMINGS && !tm; t++)
+            if (!s->timings[t].pending)
+                tm = &s->timings[t];
+        if (tm && cuda->event_record(tm->start, stream) != 0)
+            tm = NULL;
+    }
     char nvjpeg_error[200];
     if (fl_nvjpeg_decode_batch(s->decoder, (int)n, s->data, s->lengths, s->destinations, stream,
                                nvjpeg_error, sizeof nvjpeg_error) != FL_NVJPEG_STATUS_SUCCESS) {
@@ -277,6 +337,10 @@ int fl_gpu_decode_run(fl_gpu_decode *s, fl_gpu_batch *part, const fl_gpu_decode_
     if (rc != 0)
         return driver_error(cuda, rc, "cuLaunchKernel (the resample kernel)", report->msg,
                             sizeof report->msg);
+    if (tm && cuda->event_record(tm->end, stream) == 0) {
+        tm->images = n;
+        tm->pending = 1;
+    }
     report->gpu_images = n;
     return FL_OK;
 }

@@ -86,4 +86,10 @@ int fl_gpu_decode_run(fl_gpu_decode *stage, fl_gpu_batch *part,
                       const fl_gpu_decode_target *target, fl_cu_stream stream,
                       fl_gpu_decode_report *report);
 
+/* The GPU images decoded, and the GPU seconds they took (from the decode's
+ * start to the kernel's end, as the stream's timing events measured them),
+ * over the batches completed since the last call; both 0 when the driver
+ * cannot time events.  For the CPU/GPU split's controller. */
+void fl_gpu_decode_take_timing(fl_gpu_decode *stage, uint64_t *images, double *seconds);
+
 #endif /* FL_GPU_DECODE_H */
