@@ -77,8 +77,8 @@ static PyObject *GpuDecoder_new(PyTypeObject *type, PyObject *args, PyObject *kw
     entered = fl_cuda_enter(cuda, device);
     rc = entered != 0 ? FL_ERR_IO
                       : fl_gpu_decode_new(cuda, nvjpeg, nvrtc, device, &plan,
-                                          shape.pixel_capacity, table_bytes, use_hardware,
-                                          &self->stage, error, sizeof error);
+                                          shape.pixel_capacity, shape.capacity, table_bytes,
+                                          use_hardware, &self->stage, error, sizeof error);
     if (entered == 0)
         fl_cuda_leave(cuda);
     Py_END_ALLOW_THREADS

@@ -49,8 +49,8 @@ static int driver_error(const fl_cuda *cuda, fl_cu_result rc, const char *call, 
 
 int fl_gpu_decode_new(const fl_cuda *cuda, const fl_nvjpeg *nvjpeg, const fl_nvrtc *nvrtc,
                       int ordinal, const fl_image_plan *plan, uint64_t pixel_capacity,
-                      size_t table_bytes, int use_hardware, fl_gpu_decode **out, char *error,
-                      size_t error_size)
+                      uint32_t max_images, size_t table_bytes, int use_hardware,
+                      fl_gpu_decode **out, char *error, size_t error_size)
 {
     *out = NULL;
     const char *why;
@@ -63,7 +63,8 @@ int fl_gpu_decode_new(const fl_cuda *cuda, const fl_nvjpeg *nvjpeg, const fl_nvr
         snprintf(error, error_size, "the CUDA driver lacks %s", missing);
         return FL_ERR_INVALID;
     }
-    if (pixel_capacity > (SIZE_MAX - POOL_ALIGN) / 3 || table_bytes == 0) {
+    /* A uint32 count of aligned starts cannot overflow the rest of size_t. */
+    if (pixel_capacity > (SIZE_MAX / 2) / 3 || table_bytes == 0) {
         snprintf(error, error_size, "the GPU decode pool is too large");
         return FL_ERR_INVALID;
     }
@@ -88,8 +89,8 @@ int fl_gpu_decode_new(const fl_cuda *cuda, const fl_nvjpeg *nvjpeg, const fl_nvr
         free(s);
         return FL_ERR_INVALID;
     }
-    /* One image may need its whole 3 bytes a pixel plus alignment. */
-    s->pixel_bytes = (size_t)pixel_capacity * 3 + POOL_ALIGN;
+    /* 3 bytes a pixel, and each image's start aligned. */
+    s->pixel_bytes = (size_t)pixel_capacity * 3 + (size_t)max_images * POOL_ALIGN;
     s->table_bytes = table_bytes;
     fl_cu_result rc = cuda->mem_alloc(&s->pixels, s->pixel_bytes);
     if (rc == 0)

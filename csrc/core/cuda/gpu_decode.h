@@ -59,14 +59,15 @@ typedef struct fl_gpu_decode_report {
 /* Makes a stage for device `ordinal` and `plan` (fl_plan_gpu_capable):
  * an nvJPEG decoder (the hardware backend first when `use_hardware`), the
  * resample kernel (NVRTC, once per process and device), the pixel pool of
- * `pixel_capacity` pixels and a table buffer of `table_bytes` (a GPU part
+ * `pixel_capacity` pixels in up to `max_images` images (each aligned) and a
+ * table buffer of `table_bytes` (a GPU part
  * without its encoded bytes, fl_gpu_batch_table_bytes).  Call with the
  * device's context current.  Returns FL_OK, or an error with the reason in
  * `error` (the library or driver call that failed). */
 int fl_gpu_decode_new(const fl_cuda *cuda, const fl_nvjpeg *nvjpeg, const fl_nvrtc *nvrtc,
                       int ordinal, const fl_image_plan *plan, uint64_t pixel_capacity,
-                      size_t table_bytes, int use_hardware, fl_gpu_decode **out, char *error,
-                      size_t error_size);
+                      uint32_t max_images, size_t table_bytes, int use_hardware,
+                      fl_gpu_decode **out, char *error, size_t error_size);
 
 /* Frees the stage's device memory and decoder (with the context current;
  * after its stream's work is done). */
