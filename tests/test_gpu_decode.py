@@ -182,6 +182,15 @@ def test_a_loader_decodes_on_the_gpu(fake_gpu_libraries):
                 assert message in str(e), e
             else:
                 raise AssertionError(kwargs)
+        # Worker processes would make the GPU parts in their own slots: threads only.
+        loader = fastload.DataLoader(ds, batch_size=4, num_workers=2, worker_mode="process",
+                                     device="cuda", decode_device="cuda")
+        try:
+            iter(loader)
+        except ValueError as e:
+            assert "decode_device='cuda' needs worker_mode='thread'" in str(e), e
+        else:
+            raise AssertionError("worker processes were taken")
     """, fake_gpu_libraries)
 
 

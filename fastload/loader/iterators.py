@@ -666,7 +666,9 @@ def _start_threads(it, loader):
 def _start_processes(it, loader):
     """The process engine for iterator ``it``: ``ProcessWorkers``."""
     if loader._upload is not None and loader._upload.native_source is not None:
-        raise ValueError("normalize_on_device=True needs worker_mode='thread'")
+        option = ("normalize_on_device=True" if loader.normalize_on_device
+                  else f"decode_device={loader.decode_device!r}")
+        raise ValueError(f"{option} needs worker_mode='thread'")
     plan = _fetch_plan(it, loader, it._num_workers)  # pickled to each worker
     context = loader.multiprocessing_context or _process.default_context()
     page_locking = None
