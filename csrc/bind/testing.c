@@ -10,6 +10,7 @@
 
 #include "core/cuda/resample_kernel.h"
 #include "core/cuda/gpu_batch.h"
+#include "core/cuda/gpu_decode.h"
 #include "core/image/jpeg.h"
 #include "core/image/pipeline.h"
 #include "core/image/resample.h"
@@ -544,20 +545,12 @@ static PyObject *gpu_part_finish_on_host(PyObject *module, PyObject *const *args
         image.src_pitch = (int)px.stride;
         image.dst = (unsigned long long)(uintptr_t)(PyArray_BYTES(images) +
                                                     (size_t)it->row * row_bytes);
-        fl_rk_batch batch = {
-            .images = (unsigned long long)(uintptr_t)&image,
-            .first = (unsigned long long)(uintptr_t)gpu.first,
-            .weights = (unsigned long long)(uintptr_t)gpu.weights,
-            .count = 1,
-            .out_w = plan.out_w,
-            .out_h = plan.out_h,
-            .dtype = plan.dtype,
-            .layout = plan.layout,
-        };
-        for (int c = 0; c < 3; c++) {
-            batch.scale[c] = plan.mul[c];
-            batch.offset[c] = plan.add[c];
-        }
+        fl_rk_batch batch;
+        fl_gpu_decode_kernel_batch(&plan, &batch); /* the stage's parameters */
+        batch.images = (unsigned long long)(uintptr_t)&image;
+        batch.first = (unsigned long long)(uintptr_t)gpu.first;
+        batch.weights = (unsigned long long)(uintptr_t)gpu.weights;
+        batch.count = 1;
         fl_resample_kernel_host(&batch);
     }
     fl_jpeg_free(dec);

@@ -396,22 +396,22 @@ class WebDataset(ImageFiles):
         self._load_lock = threading.Lock()
         self._index_threads = threads
         ranges, labels = np.zeros((total, 2), np.int64), np.zeros(total, np.int64)
+        self._ranges, self._labels = ranges, labels
         for s in range(len(shards)):
             if s not in self._unloaded:
-                self._fill(s, ranges, labels)
-        self._ranges, self._labels = ranges, labels
+                self._fill(s)
         if cache is not None:  # the cache's key covers every sample's range
             self._load(sorted(self._unloaded))
         self._setup((b"".join(encoded), offsets), labels, transform, target_transform, decode,
                     on_error, max_pixels, loader=None, ranges=ranges,
                     cache=cache, cache_size=cache_size, cache_decoded=cache_decoded)
 
-    def _fill(self, s, ranges, labels):
-        """Writes shard ``s``'s rows of ``ranges`` and ``labels``; the shard
+    def _fill(self, s):
+        """Writes shard ``s``'s rows of the ranges and labels; the shard
         then keeps only its keys (and member index, with fields)."""
         shard = self._shard_list[s]
         rows = slice(int(self.shard_starts[s]), int(self.shard_starts[s + 1]))
-        ranges[rows], labels[rows] = shard.images, shard.labels
+        self._ranges[rows], self._labels[rows] = shard.images, shard.labels
         shard.images = shard.labels = None
 
     def _ready(self, indices):
@@ -459,7 +459,7 @@ class WebDataset(ImageFiles):
                 with concurrent.futures.ThreadPoolExecutor(threads) as pool:
                     list(pool.map(lambda s: self._shard_list[s].load(), shards))
             for s in shards:
-                self._fill(s, self._ranges, self._labels)
+                self._fill(s)
                 self._unloaded.discard(s)
 
     @property

@@ -30,6 +30,7 @@ from . import autotune as _autotune, resume as _resume
 from . import torch_compat as _torch_compat
 from .collate import default_collate, default_convert
 from . import iterators
+from .decode_split import MODES as DECODE_MODES
 from .sampler import BatchSampler, RandomSampler, SequentialSampler
 from .upload import Upload, pin_device
 from .worker import current_loader_token
@@ -207,7 +208,7 @@ class DataLoader(Generic[T_co]):
         if normalize_on_device and self._batch_step is not None:
             raise ValueError("normalize_on_device=True cannot be combined with batch_transform "
                              "(the batch is mixed before it is normalised)")
-        if decode_device not in ("cpu", "cuda", "auto"):
+        if decode_device not in DECODE_MODES:
             raise ValueError("decode_device must be 'cpu', 'cuda' or 'auto', got "
                              f"{decode_device!r}")
         self.decode_device = decode_device

@@ -164,6 +164,20 @@ const char *fl_gpu_decode_backend(const fl_gpu_decode *s)
     return s->decoder->backend == FL_NVJPEG_BACKEND_HARDWARE ? "hardware" : "default";
 }
 
+void fl_gpu_decode_kernel_batch(const fl_image_plan *plan, fl_rk_batch *batch)
+{
+    *batch = (fl_rk_batch){
+        .out_w = plan->out_w,
+        .out_h = plan->out_h,
+        .dtype = plan->dtype,
+        .layout = plan->layout,
+    };
+    for (int c = 0; c < 3; c++) {
+        batch->scale[c] = plan->mul[c];
+        batch->offset[c] = plan->add[c];
+    }
+}
+
 static int reserve_scratch(fl_gpu_decode *s, size_t count)
 {
     if (count <= s->scratch_count)
@@ -316,20 +330,12 @@ int fl_gpu_decode_run(fl_gpu_decode *s, fl_gpu_batch *part, const fl_gpu_decode_
         return driver_error(cuda, rc, "cuMemcpyHtoDAsync (the GPU part)", report->msg,
                             sizeof report->msg);
     const char *base = (const char *)part->head;
-    fl_rk_batch batch = {
-        .images = s->tables + (fl_cu_deviceptr)((const char *)part->kernel - base),
-        .first = s->tables + (fl_cu_deviceptr)((const char *)part->first - base),
-        .weights = s->tables + (fl_cu_deviceptr)((const char *)part->weights - base),
-        .count = (int)n,
-        .out_w = s->plan.out_w,
-        .out_h = s->plan.out_h,
-        .dtype = s->plan.dtype,
-        .layout = s->plan.layout,
-    };
-    for (int c = 0; c < 3; c++) {
-        batch.scale[c] = s->plan.mul[c];
-        batch.offset[c] = s->plan.add[c];
-    }
+    fl_rk_batch batch;
+    fl_gpu_decode_kernel_batch(&s->plan, &batch);
+    batch.images = s->tables + (fl_cu_deviceptr)((const char *)part->kernel - base);
+    batch.first = s->tables + (fl_cu_deviceptr)((const char *)part->first - base);
+    batch.weights = s->tables + (fl_cu_deviceptr)((const char *)part->weights - base);
+    batch.count = (int)n;
     void *params[] = {&batch};
     unsigned int grid_z = n < 65535 ? n : 65535;
     rc = cuda->launch_kernel(s->kernel, (unsigned int)(s->plan.out_w + 31) / 32,

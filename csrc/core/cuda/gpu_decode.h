@@ -87,6 +87,11 @@ int fl_gpu_decode_run(fl_gpu_decode *stage, fl_gpu_batch *part,
                       const fl_gpu_decode_target *target, fl_cu_stream stream,
                       fl_gpu_decode_report *report);
 
+/* The kernel's batch parameters that come from the plan (output size,
+ * dtype, layout, per-channel scale and offset); the addresses and count
+ * are the caller's to set. */
+void fl_gpu_decode_kernel_batch(const fl_image_plan *plan, fl_rk_batch *batch);
+
 /* The GPU images decoded, and the GPU seconds they took (from the decode's
  * start to the kernel's end, as the stream's timing events measured them),
  * over the batches completed since the last call; both 0 when the driver
