@@ -18,6 +18,11 @@ epoch of a fresh ``num_workers="auto"`` loader, timed from ``iter()`` to its
 last batch like the fixed ones, so its climb counts against it.  Prints
 Markdown: every setting's batches per second, auto's first epoch as a ratio
 of the best fixed setting, and what auto chose (``autotune_report()``).
+
+``--epochs N`` adds the hardest case for a tuner: the JPEG pipeline at batch
+64 with no training step, persistent loaders (auto and each fixed worker
+count at prefetch 2) run epoch by epoch in turn, so each epoch of auto is
+compared with the same epoch of the fixed settings, measured moments apart.
 """
 
 import argparse
@@ -93,6 +98,33 @@ def run(name, dataset, mode, step_seconds, cores, prefetches=(2, 4)):
     return rows, auto_rate, report
 
 
+def persistent_epochs(dataset, cores, epochs, batch_size=64):
+    """Per epoch: auto's batches per second and the best fixed count's, the
+    loaders persistent and run in turn, epoch by epoch."""
+    loaders = {w: fastload.DataLoader(dataset, batch_size=batch_size, shuffle=True,
+                                      num_workers=w, persistent_workers=True)
+               for w in sweep_workers(cores)}
+    loaders["auto"] = fastload.DataLoader(dataset, batch_size=batch_size, shuffle=True,
+                                          num_workers="auto", persistent_workers=True)
+    rows = []
+    for e in range(epochs):
+        rates = {name: epoch(loader, 0.0) for name, loader in loaders.items()}
+        best = max((w for w in rates if w != "auto"), key=rates.get)
+        rows.append((e, rates["auto"], best, rates[best]))
+        log(f"epoch {e}: auto {rates['auto']:.1f}/s, best fixed {best}: {rates[best]:.1f}/s")
+    return rows, loaders["auto"].autotune_report()
+
+
+def persistent_markdown(rows, report):
+    out = ["### jpeg, persistent loaders, no training step (batch 64)", "",
+           "| epoch | auto batches/s | best fixed | its batches/s | auto / best |",
+           "|---:|---:|---:|---:|---:|"]
+    out += [f"| {e} | {a:.1f} | {w} | {b:.1f} | **{a / b:.3f}** |" for e, a, w, b in rows]
+    out += ["", f"auto chose {report['workers']} workers, prefetch {report['prefetch']} "
+            f"({report['reason']}); searches reopened: {report['reopened']}", ""]
+    return "\n".join(out)
+
+
 def markdown(name, step_seconds, rows, auto_rate, report):
     best = max(rows, key=lambda r: r[2])
     out = [f"### {name} (consumer step {step_seconds * 1e3:g} ms per batch)", "",
@@ -116,6 +148,8 @@ def main(argv=None):
     parser.add_argument("--pipelines", default="jpeg,numpy")
     parser.add_argument("--jpeg-step-ms", type=float, default=20.0)
     parser.add_argument("--numpy-step-ms", type=float, default=5.0)
+    parser.add_argument("--epochs", type=int, default=0,
+                        help="also run persistent loaders for this many epochs (jpeg, no step)")
     args = parser.parse_args(argv)
     size = QUICK if args.quick else FULL
     cores = usable_cores()
@@ -134,6 +168,13 @@ def main(argv=None):
                                      cores)
         print(markdown(pipeline, step, rows, rate, report))
         results[pipeline] = (rows, rate, report)
+    if args.epochs:
+        root = imagenet_like.make_image_folder(os.path.join(args.root, f"jpeg{size['images']}"),
+                                               n_images=size["images"], n_classes=10)
+        rows, report = persistent_epochs(jpeg_dataset(root), cores, args.epochs,
+                                         batch_size=2 * BATCH)
+        print(persistent_markdown(rows, report))
+        results["persistent"] = (rows, report)
     return results
 
 

@@ -280,6 +280,21 @@ def test_an_empty_queue_with_busy_workers_calls_for_workers_not_prefetch():
     assert "prefetch" not in v and "a cache would help" in v, v
 
 
+def test_workers_held_back_by_the_autotuner_are_not_a_call_for_prefetch():
+    # num_workers="auto" kept one of two workers active while the loop
+    # waited with a worker idle at the in-flight cap: the advice names the
+    # autotuner's choice, not prefetch_factor (its own knob).
+    tuned = {"workers": 1, "max_workers": 2, "prefetch": 2, "settled": True,
+             "reason": "the consumer hardly waits"}
+    snap = snapshot(4, 10.0, [(9.5, 0.5, 0, 9), (0, 10, 0, 0)], asks=(100, 60, 50, 3.8))
+    v = LoaderStats(snap, 2, "thread", 8, cpus=2, autotune=tuned).verdict
+    assert "prefetch_factor would help" not in v, v
+    assert "num_workers='auto' keeps 1 of 2 workers active (settled: the consumer hardly waits)" in v
+    tuned["workers"] = 2  # every worker active: the usual advice
+    v = LoaderStats(snap, 2, "thread", 8, cpus=2, autotune=tuned).verdict
+    assert "larger prefetch_factor would help" in v, v
+
+
 def test_the_timers_record_what_the_loop_found_as_it_asked():
     timers = _C.Timers(1)
     # Nothing deliverable, a worker idle at the in-flight cap; then nothing

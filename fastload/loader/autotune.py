@@ -1,48 +1,50 @@
 """The controller behind ``DataLoader(num_workers="auto")``.
 
-A hill climber, in the manner of tf.data's autotuner, over two knobs: how
-many workers get new batches (the *active* ones; the pool holds the maximum)
-and how many batches each may have in flight (the prefetch).  It is pure:
-the iterator feeds it one observation per delivered batch -- the time, how
-long the consumer waited in ``next()``, the batch's bytes -- and applies the
+A search over two knobs, in the manner of tf.data's autotuner: how many
+workers get new batches (the *active* ones; the pool holds the maximum) and
+how many batches each may have in flight (the prefetch).  It is pure: the
+iterator feeds it one observation per delivered batch -- the time, how long
+the consumer waited in ``next()``, the batch's bytes -- and applies the
 setting it answers.  Nothing here reads a clock or touches a thread, so the
 tests drive it with a simulated pipeline.
 
 The algorithm (docs/design.md, "Autotune"):
 
+* Start with every worker (the usable cores) at prefetch 2: the first
+  epoch runs as fast as the usual fixed choice, even when it is too short to
+  finish a search.
 * Measure a *window*: at least ``window_batches`` deliveries spanning at
-  least ``window_seconds``, after skipping the deliveries that drain the
-  pipeline of the previous setting (as many as the setting keeps in flight).
-  A window gives the throughput (batches per second, as the consumer sees
-  them), the share of the time the consumer spent waiting, and the relative
-  standard error of the throughput, from the spread of the rates of its
-  eight consecutive blocks (a block spans several deliveries, so a pipeline
-  that delivers in bursts -- a bursty consumer, uneven samples -- is judged
-  by its average over the bursts, not by single intervals).  The window
-  grows until that error is under a quarter of the gain the next decision
-  looks for (a quarter of s / w for a worker step from w to w + s, which
-  gains up to s / w; ``min_gain`` for a prefetch step), or it reaches ``max_window_batches`` or
-  ``max_window_seconds``: large steps are judged quickly, small ones
-  precisely.
-* If the consumer hardly waited (under ``min_wait_share``), the loader keeps
-  up: settle.  Else *try* a step: more workers first, then a deeper prefetch
-  (deeper buffers absorb a bursty consumer when more workers do not help).
-* Keep a step when the throughput rose by more than the noise (twice the
-  combined standard error) and by at least ``min_gain``; else go back to the
-  kept setting.  Worker steps grow exponentially while a step pays off nearly
-  in proportion (1, 2, 4, ... more workers) and halve after a step that did
-  not, down to 1; a rejected single worker ends the worker search, a
-  rejected prefetch doubling ends the prefetch search, and then the
-  controller settles.  Every trial either raises a bounded knob or shrinks a
-  step, so it settles after a bounded number of windows (and at
-  ``max_windows`` at the latest): it cannot oscillate.
-* Bounds: workers <= ``max_workers`` (the usable cores), prefetch <=
-  ``max_prefetch``, and batches in flight <= ``max_bytes`` / the largest
+  least ``window_seconds``, after skipping the deliveries that fill the
+  pipeline (as many as the setting keeps in flight) at each start and after
+  each change.  A window gives the throughput (batches per second, as the
+  consumer sees them), the share of the time the consumer spent waiting,
+  and the relative standard error of the throughput, from the spread of the
+  rates of its eight consecutive blocks (so a bursty pipeline is judged by
+  its average over the bursts).  The window grows until that error is under
+  a quarter of the change the pending decision looks for, or it reaches
+  ``max_window_batches`` or ``max_window_seconds``.  A window spans epochs:
+  the last deliveries of an epoch (the drain) and the first of the next
+  (the fill) are left out, the rest counts.
+* The workers: if the consumer hardly waited (under ``min_wait_share``) the
+  loader keeps up, and fewer workers may too (leaving cores to the training
+  step): bisect between the most workers known too few (0 at first) and the
+  fewest known to keep up, keeping a count that keeps up without losing
+  throughput beyond the noise.  If the consumer waits with workers held
+  back, try more (doubling, or halfway to a count known to keep up), kept
+  when the throughput rises by more than the noise and ``min_gain``.
+* Then, while the consumer still waits, the prefetch: doubled while that
+  pays as much (a deeper buffer absorbs a bursty consumer).
+* Settled, it keeps measuring.  Two windows in a row that contradict the
+  choice -- the consumer now waits where it kept up, or hardly waits where
+  it waited, or the throughput moved by more than twice ``min_gain`` and the
+  noise -- reopen the search from the current setting, at most
+  ``max_reopens`` times.  Every search step narrows a bracket, raises a
+  bounded knob or ends a knob's search, so each search ends after a bounded
+  number of windows (``max_windows`` at the latest): it cannot oscillate.
+* Bounds: workers <= ``max_workers`` (this rank's usable cores), prefetch
+  <= ``max_prefetch``, and batches in flight <= ``max_bytes`` / the largest
   batch seen (at least 1).  The in-flight target is workers x prefetch
   within that.
-
-The loader stops adapting at the end of the first epoch (``end_epoch``):
-a trial still running then is undone, and later epochs keep the setting.
 """
 
 import math
@@ -55,6 +57,8 @@ Setting = namedtuple("Setting", "workers prefetch in_flight")
 
 DEFAULT_MAX_PREFETCH = 8
 START_PREFETCH = 2
+# Windows in a row that must contradict a settled choice to reopen it.
+_CONTRADICTIONS = 2
 
 
 def usable_cores():
@@ -138,17 +142,19 @@ class _Window:
 class Autotuner:
     """Chooses (active workers, prefetch) for one loader; see the module
     doc.  ``observe`` per delivered batch, ``begin`` when an iterator or
-    epoch starts, ``end_epoch`` when the first epoch ends."""
+    epoch starts."""
 
     def __init__(self, max_workers, max_prefetch=DEFAULT_MAX_PREFETCH, max_bytes=None,
-                 start_workers=1, start_prefetch=START_PREFETCH, window_batches=16,
+                 start_workers=None, start_prefetch=START_PREFETCH, window_batches=16,
                  window_seconds=0.1, max_window_batches=512, max_window_seconds=3.0,
-                 min_gain=0.05, min_wait_share=0.05, max_windows=64):
+                 min_gain=0.05, min_wait_share=0.05, max_windows=64, max_reopens=4):
         if max_workers < 1 or max_prefetch < 1:
             raise ValueError("max_workers and max_prefetch must be at least 1")
         self.max_workers = max_workers
         self.max_prefetch = max_prefetch
         self.max_bytes = default_max_bytes() if max_bytes is None else max_bytes
+        if start_workers is None:
+            start_workers = max_workers
         self.workers = max(1, min(start_workers, max_workers))
         self.prefetch = max(1, min(start_prefetch, max_prefetch))
         self.window_batches = window_batches
@@ -158,16 +164,15 @@ class Autotuner:
         self.min_gain = min_gain
         self.min_wait_share = min_wait_share
         self.max_windows = max_windows
-        self.settled = False
+        self.max_reopens = max_reopens
+        self.adapting = True     # False once it holds its setting for good
+        self.settled = False     # no search running (it still watches)
         self.reason = None       # why it settled
-        self.steps = []          # one entry per measured window
+        self.reopened = 0        # searches reopened by a contradicted choice
+        self.steps = []          # one entry per decision
         self.batch_bytes = 0     # the largest batch seen
-        self._kept = (self.workers, self.prefetch)  # the setting trials start from
-        self._baseline = None    # the kept setting's window stats
-        self._trial = None       # "workers" or "prefetch" while a step is measured
-        self._worker_step = 1
-        self._searching = ["workers", "prefetch"]
         self._observed = 0
+        self._start_search(None)
         self.begin()
 
     @classmethod
@@ -176,6 +181,7 @@ class Autotuner:
         tuner = cls(workers, prefetch, start_workers=workers, start_prefetch=prefetch)
         tuner.max_bytes = None  # not applied: see DataLoader's num_workers="auto"
         tuner._settle(reason)
+        tuner.adapting = False
         return tuner
 
     # -- the setting --------------------------------------------------------
@@ -191,24 +197,37 @@ class Autotuner:
         return Setting(self.workers, self.prefetch, in_flight)
 
     def begin(self):
-        """A new iterator or epoch: time between them is not measured."""
+        """A new iterator or epoch: the time between epochs is not measured,
+        and the deliveries that fill the pipeline are skipped."""
         self._last = None
-        self._window = _Window()
         self._skip = self.setting.in_flight
         return self.setting
 
-    def end_epoch(self):
-        """The first epoch is over: undo a trial still running and hold."""
-        if not self.settled:
-            if self._trial is not None:
-                self.workers, self.prefetch = self._kept
-            self._settle("the first epoch ended")
-        return self.setting
+    def _new_window(self, skip):
+        self._window = _Window()
+        self._skip = skip
+
+    def _start_search(self, baseline):
+        """A search from the current setting, `baseline` its measure."""
+        self.settled = False
+        self.reason = None
+        self._kept = (self.workers, self.prefetch)  # the setting trials start from
+        self._trial = None       # "workers" or "prefetch" while a step is measured
+        self._too_few = 0        # the most workers known not to keep up
+        self._enough = None      # the fewest workers known to keep up
+        self._searching = ["workers", "prefetch"]
+        self._windows = 0        # windows this search measured
+        self._baseline = None
+        if baseline is not None:
+            self._set_baseline(baseline)
+        self._new_window(0)
 
     def _settle(self, reason):
         self.settled = True
         self.reason = reason
         self._trial = None
+        self._contradicted = 0   # watching windows in a row that contradict the choice
+        self._new_window(0)
 
     # -- observations -------------------------------------------------------
 
@@ -219,7 +238,7 @@ class Autotuner:
         self._observed += 1
         if nbytes > self.batch_bytes:
             self.batch_bytes = nbytes
-        if self.settled:
+        if not self.adapting:
             return self.setting
         last, self._last = self._last, now
         if last is None or self._skip > 0:
@@ -233,21 +252,25 @@ class Autotuner:
         # The error costs a pass over the window: check every _BLOCKS batches.
         if (n >= self.max_window_batches or seconds >= self.max_window_seconds
                 or (n % _BLOCKS == 0 and window.error() <= self._wanted_error())):
-            self._conclude(window.stats())
+            if self.settled:
+                self._watch(window.stats())
+            else:
+                self._conclude(window.stats())
         return self.setting
 
+    def _keeps_up(self, stats):
+        return stats["wait_share"] < self.min_wait_share
+
     def _wanted_error(self):
-        """How precise the window must be: a quarter of the gain the next
-        decision looks for, which is a step's proportional gain discounted
-        four times (a step near the bottleneck gains less), or min_gain."""
-        kept_workers = self._kept[0]
+        """How precise the window must be: a quarter of the change the
+        pending decision looks for -- a worker step's proportional change,
+        discounted four times (a step near the bottleneck changes less) --
+        or of min_gain."""
+        change = 0.0
         if self._trial == "workers":
-            gain = self.workers / kept_workers - 1.0
-        elif self._trial is None and "workers" in self._searching:
-            gain = min(self._worker_step, self.max_workers - kept_workers) / kept_workers
-        else:
-            gain = 0.0
-        return max(self.min_gain, gain / 4) / 4
+            kept = self._kept[0]
+            change = abs(self.workers - kept) / min(self.workers, kept)
+        return max(self.min_gain, change / 4) / 4
 
     def _record(self, stats, decision):
         self.steps.append({
@@ -259,60 +282,112 @@ class Autotuner:
             "decision": decision,
         })
 
+    def _noise(self, stats):
+        return 2.0 * math.hypot(stats["error"], self._baseline["error"])
+
+    def _better(self, trial, stats):
+        """Whether the step just measured is kept."""
+        ratio = stats["batches_per_s"] / self._baseline["batches_per_s"]
+        if trial == "workers" and self.workers < self._kept[0]:
+            # Fewer workers: kept while they keep up at the same throughput.
+            return self._keeps_up(stats) and ratio >= 1.0 - max(self.min_gain / 2,
+                                                                 self._noise(stats))
+        return ratio - 1.0 > max(self.min_gain, self._noise(stats))
+
     def _conclude(self, stats):
+        self._windows += 1
         trial, self._trial = self._trial, None
         if trial is None:
             self._record(stats, "measured")
-            self._baseline = stats
+            self._set_baseline(stats)
+        elif self._better(trial, stats):
+            self._record(stats, "kept")
+            self._kept = (self.workers, self.prefetch)
+            self._set_baseline(stats)
         else:
-            base = self._baseline
-            gain = stats["batches_per_s"] / base["batches_per_s"] - 1.0
-            noise = 2.0 * math.hypot(stats["error"], base["error"])
-            if gain > max(self.min_gain, noise):
-                self._record(stats, "kept")
-                if trial == "workers":
-                    ideal = self.workers / self._kept[0] - 1.0
-                    # Nearly proportional: still far from the bottleneck.
-                    self._worker_step = (self._worker_step * 2 if gain >= 0.5 * ideal
-                                         else max(1, self._worker_step // 2))
-                self._kept = (self.workers, self.prefetch)
-                self._baseline = stats
-            else:
-                self._record(stats, "undone")
-                self.workers, self.prefetch = self._kept
-                if trial == "workers" and self._worker_step > 1:
-                    self._worker_step //= 2
-                else:
-                    self._searching.remove(trial)
+            self._record(stats, "undone")
+            tried = self.workers
+            self.workers, self.prefetch = self._kept
+            if trial == "prefetch":
+                self._searching.remove("prefetch")
+            elif tried < self.workers:
+                self._too_few = max(self._too_few, tried)
+            else:  # more workers did not pay: fewer between would pay less
+                self._searching.remove("workers")
         self._next_trial()
 
+    def _set_baseline(self, stats):
+        """`stats` measures the kept setting: it narrows the bracket."""
+        self._baseline = stats
+        kept = self._kept[0]
+        if self._keeps_up(stats):
+            self._enough = kept if self._enough is None else min(self._enough, kept)
+        else:
+            self._too_few = max(self._too_few, kept)
+
+    def _next_workers(self):
+        """The worker count to try next from the kept setting, or None: a
+        bisection down while the kept count keeps up, doubling up while the
+        consumer waits."""
+        if "workers" not in self._searching:
+            return None
+        kept = self._kept[0]
+        if self._keeps_up(self._baseline):
+            if self._enough - self._too_few > 1:
+                return self._too_few + (self._enough - self._too_few) // 2
+            return None
+        room = min(self.max_workers, self._in_flight_cap())
+        if self._enough is not None:
+            room = min(room, self._enough)
+        return min(2 * kept, room) if kept < room else None
+
     def _next_trial(self):
-        if len(self.steps) >= self.max_windows:
+        if self._windows >= self.max_windows:
             return self._settle(f"{self.max_windows} windows measured")
-        if self._baseline["wait_share"] < self.min_wait_share:
-            return self._settle("the consumer hardly waits")
-        cap = self._in_flight_cap()
         trial = None
-        if "workers" in self._searching:
-            room = min(self.max_workers, cap) - self.workers
-            if room > 0:
-                self.workers += min(self._worker_step, room)
-                trial = "workers"
-            else:
-                self._searching.remove("workers")
+        workers = self._next_workers()
+        if workers is not None:
+            self.workers = workers
+            trial = "workers"
+        elif "workers" in self._searching:
+            self._searching.remove("workers")
         if trial is None and "prefetch" in self._searching:
+            cap = self._in_flight_cap()
             deeper = min(self.prefetch * 2, self.max_prefetch)
-            if min(self.workers * deeper, cap) > min(self.workers * self.prefetch, cap):
+            if (not self._keeps_up(self._baseline)
+                    and min(self.workers * deeper, cap) > min(self.workers * self.prefetch, cap)):
                 self.prefetch = deeper
                 trial = "prefetch"
             else:
                 self._searching.remove("prefetch")
         if trial is None:
-            return self._settle("no step raised the throughput" if self.steps[1:]
-                                else "at its bounds")
+            return self._settle("the consumer hardly waits" if self._keeps_up(self._baseline)
+                                else "no step raised the throughput")
         self._trial = trial
-        self._window = _Window()
-        self._skip = self.setting.in_flight
+        self._new_window(self.setting.in_flight)
+
+    def _watch(self, stats):
+        """A window measured after settling: two in a row that contradict
+        the choice reopen the search."""
+        base = self._baseline
+        if self._keeps_up(base):
+            contradicted = stats["wait_share"] >= 2 * self.min_wait_share
+        else:
+            moved = abs(stats["batches_per_s"] / base["batches_per_s"] - 1.0)
+            contradicted = (stats["wait_share"] < self.min_wait_share / 2
+                            or moved > 2 * max(self.min_gain, self._noise(stats)))
+        self._contradicted = self._contradicted + 1 if contradicted else 0
+        self._new_window(0)
+        if self._contradicted < _CONTRADICTIONS:
+            return
+        if self.reopened >= self.max_reopens:
+            self.adapting = False
+            self.reason = f"held after {self.reopened} searches reopened"
+            return
+        self.reopened += 1
+        self._record(stats, "reopened")
+        self._start_search(stats)
+        self._next_trial()
 
     def report(self):
         """A plain dict: the chosen setting, the bounds and the history."""
@@ -322,7 +397,9 @@ class Autotuner:
             "prefetch": setting.prefetch,
             "in_flight": setting.in_flight,
             "settled": self.settled,
+            "adapting": self.adapting,
             "reason": self.reason,
+            "reopened": self.reopened,
             "max_workers": self.max_workers,
             "max_prefetch": self.max_prefetch,
             "max_prefetch_bytes": self.max_bytes,

@@ -578,7 +578,7 @@ class WorkerIter(_BaseIter):
     def _next_delivery(self, timeout):
         """``engine.next(timeout)``, recording in ``_waited`` how long the
         consumer waited for it when a tuner needs to know."""
-        if self._tuner is None or self._tuner.settled:
+        if self._tuner is None or not self._tuner.adapting:
             return self._engine.next(timeout)
         start = time.perf_counter()
         try:
@@ -597,8 +597,6 @@ class WorkerIter(_BaseIter):
                 self._timed_out = True
                 raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from None
             if delivered is None:
-                if self._tuner is not None:
-                    self._tuner.end_epoch()
                 self._finished = True
                 if not self._persistent:
                     self._shutdown()
@@ -608,7 +606,7 @@ class WorkerIter(_BaseIter):
                 continue
             if outcome in (_C.JOB_DONE, _C.JOB_FAILED):
                 self._handed_out()
-            if self._tuner is not None and not self._tuner.settled:
+            if self._tuner is not None and self._tuner.adapting:
                 self._apply(self._tuner.observe(time.perf_counter(), self._waited,
                                                 _autotune.batch_nbytes(value)))
             self._try_put_index()

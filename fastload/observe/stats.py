@@ -219,6 +219,9 @@ class LoaderStats:
                     f"{self.wait_ms['mean']:.2f} ms a batch: that is handing batches over, not "
                     "making them; adding workers or raising prefetch_factor would not shorten "
                     "it (larger batches would spread the cost)")
+        held = self._held_by_autotune()
+        if held:
+            return held
         if self.empty_asks and self.idle_at_cap_asks >= _CAP_BOUND * self.empty_asks:
             return (f"at {self.idle_at_cap_asks / self.empty_asks:.0%} of the loop's asks that "
                     "found no batch ready, a worker sat idle because num_workers x "
@@ -249,6 +252,18 @@ class LoaderStats:
                     "images or a cache would help")
         return ("there are as many workers as cores, all busy when the loop found no batch "
                 "ready: cheaper transforms, smaller stored images or a cache would help")
+
+    def _held_by_autotune(self):
+        """With num_workers="auto" holding workers back while the loop
+        waited: what the autotuner decided, in place of advice on prefetch
+        or worker counts (its knobs) that the held workers would belie."""
+        tuned = self.autotune
+        if not tuned or tuned["workers"] >= tuned["max_workers"]:
+            return None
+        state = f"settled: {tuned['reason']}" if tuned["settled"] else "still measuring"
+        return (f"num_workers='auto' keeps {tuned['workers']} of {tuned['max_workers']} workers "
+                f"active ({state}); it searches again when later batches contradict that, and "
+                f"a fixed num_workers={tuned['max_workers']} shows what the others add")
 
     def _python_threads_in_turn(self):
         """The CPUs thread workers running Python used together while the
