@@ -71,7 +71,7 @@ static void run_epochs(int workers, int in_order, int capacity, long jobs_per_ep
     fl_engine_config config = {workers, capacity, in_order, "fl-stress"};
     fl_engine_hooks hooks = {&c, start, run, stop};
     fl_engine *e = NULL;
-    CHECK(fl_engine_create(&config, &hooks, &e) == FL_OK);
+    CHECK(fl_engine_create(&config, &hooks, &e, NULL, 0) == FL_OK);
 
     for (int epoch = 0; epoch < 3; epoch++) {
         atomic_store(&c.worker0_jobs, 0);
@@ -186,7 +186,7 @@ static void stop_with_stuck_worker(int workers)
     fl_engine_config config = {workers, 4 * workers, 1, "fl-stuck"};
     fl_engine_hooks hooks = {&g, NULL, gate_run, gate_stop};
     fl_engine *e = NULL;
-    CHECK(fl_engine_create(&config, &hooks, &e) == FL_OK);
+    CHECK(fl_engine_create(&config, &hooks, &e, NULL, 0) == FL_OK);
     job jobs[64];
     int submitted = 0;
     for (int i = 0; i < 4 * workers; i++) {
@@ -234,7 +234,7 @@ static void stop_within_joins_slow_job(void)
     fl_engine_config config = {2, 4, 1, "fl-slow"};
     fl_engine_hooks hooks = {&c, start, run, stop};
     fl_engine *e = NULL;
-    CHECK(fl_engine_create(&config, &hooks, &e) == FL_OK);
+    CHECK(fl_engine_create(&config, &hooks, &e, NULL, 0) == FL_OK);
     job jobs[4];
     for (int i = 0; i < 4; i++) {
         jobs[i].id = 7 * i; /* the slow kind of job */
