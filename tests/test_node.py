@@ -352,3 +352,31 @@ def test_the_gpus_pci_address_from_the_driver(fake_gpu_libraries):
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["0000:3b:00.0", "0000:af:00.0"]
+
+
+NUMA_PROBE = textwrap.dedent("""
+    import sys
+    import fastload
+    from fastload.loader import node
+    node.SYSFS = sys.argv[1]
+    loader = fastload.DataLoader(list(range(8)), batch_size=2, num_workers=1,
+                                 device=sys.argv[2], worker_affinity="numa")
+    print(",".join(map(str, loader._worker_cpus)))
+""")
+
+
+@pytest.mark.skipif(len(USABLE) < 2, reason="needs 2 usable CPUs")
+@pytest.mark.parametrize("rank", [0, 1])
+def test_numa_from_the_gpus_pci_address(fake_gpu_libraries, tmp_path, rank):
+    # Two NUMA nodes of one usable CPU each, a GPU on each: local rank r on
+    # cuda:r runs its workers on the CPU of its GPU's node.
+    first, second = USABLE[0], USABLE[1]
+    sysfs = fake_sysfs(tmp_path, numa={0: str(first), 1: str(second)},
+                       gpus={"0000:3b:00.0": 0, "0000:af:00.0": 1})
+    env = dict(os.environ, PYTHONPATH=ROOT, FASTLOAD_LIBCUDA=fake_gpu_libraries["cuda"],
+               FAKE_CUDA_DEVICES="2", FAKE_CUDA_PCI="0000:3B:00.0,0000:AF:00.0",
+               LOCAL_WORLD_SIZE="2", LOCAL_RANK=str(rank))
+    out = subprocess.run([sys.executable, "-c", NUMA_PROBE, sysfs, f"cuda:{rank}"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str((first, second)[rank])

@@ -595,7 +595,11 @@ def _worker_cpus(worker_affinity, device):
         if device is None or str(device) == "cpu":
             return tuple(_node.numa_cpus())
         gpu = cuda.check_device(device)
-        addresses = [_C.cuda_pci_bus_id(i) for i in range(cuda.device_count())]
+        try:
+            addresses = [_C.cuda_pci_bus_id(i) for i in range(cuda.device_count())]
+        except RuntimeError as e:
+            raise RuntimeError(f"worker_affinity='numa' needs the GPUs' PCI addresses: {e}") \
+                from None
         return tuple(_node.numa_cpus(gpu, addresses))
     try:
         cpus = sorted(set(worker_affinity))

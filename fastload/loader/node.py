@@ -30,6 +30,10 @@ The rule (docs/guide, "Several ranks on one node"):
 import os
 from collections import namedtuple
 
+# Where sysfs is mounted; every reader takes a `sysfs` root (None: this), so
+# tests point them at a tree of their own.
+SYSFS = "/sys"
+
 # (size, rank): how many ranks run on this node, and which one this is.
 LocalRanks = namedtuple("LocalRanks", "size rank")
 
@@ -103,10 +107,11 @@ def usable_cores():
     return max(1, len(allowed_cpus()))
 
 
-def node_cpus(sysfs="/sys"):
+def node_cpus(sysfs=None):
     """The CPUs the node gives its processes: the container's cpuset where
     the cgroup (v2) names one, else the online CPUs; None when neither can
     be read."""
+    sysfs = SYSFS if sysfs is None else sysfs
     return (_read_cpulist(os.path.join(sysfs, "fs", "cgroup", "cpuset.cpus.effective"))
             or _read_cpulist(os.path.join(sysfs, "devices", "system", "cpu", "online")))
 
@@ -123,7 +128,7 @@ def share(cpus, size, rank):
     return cpus[rank * len(cpus) // size:(rank + 1) * len(cpus) // size]
 
 
-def rank_cpus(environ=None, sysfs="/sys", allowed=None):
+def rank_cpus(environ=None, sysfs=None, allowed=None):
     """This rank's CPUs, sorted: the affinity mask as it is when the
     launcher narrowed it below the node's CPUs, else this rank's even slice
     of it (``share``).  ``allowed``: the mask (default this process's)."""
@@ -137,7 +142,7 @@ def rank_cpus(environ=None, sysfs="/sys", allowed=None):
     return share(allowed, size, rank)
 
 
-def rank_cores(environ=None, sysfs="/sys"):
+def rank_cores(environ=None, sysfs=None):
     """How many CPUs are this rank's (``rank_cpus``), at least 1: the bound
     on ``num_workers="auto"``, and the count the worker-count warning and
     ``loader.stats()``/``fastload.tune`` advice use."""
@@ -163,9 +168,10 @@ def rank_max_bytes(environ=None):
 
 # ------------------------------------------------------------------ NUMA
 
-def pci_numa_node(address, sysfs="/sys"):
+def pci_numa_node(address, sysfs=None):
     """The NUMA node of the PCI device at ``address`` ("0000:3b:00.0"), or
     None when sysfs does not say (no file, or -1: a machine of one node)."""
+    sysfs = SYSFS if sysfs is None else sysfs
     path = os.path.join(sysfs, "bus", "pci", "devices", address.lower(), "numa_node")
     try:
         with open(path) as f:
@@ -175,14 +181,16 @@ def pci_numa_node(address, sysfs="/sys"):
     return node if node >= 0 else None
 
 
-def numa_node_cpus(node, sysfs="/sys"):
+def numa_node_cpus(node, sysfs=None):
     """The CPUs of NUMA node ``node``, or None when sysfs does not say."""
+    sysfs = SYSFS if sysfs is None else sysfs
     return _read_cpulist(os.path.join(sysfs, "devices", "system", "node", f"node{node}",
                                       "cpulist"))
 
 
-def numa_nodes(sysfs="/sys"):
+def numa_nodes(sysfs=None):
     """The NUMA nodes that have CPUs, sorted (``[]`` when sysfs has none)."""
+    sysfs = SYSFS if sysfs is None else sysfs
     nodes = []
     try:
         names = os.listdir(os.path.join(sysfs, "devices", "system", "node"))
@@ -195,7 +203,7 @@ def numa_nodes(sysfs="/sys"):
     return sorted(nodes)
 
 
-def numa_cpus(gpu=None, gpu_addresses=(), environ=None, sysfs="/sys", allowed=None):
+def numa_cpus(gpu=None, gpu_addresses=(), environ=None, sysfs=None, allowed=None):
     """The CPUs of ``worker_affinity="numa"`` for this rank.
 
     With a GPU (``gpu``: this rank's device index into ``gpu_addresses``,
