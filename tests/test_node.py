@@ -380,3 +380,15 @@ def test_numa_from_the_gpus_pci_address(fake_gpu_libraries, tmp_path, rank):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == str((first, second)[rank])
+
+
+@pytest.mark.skipif(len(USABLE) < 2 or set(USABLE) != set(node.node_cpus() or ()),
+                    reason="needs 2 usable CPUs, all of the node's")
+def test_the_worker_count_warning_counts_this_ranks_cores(monkeypatch):
+    # As many ranks as CPUs: one CPU each, so two worker processes are too many.
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(len(USABLE)))
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    with pytest.warns(UserWarning, match="This DataLoader will create 2 worker processes in "
+                                         "total. Our suggested max number of worker in current "
+                                         "system is 1,"):
+        fastload.DataLoader(list(range(4)), batch_size=2, num_workers=2, worker_mode="process")
