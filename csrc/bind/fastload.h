@@ -391,6 +391,8 @@ PyObject *fl__tar_read(PyObject *module, PyObject *const *args, Py_ssize_t nargs
 
 /* cuda/cuda.c */
 PyObject *fl__cuda_driver(PyObject *module, PyObject *unused);
+/* cuda_pci_bus_id(ordinal): the device's PCI address (str), or RuntimeError. */
+PyObject *fl__cuda_pci_bus_id(PyObject *module, PyObject *arg);
 
 
 /* The loaded driver, or NULL with RuntimeError "CUDA is not available: ..."

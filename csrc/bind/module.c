@@ -28,6 +28,10 @@ static PyMethodDef module_methods[] = {
      "cuda_driver()\n--\n\n"
      "Loads the CUDA driver once (libcuda.so.1, or $FASTLOAD_LIBCUDA) and\n"
      "returns {'available': bool, 'device_count': int, 'error': str or None}."},
+    {"cuda_pci_bus_id", (PyCFunction)fl__cuda_pci_bus_id, METH_O,
+     "cuda_pci_bus_id(ordinal, /)\n--\n\n"
+     "Device `ordinal`'s PCI address as sysfs names it ('0000:3b:00.0'), from\n"
+     "the CUDA driver's cuDeviceGetPCIBusId; RuntimeError when it has none."},
     {"host_registration_type", (PyCFunction)fl__host_registration_type, METH_NOARGS,
      "host_registration_type()\n--\n\n"
      "Makes the HostRegistration type: a buffer page-locked in place by the\n"

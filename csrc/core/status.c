@@ -21,6 +21,7 @@ const char *fl_status_str(int status)
     case FL_ERR_TOO_BIG: return "size limit exceeded";
     case FL_ERR_CHANGED: return "a mapped file changed under the loader";
     case FL_ERR_FDS: return "too many open files";
+    case FL_ERR_AFFINITY: return "the CPU affinity was refused";
     default: return "unknown error";
     }
 }

@@ -26,6 +26,7 @@ typedef enum fl_status {
     FL_ERR_CHANGED = -12,    /* a mapped file shrank under the read (a bus
                                 error, bus_guard.h); the message names it */
     FL_ERR_FDS = -13,        /* out of file descriptors (EMFILE, ENFILE) */
+    FL_ERR_AFFINITY = -14,   /* the kernel refused a thread's CPU affinity mask */
 } fl_status;
 
 /* A short, static English description of a status. */

@@ -48,8 +48,9 @@ The algorithm (docs/design.md, "Autotune"):
 """
 
 import math
-import os
 from collections import namedtuple
+
+from . import node as _node
 
 # What the iterator applies: `workers` active, and `in_flight` batches kept
 # submitted (workers x prefetch within the byte budget).
@@ -61,23 +62,10 @@ START_PREFETCH = 2
 _CONTRADICTIONS = 2
 
 
-def usable_cores():
-    """The CPUs this process may run on (its affinity mask, as torch's
-    worker-count warning counts them)."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return os.cpu_count() or 1
-
-
-def default_max_bytes():
-    """The default ``max_prefetch_bytes``: 1 GiB, or an eighth of the
-    physical memory when that is less."""
-    limit = 1 << 30
-    try:
-        physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):
-        return limit
-    return min(limit, max(1, physical // 8))
+# The usable cores and the default memory bound are the node's to say
+# (fastload/loader/node.py): the loader bounds "auto" by this rank's share.
+usable_cores = _node.usable_cores
+default_max_bytes = _node.default_max_bytes
 
 
 def batch_nbytes(batch, _depth=0):

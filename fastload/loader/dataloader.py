@@ -26,7 +26,7 @@ from .._torch import torch
 from ..datasets.base import is_iterable_dataset
 from ..transforms import batch as _batch_transform
 from ..observe.stats import LoaderStats, LoaderTimers
-from . import autotune as _autotune, resume as _resume
+from . import autotune as _autotune, node as _node, resume as _resume
 from . import torch_compat as _torch_compat
 from .collate import default_collate, default_convert
 from . import iterators
@@ -93,7 +93,9 @@ class DataLoader(Generic[T_co]):
       the GIL only around dataset and collate calls.  "auto" (default):
       threads for fastload's native datasets (their batches are read in C
       without the GIL), processes for every other dataset.
-    * ``num_workers="auto"``: a pool of as many workers as usable cores;
+    * ``num_workers="auto"``: a pool of as many workers as this rank's
+      cores (the usable cores, divided among the ranks of the node under
+      torchrun, Slurm or MPI: fastload/loader/node.py);
       during the first epoch the loader grows the *active* workers and the
       prefetch depth while that raises the throughput the loop sees, then
       holds them (``autotune_report()``).  Batches and their order are those
@@ -103,7 +105,14 @@ class DataLoader(Generic[T_co]):
       pool (its shards follow the worker count).
     * ``max_prefetch_bytes``: with ``num_workers="auto"``, the most bytes of
       batches kept in flight (default: 1 GiB or an eighth of RAM, the
-      lesser).
+      lesser, divided among the ranks of the node).
+    * ``worker_affinity``: the CPUs the workers run on.  None (default): as
+      inherited.  CPU ids (an iterable of ints): every worker thread or
+      process on those.  "numa": the cores of the NUMA node of this rank's
+      GPU (``device``), shared evenly by the local ranks whose GPUs sit on
+      it; without a ``device``, local rank r takes NUMA node
+      ``r * nodes // ranks`` and shares it with the ranks mapped there.
+      ``num_workers="auto"`` is then bounded by those CPUs.
     * ``batch_transform``: applied to each collated ``(images, labels)``
       batch in the worker that made it.  fastload's or torchvision v2's
       ``MixUp``, ``CutMix`` or ``RandomChoice`` of them runs in C (inside
@@ -124,12 +133,16 @@ class DataLoader(Generic[T_co]):
                  prefetch_factor=None, persistent_workers=False, pin_memory_device="",
                  in_order=True, device=None, output="auto", normalize_on_device=False,
                  worker_mode="auto", max_prefetch_bytes=None, batch_transform=None,
-                 decode_device="cpu"):
+                 decode_device="cpu", worker_affinity=None):
+        # The CPUs the workers run on (None: as inherited); decided first, as
+        # they bound num_workers="auto".
+        self.worker_affinity = worker_affinity
+        self._worker_cpus = _worker_cpus(worker_affinity, device)
         self.autotune = isinstance(num_workers, str)
         self._autotune = None  # the autotuner, shared by this loader's iterators
         if self.autotune:
             self._autotune = _plan_autotune(num_workers, dataset, prefetch_factor,
-                                            max_prefetch_bytes)
+                                            max_prefetch_bytes, self._worker_cpus)
             num_workers = self._autotune.max_workers
             prefetch_factor = self._autotune.max_prefetch
         elif max_prefetch_bytes is not None:
@@ -570,9 +583,40 @@ class DataLoader(Generic[T_co]):
         return len(self._index_sampler)
 
 
-def _plan_autotune(num_workers, dataset, prefetch_factor, max_prefetch_bytes):
+def _worker_cpus(worker_affinity, device):
+    """``worker_affinity`` as the sorted tuple of CPU ids the workers run
+    on, or None (as inherited)."""
+    if worker_affinity is None:
+        return None
+    if isinstance(worker_affinity, str):
+        if worker_affinity != "numa":
+            raise ValueError(f"worker_affinity should be None, 'numa' or CPU ids, but got "
+                             f"worker_affinity={worker_affinity!r}")
+        if device is None or str(device) == "cpu":
+            return tuple(_node.numa_cpus())
+        gpu = cuda.check_device(device)
+        try:
+            addresses = [_C.cuda_pci_bus_id(i) for i in range(cuda.device_count())]
+        except RuntimeError as e:
+            raise RuntimeError(f"worker_affinity='numa' needs the GPUs' PCI addresses: {e}") \
+                from None
+        return tuple(_node.numa_cpus(gpu, addresses))
+    try:
+        cpus = sorted(set(worker_affinity))
+    except TypeError:
+        raise ValueError(f"worker_affinity should be None, 'numa' or CPU ids, but got "
+                         f"worker_affinity={worker_affinity!r}") from None
+    if not cpus or not all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c < 1024
+                           for c in cpus):
+        raise ValueError(f"worker_affinity needs CPU ids in 0..1023, but got "
+                         f"worker_affinity={worker_affinity!r}")
+    return tuple(cpus)
+
+
+def _plan_autotune(num_workers, dataset, prefetch_factor, max_prefetch_bytes, cpus=None):
     """The autotuner for ``num_workers="auto"``, after checking the
-    arguments that go with it."""
+    arguments that go with it.  ``cpus``: the workers' CPUs, when
+    ``worker_affinity`` names them (else this rank's share of the node)."""
     if num_workers != "auto":
         raise ValueError(
             f"num_workers option should be a non-negative integer or 'auto', but got "
@@ -587,7 +631,10 @@ def _plan_autotune(num_workers, dataset, prefetch_factor, max_prefetch_bytes):
         raise ValueError(f"max_prefetch_bytes should be a positive integer, but got "
                          f"max_prefetch_bytes={max_prefetch_bytes!r}")
     max_prefetch = prefetch_factor or _autotune.DEFAULT_MAX_PREFETCH
-    workers = min(_autotune.usable_cores(), _MAX_WORKERS)
+    # Several ranks on one node share its cores and memory (loader/node.py).
+    workers = min(len(cpus) if cpus else _node.rank_cores(), _MAX_WORKERS)
+    if max_prefetch_bytes is None:
+        max_prefetch_bytes = _node.rank_max_bytes()
     if is_iterable_dataset(dataset):
         # Each worker reads its own shard: a worker left idle would drop its
         # data, so the count is fixed.

@@ -25,7 +25,7 @@ from ..datasets import native as _native
 from ..observe import profiler
 from ..observe.stats import ConsumerClock, clock_ns
 from ..transforms import batch as _batch_transform
-from . import autotune as _autotune, process_engine as _process, resume as _resume
+from . import autotune as _autotune, node as _node, process_engine as _process, resume as _resume
 from . import torch_compat as _torch_compat
 from .collate import collation, default_collate, output_converter
 from .sampler import BatchSampler, RandomSampler, SequentialSampler
@@ -426,6 +426,7 @@ def _fetch_plan(it, loader, num_workers):
         datapipe=it._datapipe,
         datapipe_seed=it._datapipe_seed,
         world=it._world,
+        cpus=loader._worker_cpus,
     )
 
 
@@ -649,7 +650,8 @@ def _start_threads(it, loader):
     workers = [Worker(i, plan, it._stop_flag) for i in range(it._num_workers)]
     _torch_compat.route_torch_worker_info(get_worker_info)
     if it._native_source is None:
-        engine = _C.Engine(workers, it._max_in_flight, bool(loader.in_order), stats=it._timers)
+        engine = _C.Engine(workers, it._max_in_flight, bool(loader.in_order), stats=it._timers,
+                           cpus=loader._worker_cpus)
     else:
         # Native jobs: each batch runs in C on a worker, without the GIL.
         engine = _C.Engine(workers, it._max_in_flight, bool(loader.in_order),
@@ -657,7 +659,7 @@ def _start_threads(it, loader):
                            convert=output_converter(loader.output) if converts else None,
                            seed=it._base_seed,
                            report=_native.skip_reporter(it._dataset), stats=it._timers,
-                           mix=_mix_plan(it))
+                           mix=_mix_plan(it), cpus=loader._worker_cpus)
     return ThreadEngine(engine, workers, it._stop_flag)
 
 
@@ -685,10 +687,11 @@ def _start_processes(it, loader):
 
 def warn_about_worker_count(num_workers):
     """torch's warning when a loader starts more worker processes than the
-    CPUs this process may use (threads are not counted: they share the
-    process's CPUs and take no memory of their own)."""
+    CPUs this rank may use (its share of the node: loader/node.py; threads
+    are not counted: they share the process's CPUs and take no memory of
+    their own)."""
     cpuset_checked = hasattr(os, "sched_getaffinity")
-    cpus = len(os.sched_getaffinity(0)) if cpuset_checked else os.cpu_count()
+    cpus = _node.rank_cores() if cpuset_checked else os.cpu_count()
     if cpus is not None and num_workers <= cpus:
         return
     if cpus is None:

@@ -9,6 +9,7 @@ the main thread re-raises, as torch's workers do.
 """
 
 import copy
+import os
 import random
 import sys
 import threading
@@ -20,6 +21,7 @@ import numpy as np
 from .. import _C
 from ..datasets.native import NativeBatches, readier, skip_reporter, source_of
 from . import torch_compat as _torch_compat
+from .node import format_cpus
 from .collate import Convert, SlotCollate, StepIntoSlots, backend_for, output_converter
 from .._torch import torch
 
@@ -81,6 +83,16 @@ def numpy_worker_seed(base_seed, worker_id):
         word = (word * out_multiplier) & mask
         state.append((word ^ (word >> 16)) & mask)
     return state
+
+
+def _run_on(cpus, worker_id):
+    """Puts this worker process on ``cpus``; OSError naming them when the
+    kernel refuses."""
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError as e:
+        raise OSError(e.errno, f"fastload: cannot run worker process {worker_id} on CPUs "
+                               f"{format_cpus(cpus)}: {e.strerror}") from None
 
 
 class WorkerInfo:
@@ -310,7 +322,8 @@ class FetchPlan:
     def __init__(self, dataset, iterable, auto_collation, collation, output, drop_last,
                  worker_init_fn, num_workers, base_seed, native=False, mix=None,
                  loader_token=None, batch_transform=None, datapipe=None, datapipe_seed=None,
-                 world=(1, 0)):
+                 world=(1, 0), cpus=None):
+        self.cpus = cpus  # the CPU ids a worker process runs on (worker_affinity), or None
         self.datapipe = datapipe  # torch DataPipe: "iter" or "map" (fastload.loader.torch_compat)
         self.datapipe_seed = datapipe_seed  # an IterDataPipe's shared seed, first epoch
         self.world = world  # the loader's (world_size, rank) in torch.distributed
@@ -383,6 +396,9 @@ class Worker:
                                  WorkerRNG(plan.base_seed, self.id), self.method)
         _local.loader_token = plan.loader_token
         try:
+            if plan.cpus is not None and self.method == "process":
+                # A worker thread is put on them by the engine as it starts.
+                _run_on(plan.cpus, self.id)
             # torch's DataPipes: an IterDataPipe's random datapipes seeded by
             # the epoch's shared seed, then this worker's shard taken, before
             # worker_init_fn runs -- where the dataset is the worker's own (a

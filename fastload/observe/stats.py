@@ -68,16 +68,16 @@ def cpu_contention():
     except (OSError, KeyError, ValueError, IndexError):
         pass
     try:
-        return min(1.0, os.getloadavg()[0] / usable_cpus())
+        from ..loader import node  # the load is the machine's: over its usable CPUs
+        return min(1.0, os.getloadavg()[0] / node.usable_cores())
     except OSError:
         return None
 
 
 def usable_cpus():
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+    """This rank's CPUs: its share of the node (fastload/loader/node.py)."""
+    from ..loader import node
+    return node.rank_cores()
 
 
 class LoaderTimers:

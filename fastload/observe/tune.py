@@ -200,11 +200,10 @@ class TuneReport:
 # ------------------------------------------------------------------ the sweep
 
 def usable_cpus():
-    """CPUs this process may run on (its affinity mask), as the DataLoader's
-    worker-count warning counts them."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    """This rank's CPUs (its share of the node, fastload/loader/node.py), as
+    the DataLoader's worker-count warning counts them."""
+    from ..loader import node
+    return node.rank_cores()
 
 
 def default_workers(cpus=None):

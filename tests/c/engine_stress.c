@@ -68,10 +68,11 @@ static void run_epochs(int workers, int in_order, int capacity, long jobs_per_ep
 {
     ctx c = {0};
     c.retire_worker_after = retire;
-    fl_engine_config config = {workers, capacity, in_order, "fl-stress"};
+    fl_engine_config config = {.num_workers = workers, .max_in_flight = capacity, .in_order = in_order,
+                               .name = "fl-stress"};
     fl_engine_hooks hooks = {&c, start, run, stop};
     fl_engine *e = NULL;
-    CHECK(fl_engine_create(&config, &hooks, &e) == FL_OK);
+    CHECK(fl_engine_create(&config, &hooks, &e, NULL, 0) == FL_OK);
 
     for (int epoch = 0; epoch < 3; epoch++) {
         atomic_store(&c.worker0_jobs, 0);
@@ -183,10 +184,11 @@ static int gate_run(void *arg, int w, void *payload)
 static void stop_with_stuck_worker(int workers)
 {
     gate_ctx g = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
-    fl_engine_config config = {workers, 4 * workers, 1, "fl-stuck"};
+    fl_engine_config config = {.num_workers = workers, .max_in_flight = 4 * workers, .in_order = 1,
+                               .name = "fl-stuck"};
     fl_engine_hooks hooks = {&g, NULL, gate_run, gate_stop};
     fl_engine *e = NULL;
-    CHECK(fl_engine_create(&config, &hooks, &e) == FL_OK);
+    CHECK(fl_engine_create(&config, &hooks, &e, NULL, 0) == FL_OK);
     job jobs[64];
     int submitted = 0;
     for (int i = 0; i < 4 * workers; i++) {
@@ -231,10 +233,10 @@ static void stop_within_joins_slow_job(void)
 {
     ctx c = {0};
     c.retire_worker_after = -1;
-    fl_engine_config config = {2, 4, 1, "fl-slow"};
+    fl_engine_config config = {.num_workers = 2, .max_in_flight = 4, .in_order = 1, .name = "fl-slow"};
     fl_engine_hooks hooks = {&c, start, run, stop};
     fl_engine *e = NULL;
-    CHECK(fl_engine_create(&config, &hooks, &e) == FL_OK);
+    CHECK(fl_engine_create(&config, &hooks, &e, NULL, 0) == FL_OK);
     job jobs[4];
     for (int i = 0; i < 4; i++) {
         jobs[i].id = 7 * i; /* the slow kind of job */
@@ -247,6 +249,28 @@ static void stop_within_joins_slow_job(void)
     while (fl_engine_take_leftover(e, &leftover) == FL_OK)
         ;
     fl_engine_free(e);
+}
+
+/* CPUs the kernel refuses (none of them exists) fail the create, naming
+ * them, and leave nothing running; a CPU id beyond cpu_set_t is invalid. */
+static void refused_affinity(void)
+{
+    ctx c = {0};
+    c.retire_worker_after = -1;
+    int cpus[] = {1000, 1001, 1002, 1010};
+    fl_engine_config config = {.num_workers = 2, .max_in_flight = 4, .in_order = 1,
+                               .name = "fl-cpus", .cpus = cpus, .num_cpus = 4};
+    fl_engine_hooks hooks = {&c, start, run, stop};
+    fl_engine *e = NULL;
+    char msg[200] = "";
+    CHECK(fl_engine_create(&config, &hooks, &e, msg, sizeof msg) == FL_ERR_AFFINITY);
+    CHECK(e == NULL);
+    CHECK(strstr(msg, "worker thread 0 on CPUs 1000-1002,1010: ") != NULL);
+    CHECK(atomic_load(&c.stopped) == atomic_load(&c.started));
+    int beyond[] = {0, 1 << 20};
+    config.cpus = beyond;
+    config.num_cpus = 2;
+    CHECK(fl_engine_create(&config, &hooks, &e, msg, sizeof msg) == FL_ERR_INVALID);
 }
 
 static void *slot_churn(void *arg)
@@ -333,6 +357,7 @@ int main(void)
     for (int workers = 1; workers <= 3; workers++)
         stop_with_stuck_worker(workers);
     stop_within_joins_slow_job();
+    refused_affinity();
     puts("engine stress: ok");
     return 0;
 }

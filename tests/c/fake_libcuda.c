@@ -7,7 +7,9 @@
  * FAKE_CUDA_REGISTER_ERROR: the CUresult cuMemHostRegister returns (default
  * 0); FAKE_CUDA_CAPABILITY: the compute capability, "major.minor" (default
  * "9.0"); FAKE_CUDA_SMS: the multiprocessor count (default 4);
- * FAKE_CUDA_MODULE_ERROR: the CUresult cuModuleLoadData returns (default 0).
+ * FAKE_CUDA_MODULE_ERROR: the CUresult cuModuleLoadData returns (default 0);
+ * FAKE_CUDA_PCI: the devices' PCI addresses, comma-separated (default
+ * "0000:0N:00.0" for device N, in the driver's upper case).
  * Built with -DFAKE_CUDA_TOO_OLD it lacks cuMemHostAlloc, like a driver too
  * old for fastload; with -DFAKE_CUDA_NO_REGISTER, cuMemHostRegister.
  *
@@ -533,6 +535,30 @@ CUresult cuLaunchKernel(void *function, unsigned int gx, unsigned int gy, unsign
                         for (unsigned int tx = 0; tx < bx; tx++)
                             run((dim3){x, y, z}, (dim3){tx, ty, tz}, grid, block, params);
     count(KERNEL_LAUNCHES, 1);
+    return 0;
+}
+
+CUresult cuDeviceGetPCIBusId(char *pci_bus_id, int len, int device)
+{
+    if (!pci_bus_id || len < 1 || device < 0 || device >= env_int("FAKE_CUDA_DEVICES", 1))
+        return 1; /* CUDA_ERROR_INVALID_VALUE */
+    const char *list = getenv("FAKE_CUDA_PCI");
+    if (!list || !*list) {
+        snprintf(pci_bus_id, (size_t)len, "0000:%02X:00.0", device);
+        return 0;
+    }
+    for (int i = 0; i < device && list; i++) {
+        list = strchr(list, ',');
+        if (list)
+            list++;
+    }
+    if (!list)
+        return 1;
+    size_t n = strcspn(list, ",");
+    if (n >= (size_t)len)
+        return 1;
+    memcpy(pci_bus_id, list, n);
+    pci_bus_id[n] = '\0';
     return 0;
 }
 

@@ -54,3 +54,26 @@ PyObject *fl__cuda_driver(PyObject *module, PyObject *unused)
                          "device_count", count, "error",
                          count > 0 ? NULL : "the CUDA driver reports no device");
 }
+
+PyObject *fl__cuda_pci_bus_id(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    long value = PyLong_AsLong(arg);
+    if (value == -1 && PyErr_Occurred())
+        return NULL;
+    if (value < 0 || value > INT_MAX) {
+        PyErr_Format(PyExc_ValueError, "cuda_pci_bus_id: no device %ld", value);
+        return NULL;
+    }
+    int ordinal = (int)value;
+    const fl_cuda *cuda = fl__cuda_driver_or_raise();
+    if (!cuda)
+        return NULL;
+    char address[64];
+    fl_cu_result rc = fl_cuda_pci_bus_id(cuda, ordinal, address, (int)sizeof address);
+    if (rc != 0) {
+        fl__cuda_raise(cuda, rc, "cuDeviceGetPCIBusId", ordinal);
+        return NULL;
+    }
+    return PyUnicode_FromString(address);
+}

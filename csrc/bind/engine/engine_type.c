@@ -320,18 +320,57 @@ static void warn_left_running(const char *left, int num_workers)
 
 /* -------------------------------------------------------------- methods */
 
+/* The most CPU ids an Engine takes (glibc's cpu_set_t holds 1024). */
+#define CPU_IDS_MAX 1024
+
+/* `cpus` (None, or a sequence of CPU ids 0..1023) into ids[].  Returns the
+ * count (0 for None) or -1 with an exception set. */
+static int parse_cpus(PyObject *cpus, int ids[CPU_IDS_MAX])
+{
+    if (cpus == Py_None)
+        return 0;
+    PyObject *seq = PySequence_Fast(cpus, "Engine: cpus must be a sequence of CPU ids or None");
+    if (!seq)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n < 1 || n > CPU_IDS_MAX) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "Engine: cpus needs 1..1024 CPU ids");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long id = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (id == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        if (id < 0 || id >= CPU_IDS_MAX) {
+            Py_DECREF(seq);
+            PyErr_Format(PyExc_ValueError, "Engine: CPU id %ld is outside 0..1023", id);
+            return -1;
+        }
+        ids[i] = (int)id;
+    }
+    Py_DECREF(seq);
+    return (int)n;
+}
+
 static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"workers", "max_in_flight", "in_order", "name", "source", "pool",
-                             "convert", "seed", "report", "stats", "mix", NULL};
+                             "convert", "seed", "report", "stats", "mix", "cpus", NULL};
     PyObject *workers, *source = Py_None, *pool = Py_None, *convert = Py_None;
-    PyObject *report = Py_None, *stats = Py_None, *mix = Py_None;
+    PyObject *report = Py_None, *stats = Py_None, *mix = Py_None, *cpus = Py_None;
     int max_in_flight, in_order = 1;
     unsigned long long seed = 0;
     const char *name = "fastload-w";
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Oi|ps$OOOKOOO:Engine", kwlist, &workers,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Oi|ps$OOOKOOOO:Engine", kwlist, &workers,
                                      &max_in_flight, &in_order, &name, &source, &pool, &convert,
-                                     &seed, &report, &stats, &mix))
+                                     &seed, &report, &stats, &mix, &cpus))
+        return NULL;
+    int cpu_ids[CPU_IDS_MAX];
+    int num_cpus = parse_cpus(cpus, cpu_ids);
+    if (num_cpus < 0)
         return NULL;
     fl_mix_plan mix_plan;
     if (fl__parse_mix_plan(mix, &mix_plan) < 0)
@@ -391,6 +430,8 @@ static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         .max_in_flight = max_in_flight,
         .in_order = in_order,
         .name = name,
+        .cpus = num_cpus ? cpu_ids : NULL,
+        .num_cpus = num_cpus,
     };
     fl_engine_hooks hooks = {
         .ctx = shared,
@@ -402,9 +443,14 @@ static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
      * them with the GIL released: if a later thread fails to start, create
      * joins the earlier ones, which must be able to finish start() first. */
     int rc;
+    char msg[320] = "";
     Py_BEGIN_ALLOW_THREADS
-    rc = fl_engine_create(&config, &hooks, &self->engine);
+    rc = fl_engine_create(&config, &hooks, &self->engine, msg, sizeof msg);
     Py_END_ALLOW_THREADS
+    if (rc == FL_ERR_AFFINITY) {
+        PyErr_Format(PyExc_OSError, "fastload: %s", msg);
+        goto fail;
+    }
     if (rc != FL_OK) {
         PyErr_Format(rc == FL_ERR_NOMEM ? PyExc_MemoryError : PyExc_RuntimeError,
                      "fastload: cannot start %zd worker threads: %s", n, fl_status_str(rc));
@@ -802,12 +848,13 @@ static PyMemberDef Engine_members[] = {
 static PyType_Slot Engine_slots[] = {
     {Py_tp_doc, "Engine(workers, max_in_flight, in_order=True, name='fastload-w', *,\n"
                 "       source=None, pool=None, convert=None, seed=0, report=None, stats=None,\n"
-                "       mix=None)\n--\n\n"
+                "       mix=None, cpus=None)\n--\n\n"
                 "Worker threads, one per object in `workers`; each runs that object's\n"
                 "start(), fetch(request) per job and stop() on its own thread.  With a\n"
                 "native `source`, jobs are its batches instead, made in C into slots\n"
                 "of `pool` and wrapped (through `convert`) by next(); `report` gets\n"
-                "the skipped-sample records."},
+                "the skipped-sample records.  `cpus`: the CPU ids every worker thread\n"
+                "runs on (OSError naming them when the kernel refuses)."},
     {Py_tp_new, Engine_new},
     {Py_tp_dealloc, Engine_dealloc},
     {Py_tp_traverse, Engine_traverse},

@@ -60,6 +60,7 @@ static const struct {
 } optional_entry_points[] = {
     {"cuMemHostRegister_v2", offsetof(fl_cuda, mem_host_register)},
     {"cuMemHostUnregister", offsetof(fl_cuda, mem_host_unregister)},
+    {"cuDeviceGetPCIBusId", offsetof(fl_cuda, device_get_pci_bus_id)},
     /* Kernels: names checked against the driver API's cuda.h, where only
      * the copy has a _v2 ABI (cuMemcpyDtoHAsync_v2); cuMemsetD8Async,
      * cuModule*, cuLaunchKernel and cuDeviceGetAttribute keep their names. */
@@ -190,6 +191,26 @@ fl_cu_result fl_cuda_device_info(const fl_cuda *cuda, int ordinal, int *major, i
         rc = cuda->device_get_attribute(multiprocessors,
                                         FL_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device);
     return rc;
+}
+
+fl_cu_result fl_cuda_pci_bus_id(const fl_cuda *cuda, int ordinal, char *out, int size)
+{
+    if (!cuda->device_get_pci_bus_id)
+        return 801; /* CUDA_ERROR_NOT_SUPPORTED */
+    if (size < 1)
+        return 1; /* CUDA_ERROR_INVALID_VALUE */
+    fl_cu_device device;
+    fl_cu_result rc = cuda->device_get(&device, ordinal);
+    if (rc == 0)
+        rc = cuda->device_get_pci_bus_id(out, size, device);
+    if (rc != 0)
+        return rc;
+    out[size - 1] = '\0';
+    /* The driver writes hex digits in upper case; sysfs names them in lower. */
+    for (char *c = out; *c; c++)
+        if (*c >= 'A' && *c <= 'F')
+            *c = (char)(*c - 'A' + 'a');
+    return 0;
 }
 
 const char *fl_cuda_error_string(const fl_cuda *cuda, fl_cu_result error)

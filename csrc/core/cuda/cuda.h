@@ -50,6 +50,8 @@ typedef struct fl_cuda {
      * someone else allocated, and undo it. */
     fl_cu_result (*mem_host_register)(void *ptr, size_t bytes, unsigned int flags);
     fl_cu_result (*mem_host_unregister)(void *ptr);
+    /* Optional: the device's PCI address ("0000:3b:00.0"), for its NUMA node. */
+    fl_cu_result (*device_get_pci_bus_id)(char *pci_bus_id, int len, fl_cu_device device);
     fl_cu_result (*mem_alloc)(fl_cu_deviceptr *ptr, size_t bytes);
     fl_cu_result (*mem_free)(fl_cu_deviceptr ptr);
     fl_cu_result (*mem_get_info)(size_t *free_bytes, size_t *total_bytes);
@@ -109,6 +111,11 @@ const char *fl_cuda_kernels_missing(const fl_cuda *cuda);
  * cuDeviceGetAttribute). */
 fl_cu_result fl_cuda_device_info(const fl_cuda *cuda, int ordinal, int *major, int *minor,
                                  int *multiprocessors);
+
+/* Device `ordinal`'s PCI address, "domain:bus:device.function" as sysfs
+ * names it (lower case), into out[size].  Returns 0 or the driver's error
+ * (CUDA_ERROR_NOT_SUPPORTED, 801, when the driver lacks cuDeviceGetPCIBusId). */
+fl_cu_result fl_cuda_pci_bus_id(const fl_cuda *cuda, int ordinal, char *out, int size);
 
 /* The driver's name for an error code ("CUDA_ERROR_OUT_OF_MEMORY: out of
  * memory" style), or a generic text when the driver cannot say. */

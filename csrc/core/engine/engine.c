@@ -14,7 +14,7 @@
  * never held across anything that can block on another lock (the GIL
  * included).
  */
-#define _GNU_SOURCE /* pthread_setname_np */
+#define _GNU_SOURCE /* pthread_setname_np, pthread_setaffinity_np, cpu_set_t */
 #include "core/engine/engine.h"
 
 #include "core/engine/forksafe.h"
@@ -24,6 +24,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -256,12 +257,53 @@ static void free_memory(fl_engine *e)
     free(e);
 }
 
+/* Writes the CPU list "0-3,8" of cpus into buf (cut short when it does not
+ * fit); for messages. */
+static void format_cpus(const int *cpus, int n, char *buf, size_t size)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n && used + 1 < size; i++) {
+        int first = cpus[i];
+        while (i + 1 < n && cpus[i + 1] == cpus[i] + 1)
+            i++;
+        int w = first == cpus[i] ? snprintf(buf + used, size - used, "%s%d", used ? "," : "", first)
+                                 : snprintf(buf + used, size - used, "%s%d-%d", used ? "," : "",
+                                            first, cpus[i]);
+        if (w < 0)
+            break;
+        used += (size_t)w;
+    }
+}
+
+/* Puts the started worker thread on the configured CPUs.  Returns FL_OK or
+ * FL_ERR_AFFINITY with msg naming the CPUs and the kernel's reason. */
+static int set_affinity(const fl_engine_config *config, pthread_t thread, int id, char *msg,
+                        size_t msg_size)
+{
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int k = 0; k < config->num_cpus; k++)
+        CPU_SET((size_t)config->cpus[k], &set);
+    int err = pthread_setaffinity_np(thread, sizeof set, &set);
+    if (err == 0)
+        return FL_OK;
+    char list[256];
+    format_cpus(config->cpus, config->num_cpus, list, sizeof list);
+    fl_set_msg(msg, msg_size, "fl_engine_create: cannot run worker thread %d on CPUs %s: %s", id,
+               list, strerror(err));
+    return FL_ERR_AFFINITY;
+}
+
 int fl_engine_create(const fl_engine_config *config, const fl_engine_hooks *hooks,
-                     fl_engine **out)
+                     fl_engine **out, char *msg, size_t msg_size)
 {
     if (!config || !hooks || !hooks->run || !out || config->num_workers < 1 ||
-        config->max_in_flight < 1)
+        config->max_in_flight < 1 || (config->cpus && config->num_cpus < 1))
         return FL_ERR_INVALID;
+    for (int k = 0; config->cpus && k < config->num_cpus; k++)
+        if (config->cpus[k] < 0 || config->cpus[k] >= CPU_SETSIZE)
+            return FL_ERR_INVALID;
 
     fl_engine *e = calloc(1, sizeof *e);
     if (!e)
@@ -338,9 +380,14 @@ int fl_engine_create(const fl_engine_config *config, const fl_engine_hooks *hook
     int failed = 0;
     for (int i = 0; i < e->num_workers && !failed; i++) {
         worker *w = &e->workers[i];
-        failed = pthread_create(&w->thread, NULL, worker_main, w) != 0;
+        failed = pthread_create(&w->thread, NULL, worker_main, w) != 0 ? FL_ERR_THREAD : 0;
         w->started = !failed;
-        if (!failed) {
+        /* Set from here, not by the thread itself, so a refusal is known
+         * before create returns; the thread may run its start hook on the
+         * inherited CPUs first, never a job (none is submitted yet). */
+        if (!failed && config->cpus)
+            failed = set_affinity(config, w->thread, i, msg, msg_size);
+        if (w->started) {
             /* Named here rather than by the thread itself, so the name is in
              * place before create returns.  Linux keeps 15 characters; the
              * label is best effort. */
@@ -355,7 +402,7 @@ int fl_engine_create(const fl_engine_config *config, const fl_engine_hooks *hook
     if (failed) {
         fl_engine_stop(e);
         fl_engine_free(e);
-        return FL_ERR_THREAD;
+        return failed;
     }
     *out = e;
     return FL_OK;

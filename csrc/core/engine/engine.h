@@ -32,6 +32,7 @@
 #ifndef FL_ENGINE_H
 #define FL_ENGINE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct fl_engine fl_engine;
@@ -62,6 +63,10 @@ typedef struct fl_engine_config {
     int max_in_flight;    /* >= 1: submitted and not yet delivered */
     int in_order;         /* 1: deliver by submission order; 0: by completion */
     const char *name;     /* thread name prefix ("fastload-w" gives "fastload-w0", ...) */
+    const int *cpus;      /* CPU ids every worker thread may run on (its affinity
+                             mask, set as it starts); NULL: left as inherited.
+                             Borrowed: read during create only */
+    int num_cpus;         /* entries in cpus; >= 1 when cpus is set */
 } fl_engine_config;
 
 typedef struct fl_delivery {
@@ -71,10 +76,14 @@ typedef struct fl_delivery {
     int outcome;          /* an fl_job_outcome */
 } fl_delivery;
 
-/* Starts the workers.  Returns FL_OK and sets *out, or FL_ERR_INVALID,
- * FL_ERR_NOMEM or FL_ERR_THREAD (nothing is left running on failure). */
+/* Starts the workers, each on config->cpus when set (pthread_setaffinity_np
+ * before create returns).  Returns FL_OK and sets *out, or FL_ERR_INVALID
+ * (also a CPU id outside 0..CPU_SETSIZE-1), FL_ERR_NOMEM, FL_ERR_THREAD, or
+ * FL_ERR_AFFINITY when the kernel refused the CPUs (none of them online or
+ * allowed to this process); `msg` (may be NULL) then says why.  Nothing is
+ * left running on failure. */
 int fl_engine_create(const fl_engine_config *config, const fl_engine_hooks *hooks,
-                     fl_engine **out);
+                     fl_engine **out, char *msg, size_t msg_size);
 
 /* Queues `payload` on the next live active worker in round-robin order.
  * Returns FL_OK (setting *seq and *worker when not NULL), FL_ERR_FULL when the
