@@ -273,19 +273,25 @@ class Fixed:
 
 
 def simulate_epochs(tuner, epochs, batches, work, consume, cores, seed=0, nbytes=1000,
-                    noise=0.2, seen=None):
+                    noise=0.2, seen=None, gil_penalty=None):
     """A discrete-event model of the loader: round-robin over the active
     workers, each a FIFO taking `work` seconds a batch (slower when more
     workers than `cores` share them), `in_flight` batches kept submitted,
     in-order delivery, and a consumer that spends `consume` seconds per
     batch (or consume(k, rng), k counting every batch of the run).  Each
     epoch starts with an empty pipeline, as a new epoch's first batches do.
+    With `gil_penalty`, workers run Python under the GIL: one runs at a
+    time, each switch costing more the more of them there are, and the
+    tuner's GIL clock counts their waits.
     Noise from a seeded generator.  Returns the batches per second the
     consumer saw in each epoch, from its start to its last batch."""
     rng = random.Random(seed)
     free = [0.0] * tuner.max_workers
     rates = []
     now = 0.0
+    clock = [0.0, 0.0]  # the workers' GIL waits and busy time, in seconds
+    if gil_penalty is not None:
+        tuner.gil_clock = lambda: tuple(clock)
     for epoch in range(epochs):
         finish = []
         cursor = 0
@@ -296,8 +302,14 @@ def simulate_epochs(tuner, epochs, batches, work, consume, cores, seed=0, nbytes
                 if cursor >= setting.workers:
                     cursor = 0
                 start = max(free[cursor], t)
-                slowdown = max(1.0, setting.workers / cores)
-                free[cursor] = start + work * slowdown * rng.uniform(1 - noise, 1 + noise)
+                if gil_penalty is None:
+                    slowdown = max(1.0, setting.workers / cores)
+                else:
+                    slowdown = setting.workers * (1 + gil_penalty * (setting.workers - 1))
+                took = work * slowdown * rng.uniform(1 - noise, 1 + noise)
+                clock[0] += took * (1 - 1 / slowdown)
+                clock[1] += took
+                free[cursor] = start + took
                 finish.append(free[cursor])
                 cursor += 1
 
@@ -378,6 +390,20 @@ def test_noisy_pipelines_settle_without_oscillating(seed):
     assert report["workers"] >= 4  # 5 keep up; noise may stop it one short
     changes = sum(a != b for a, b in zip(seen, seen[1:]))
     assert changes <= 2 * len(report["steps"])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_workers_taking_turns_with_the_gil_are_reduced(seed):
+    # Thread workers running Python: one computes at a time, and each more
+    # worker makes the switches dearer.  One worker is the fastest; the
+    # tuner starts with all four and must come down to it.
+    tuner = Autotuner(4)
+    auto = simulate(tuner, 3000, 0.004, 0.0005, 4, seed=seed, gil_penalty=0.5)
+    best = max(simulate(Fixed(w, p), 3000, 0.004, 0.0005, 4, seed=seed, gil_penalty=0.5)
+               for w in range(1, 5) for p in (1, 2, 4, 8))
+    report = tuner.report()
+    assert report["workers"] == 1, report
+    assert auto >= 0.9 * best, (auto / best, report)
 
 
 def test_byte_budget_caps_what_is_in_flight():

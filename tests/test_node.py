@@ -350,7 +350,7 @@ def test_the_gpus_pci_address_from_the_driver(fake_gpu_libraries):
     env = dict(os.environ, PYTHONPATH=ROOT, FASTLOAD_LIBCUDA=fake_gpu_libraries["cuda"],
                FAKE_CUDA_DEVICES="2", FAKE_CUDA_PCI="0000:3B:00.0,0000:AF:00.0")
     out = subprocess.run([sys.executable, "-c", PCI_PROBE], env=env, capture_output=True,
-                         text=True, timeout=120)
+                         text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["0000:3b:00.0", "0000:af:00.0"]
 
@@ -378,7 +378,7 @@ def test_numa_from_the_gpus_pci_address(fake_gpu_libraries, tmp_path, rank):
                FAKE_CUDA_DEVICES="2", FAKE_CUDA_PCI="0000:3B:00.0,0000:AF:00.0",
                LOCAL_WORLD_SIZE="2", LOCAL_RANK=str(rank))
     out = subprocess.run([sys.executable, "-c", NUMA_PROBE, sysfs, f"cuda:{rank}"], env=env,
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == str((first, second)[rank])
 

@@ -29,9 +29,13 @@ The algorithm (docs/design.md, "Autotune"):
   loader keeps up, and fewer workers may too (leaving cores to the training
   step): bisect between the most workers known too few (0 at first) and the
   fewest known to keep up, keeping a count that keeps up without losing
-  throughput beyond the noise.  If the consumer waits with workers held
-  back, try more (doubling, or halfway to a count known to keep up), kept
-  when the throughput rises by more than the noise and ``min_gain``.
+  throughput beyond the noise.  If the consumer waits while the workers
+  wait for the GIL (over ``max_gil_share`` of their busy time: thread
+  workers running Python take turns), fewer workers may deliver as much or
+  more: bisect down the same way, by throughput.  If the consumer waits with
+  workers held back, try more (doubling, or at most to a count known to keep
+  up), kept when the throughput rises by more than the noise and
+  ``min_gain``.
 * Then, while the consumer still waits, the prefetch: doubled while that
   pays as much (a deeper buffer absorbs a bursty consumer).
 * Settled, it keeps measuring.  Two windows in a row that contradict the
@@ -60,6 +64,9 @@ DEFAULT_MAX_PREFETCH = 8
 START_PREFETCH = 2
 # Windows in a row that must contradict a settled choice to reopen it.
 _CONTRADICTIONS = 2
+# Workers waiting for the GIL more than this share of their busy time take
+# turns with it (loader.stats() gives the same advice at this share).
+MAX_GIL_SHARE = 0.30
 
 
 # The usable cores and the default memory bound are the node's to say
@@ -135,7 +142,8 @@ class Autotuner:
     def __init__(self, max_workers, max_prefetch=DEFAULT_MAX_PREFETCH, max_bytes=None,
                  start_workers=None, start_prefetch=START_PREFETCH, window_batches=16,
                  window_seconds=0.1, max_window_batches=512, max_window_seconds=3.0,
-                 min_gain=0.05, min_wait_share=0.05, max_windows=64, max_reopens=4):
+                 min_gain=0.05, min_wait_share=0.05, max_windows=64, max_reopens=4,
+                 max_gil_share=MAX_GIL_SHARE, gil_clock=None):
         if max_workers < 1 or max_prefetch < 1:
             raise ValueError("max_workers and max_prefetch must be at least 1")
         self.max_workers = max_workers
@@ -153,6 +161,10 @@ class Autotuner:
         self.min_wait_share = min_wait_share
         self.max_windows = max_windows
         self.max_reopens = max_reopens
+        self.max_gil_share = max_gil_share
+        # () -> (seconds the workers waited for the GIL, seconds they were
+        # busy), both running totals; None: no GIL (processes, C workers).
+        self.gil_clock = gil_clock
         self.adapting = True     # False once it holds its setting for good
         self.settled = False     # no search running (it still watches)
         self.reason = None       # why it settled
@@ -194,6 +206,16 @@ class Autotuner:
     def _new_window(self, skip):
         self._window = _Window()
         self._skip = skip
+        self._gil_at = None  # the GIL clock when the window's first delivery counted
+
+    def _window_stats(self):
+        stats = self._window.stats()
+        stats["gil_share"] = 0.0
+        if self._gil_at is not None:
+            (gil0, busy0), (gil1, busy1) = self._gil_at, self.gil_clock()
+            if busy1 > busy0:
+                stats["gil_share"] = min(1.0, max(0.0, (gil1 - gil0) / (busy1 - busy0)))
+        return stats
 
     def _start_search(self, baseline):
         """A search from the current setting, `baseline` its measure."""
@@ -203,6 +225,8 @@ class Autotuner:
         self._trial = None       # "workers" or "prefetch" while a step is measured
         self._too_few = 0        # the most workers known not to keep up
         self._enough = None      # the fewest workers known to keep up
+        self._floor = 0          # the most workers known slower than the kept (GIL descent)
+        self._descended = False  # fewer workers were kept: no climbing back
         self._searching = ["workers", "prefetch"]
         self._windows = 0        # windows this search measured
         self._baseline = None
@@ -233,6 +257,8 @@ class Autotuner:
             self._skip = max(0, self._skip - 1)
             return self.setting
         window = self._window
+        if not window.intervals and self.gil_clock is not None:
+            self._gil_at = self.gil_clock()
         window.add(max(0.0, now - last), waited)
         n, seconds = len(window.intervals), window.seconds
         if n < self.window_batches or seconds < self.window_seconds:
@@ -241,9 +267,9 @@ class Autotuner:
         if (n >= self.max_window_batches or seconds >= self.max_window_seconds
                 or (n % _BLOCKS == 0 and window.error() <= self._wanted_error())):
             if self.settled:
-                self._watch(window.stats())
+                self._watch(self._window_stats())
             else:
-                self._conclude(window.stats())
+                self._conclude(self._window_stats())
         return self.setting
 
     def _keeps_up(self, stats):
@@ -253,11 +279,17 @@ class Autotuner:
         """How precise the window must be: a quarter of the change the
         pending decision looks for -- a worker step's proportional change,
         discounted four times (a step near the bottleneck changes less) --
-        or of min_gain."""
+        or of min_gain.  A search's first window, which the next step will
+        be judged against, looks ahead: a worker step halves or doubles."""
         change = 0.0
+        kept = self._kept[0]
         if self._trial == "workers":
-            kept = self._kept[0]
             change = abs(self.workers - kept) / min(self.workers, kept)
+        elif self._trial is None and not self.settled and "workers" in self._searching:
+            so_far = self._window_stats()
+            fewer = self._keeps_up(so_far) or so_far["gil_share"] > self.max_gil_share
+            if (kept > 1) if fewer else (kept < self.max_workers and not self._descended):
+                change = 1.0
         return max(self.min_gain, change / 4) / 4
 
     def _record(self, stats, decision):
@@ -277,9 +309,10 @@ class Autotuner:
         """Whether the step just measured is kept."""
         ratio = stats["batches_per_s"] / self._baseline["batches_per_s"]
         if trial == "workers" and self.workers < self._kept[0]:
-            # Fewer workers: kept while they keep up at the same throughput.
-            return self._keeps_up(stats) and ratio >= 1.0 - max(self.min_gain / 2,
-                                                                 self._noise(stats))
+            # Fewer workers: kept while they deliver as much, within the
+            # noise, and keep up if the kept count did.
+            return ((self._keeps_up(stats) or not self._keeps_up(self._baseline))
+                    and ratio >= 1.0 - max(self.min_gain / 2, self._noise(stats)))
         return ratio - 1.0 > max(self.min_gain, self._noise(stats))
 
     def _conclude(self, stats):
@@ -290,6 +323,7 @@ class Autotuner:
             self._set_baseline(stats)
         elif self._better(trial, stats):
             self._record(stats, "kept")
+            self._descended |= self.workers < self._kept[0]
             self._kept = (self.workers, self.prefetch)
             self._set_baseline(stats)
         else:
@@ -299,7 +333,10 @@ class Autotuner:
             if trial == "prefetch":
                 self._searching.remove("prefetch")
             elif tried < self.workers:
-                self._too_few = max(self._too_few, tried)
+                if self._keeps_up(self._baseline):
+                    self._too_few = max(self._too_few, tried)
+                else:
+                    self._floor = max(self._floor, tried)
             else:  # more workers did not pay: fewer between would pay less
                 self._searching.remove("workers")
         self._next_trial()
@@ -310,13 +347,15 @@ class Autotuner:
         kept = self._kept[0]
         if self._keeps_up(stats):
             self._enough = kept if self._enough is None else min(self._enough, kept)
-        else:
+            if self._too_few >= self._enough:  # more workers waited: the GIL's doing
+                self._too_few = self._floor
+        elif self._enough is None or kept < self._enough:
             self._too_few = max(self._too_few, kept)
 
     def _next_workers(self):
         """The worker count to try next from the kept setting, or None: a
-        bisection down while the kept count keeps up, doubling up while the
-        consumer waits."""
+        bisection down while the kept count keeps up or the workers take
+        turns with the GIL, doubling up while the consumer waits."""
         if "workers" not in self._searching:
             return None
         kept = self._kept[0]
@@ -324,10 +363,14 @@ class Autotuner:
             if self._enough - self._too_few > 1:
                 return self._too_few + (self._enough - self._too_few) // 2
             return None
+        if self._baseline["gil_share"] > self.max_gil_share:
+            return self._floor + (kept - self._floor) // 2 if kept - self._floor > 1 else None
         room = min(self.max_workers, self._in_flight_cap())
         if self._enough is not None:
             room = min(room, self._enough)
-        return min(2 * kept, room) if kept < room else None
+        if self._descended or kept >= room:
+            return None
+        return min(2 * kept, room)
 
     def _next_trial(self):
         if self._windows >= self.max_windows:

@@ -305,6 +305,8 @@ class DataLoader(Generic[T_co]):
             device=device_index if device_index is not None else pin_device(pin_memory_device))
         self._upload = Upload(self, device_index, in_flight) if device_index is not None else None
         self._timers = LoaderTimers()  # loader.stats()
+        if self._autotune is not None:
+            self._autotune.gil_clock = self._timers.gil_clock
         self._IterableDataset_len_called = None
         self._iterator = None
         self._last_iter = None  # weakref to the latest iterator, for state_dict()

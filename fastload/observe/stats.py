@@ -94,6 +94,12 @@ class LoaderTimers:
             self.num_workers = num_workers
         return self.timers
 
+    def gil_clock(self):
+        """The workers' running totals, in seconds: (waiting for the GIL,
+        busy).  The autotuner reads it at the ends of its windows."""
+        rows = self.timers.snapshot()["rows"][:self.num_workers]
+        return sum(r[GIL] for r in rows) / 1e9, sum(r[BUSY] for r in rows) / 1e9
+
     @property
     def consumer_row(self):
         return self.num_workers
