@@ -120,8 +120,11 @@ int main(int argc, char **argv)
     int n = 0, cap = 0, x, y, w, h, d;
     char path[4096];
     while (fscanf(f, "%4095s %d %d %d %d %d", path, &x, &y, &w, &h, &d) == 6) {
-        if (n == cap && !(items = realloc(items, (size_t)(cap = cap ? 2 * cap : 256) * sizeof *items)))
-            return 3;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 256;
+            if (!(items = realloc(items, (size_t)cap * sizeof *items)))
+                return 3;
+        }
         FILE *g = fopen(path, "rb");
         if (!g) return 2;
         fseek(g, 0, SEEK_END);
@@ -156,6 +159,11 @@ int main(int argc, char **argv)
         printf(" %.6f", s / n * 1e3);
     }
     printf("\n");
+    jpeg_destroy_decompress(&ci);
+    for (int i = 0; i < n; i++) free(items[i].data);
+    free(items);
+    free(best);
+    free(pix);
     return 0;
 }
 """
@@ -182,7 +190,8 @@ def build(prefix, workdir):
     src.write_text(HARNESS)
     tag = "system" if prefix == "system" else pathlib.Path(prefix).name
     exe = workdir / f"decode_stages_{len(list(workdir.iterdir()))}_{tag}"
-    cmd = [os.environ.get("CC", "gcc"), "-std=c11", "-O2", "-Wall", "-Wextra", str(src), "-o", str(exe)]
+    cmd = [os.environ.get("CC", "gcc"), "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", str(src),
+           "-o", str(exe)]
     env = dict(os.environ)
     if prefix != "system":
         libdir = next(p for p in (pathlib.Path(prefix) / "lib", pathlib.Path(prefix) / "lib64")
