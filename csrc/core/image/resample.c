@@ -34,6 +34,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 /* ------------------------------------------------------------------------ */
 /* Scratch                                                                  */
 
@@ -547,6 +551,44 @@ static int plain_bytes(const fl_resample_target *t)
            t->offset[1] == 0.0f && t->offset[2] == 0.0f;
 }
 
+/* store_channels' float32 planes from an RGB0 row, four pixels at a time:
+ * the four pixels' vectors transposed into R, G, B (and spare) vectors,
+ * so every load and store is a whole vector, where the strided loop gcc
+ * makes of store_channels shuffles lane by lane.  The same operations on
+ * each value: max(v, 0) and min(v, 255) select exactly as clip255's
+ * comparisons do (NaN included), then one multiply and one add, each
+ * rounded (no FMA), so the values are store_channels' bit for bit. */
+static void store_rgb0_planes(const float *restrict acc, size_t n, const float *scale,
+                              const float *offset, float *restrict d0, float *restrict d1,
+                              float *restrict d2)
+{
+    size_t x = 0;
+#if defined(__SSE2__)
+    const __m128 zero = _mm_setzero_ps(), top = _mm_set1_ps(255.0f);
+    const __m128 s0 = _mm_set1_ps(scale[0]), s1 = _mm_set1_ps(scale[1]),
+                 s2 = _mm_set1_ps(scale[2]);
+    const __m128 o0 = _mm_set1_ps(offset[0]), o1 = _mm_set1_ps(offset[1]),
+                 o2 = _mm_set1_ps(offset[2]);
+    for (; x + 4 <= n; x += 4) {
+        __m128 r = _mm_loadu_ps(acc + 4 * x), g = _mm_loadu_ps(acc + 4 * x + 4);
+        __m128 b = _mm_loadu_ps(acc + 4 * x + 8), z = _mm_loadu_ps(acc + 4 * x + 12);
+        _MM_TRANSPOSE4_PS(r, g, b, z);
+        (void)z;
+        r = _mm_min_ps(_mm_max_ps(r, zero), top);
+        g = _mm_min_ps(_mm_max_ps(g, zero), top);
+        b = _mm_min_ps(_mm_max_ps(b, zero), top);
+        _mm_storeu_ps(d0 + x, _mm_add_ps(_mm_mul_ps(r, s0), o0));
+        _mm_storeu_ps(d1 + x, _mm_add_ps(_mm_mul_ps(g, s1), o1));
+        _mm_storeu_ps(d2 + x, _mm_add_ps(_mm_mul_ps(b, s2), o2));
+    }
+#endif
+    for (; x < n; x++) {
+        d0[x] = clip255(acc[4 * x + 0]) * scale[0] + offset[0];
+        d1[x] = clip255(acc[4 * x + 1]) * scale[1] + offset[1];
+        d2[x] = clip255(acc[4 * x + 2]) * scale[2] + offset[2];
+    }
+}
+
 /* Output row y from acc (width RGB0 pixels). */
 FL_SIMD_CLONES
 static void store_row(const fl_resample_target *t, int y, const float *acc,
@@ -568,6 +610,14 @@ static void store_row(const fl_resample_target *t, int y, const float *acc,
             d[3 * x + 1] = bytes[4 * x + 1];
             d[3 * x + 2] = bytes[4 * x + 2];
         }
+        return;
+    }
+    if (t->dtype == FL_DTYPE_FLOAT32 && t->layout == FL_LAYOUT_CHW) {
+        /* ToTensor (+ Normalize): the training pipeline's output. */
+        size_t plane = (size_t)t->width * t->height;
+        float *d0 = (float *)t->dst + (size_t)y * t->width;
+        store_rgb0_planes(acc, (size_t)t->width, t->scale, t->offset, d0, d0 + plane,
+                          d0 + 2 * plane);
         return;
     }
     store_channels(t, y, acc, acc + 1, acc + 2, 4);
