@@ -207,7 +207,7 @@ def version(number):
     return f"{number // 1000000}.{number // 1000 % 1000}.{number % 1000}"
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", default=os.environ.get("FASTLOAD_BENCH_DATA",
                                                          os.path.join(tempfile.gettempdir(),
@@ -217,7 +217,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=2, help="alternations of the libraries")
     parser.add_argument("--libjpeg", action="append",
                         help="install prefix of a libjpeg-turbo, or 'system' (default)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     libs = args.libjpeg or ["system"]
     imagenet_like.make_image_folder(args.data, n_images=args.images)
     out = 224
