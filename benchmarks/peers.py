@@ -154,15 +154,15 @@ class Batches:
 
 def make_fastload(s):
     dataset = fastload.ImageFolder(s.root, transform=images_bench.fastload_transform("train"))
-    return fastload.DataLoader(dataset, batch_size=s.batch, shuffle=True, num_workers=s.workers,
-                               persistent_workers=s.workers > 0), f"fastload {fastload.__version__}"
+    return fastload.DataLoader(dataset, batch_size=s.batch, shuffle=True,
+                               num_workers=s.workers), f"fastload {fastload.__version__}"
 
 
 def make_torch(s):
     tv = pil_pipeline.torchvision_or_none()
     dataset = pil_pipeline.image_folder(s.root, train_transform())
     loader = torch.utils.data.DataLoader(dataset, batch_size=s.batch, shuffle=True,
-                                         num_workers=s.workers, persistent_workers=s.workers > 0)
+                                         num_workers=s.workers)
     what = (f"torch {torch.__version__} + torchvision {tv.__version__}" if tv is not None
             else f"torch {torch.__version__} + Pillow (torchvision not importable)")
     return loader, what
@@ -170,8 +170,7 @@ def make_torch(s):
 
 def make_decode_only(s):
     loader = fastload.DataLoader(images_bench.DecodeOnly(s.root), batch_size=s.batch,
-                                 num_workers=s.workers, persistent_workers=s.workers > 0,
-                                 collate_fn=images_bench.count_decoded)
+                                 num_workers=s.workers, collate_fn=images_bench.count_decoded)
     return loader, "images_bench.py's decode-only ceiling (full decode, nothing else)"
 
 
@@ -204,8 +203,7 @@ def make_webdataset(s):
                .to_tuple("jpg", "cls")
                .map_tuple(train_transform(), int)
                .batched(s.batch, partial=True))
-    loader = wds.WebLoader(dataset, batch_size=None, num_workers=s.workers,
-                           persistent_workers=s.workers > 0)
+    loader = wds.WebLoader(dataset, batch_size=None, num_workers=s.workers)
     return loader, f"webdataset {version('webdataset')} + torch DataLoader"
 
 
@@ -296,7 +294,7 @@ def make_spdl(s):
                     .aggregate(s.batch, drop_last=False)
                     .pipe(collate)
                     .add_sink(4)
-                    .build(num_threads=max(1, s.workers)))
+                    .build(num_threads=max(1, s.workers), max_failures=0))
         with pipeline.auto_stop():
             yield from pipeline
 
@@ -304,10 +302,19 @@ def make_spdl(s):
 
 
 class _GrainLoad:
-    """Pillow decode + the torchvision transform, as a grain map."""
+    """Pillow decode + the torchvision transform, as a grain map.  Pickled
+    to grain's worker processes without the transform, which each makes
+    anew (torchvision_import's way, as a fresh process cannot unpickle
+    torchvision objects where torchvision's own import fails)."""
 
     def __init__(self):
         self.transform = train_transform()
+
+    def __getstate__(self):
+        return {}
+
+    def __setstate__(self, state):
+        self.__init__()
 
     def __call__(self, sample):
         path, label = sample
@@ -318,24 +325,42 @@ class _GrainLoad:
 def make_grain(s):
     import grain
 
-    def epoch():
-        dataset = (grain.MapDataset.source(s.samples)
-                   .shuffle(seed=int(np.random.randint(1 << 30)))
-                   .map(_GrainLoad())
-                   .batch(s.batch, drop_remainder=False)
-                   .to_iter_dataset())
-        if s.workers > 0:
-            dataset = dataset.mp_prefetch(grain.MultiprocessingOptions(num_workers=s.workers))
-        return dataset
+    # One iterator over the photos repeated, each pass shuffled anew, kept
+    # across epochs: grain's worker processes start once, as they would in
+    # a training loop (a new iterator each epoch would start them again).
+    dataset = (grain.MapDataset.source(s.samples)
+               .shuffle(seed=int(np.random.randint(1 << 30)))
+               .repeat()
+               .map(_GrainLoad())
+               .batch(s.batch, drop_remainder=False)
+               .to_iter_dataset())
+    if s.workers > 0:
+        dataset = dataset.mp_prefetch(grain.MultiprocessingOptions(num_workers=s.workers))
+    stream = iter(dataset)
+    batches = math.ceil(len(s.samples) / s.batch)
 
-    convert = lambda b: (torch.from_numpy(b[0]), torch.from_numpy(b[1]))  # noqa: E731
-    return Batches(epoch, convert), f"grain {version('grain')}"
+    def epoch():
+        for _ in range(batches):
+            images, labels = next(stream)
+            yield torch.from_numpy(images), torch.from_numpy(labels)
+
+    return Batches(epoch, lambda b: b), f"grain {version('grain')} (persistent iterator)"
 
 
 def _litdata_item(sample):
     path, label = sample
     with open(path, "rb") as f:
         return {"jpeg": f.read(), "label": label}
+
+
+class _LitdataTransform:
+    """StreamingDataset's ``transform``: Pillow decode + the torchvision transform."""
+
+    def __init__(self):
+        self.transform = train_transform()
+
+    def __call__(self, item):
+        return self.transform(pil_rgb(item["jpeg"])), item["label"]
 
 
 def make_litdata(s):
@@ -348,14 +373,7 @@ def make_litdata(s):
 
     path = s.converted("litdata", os.path.join(s.cache, "litdata"), optimize)
 
-    class Photos(ld.StreamingDataset):
-        transform = train_transform()
-
-        def __getitem__(self, index):
-            item = super().__getitem__(index)
-            return self.transform(pil_rgb(item["jpeg"])), item["label"]
-
-    dataset = Photos(path, shuffle=True)
+    dataset = ld.StreamingDataset(path, shuffle=True, transform=_LitdataTransform())
     loader = ld.StreamingDataLoader(dataset, batch_size=s.batch, num_workers=s.workers)
     return loader, f"litdata {version('litdata')}"
 
@@ -401,18 +419,29 @@ def build_loaders(setup, names):
     return loaders, skipped
 
 
+def warm_up(setup, loaders, skipped):
+    """One untimed epoch of each loader (workers up, files in the page
+    cache); a loader that fails or delivers fewer images than the photos is
+    dropped, with what happened."""
+    for name in list(loaders):
+        log(f"{name}: one untimed epoch")
+        try:
+            got = count_images(loaders[name][0])
+            if got < len(setup.samples):
+                raise RuntimeError(f"an epoch delivered {got} of {len(setup.samples)} images")
+        except Exception as e:  # noqa: BLE001 - reported in the table
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            skipped[name] = f"failed: {type(e).__name__}: {reason}"[:300]
+            log(f"{name}: {skipped[name]}")
+            del loaders[name]
+
+
 def run(setup, names, rounds):
     """Measures every peer that runs here; returns the report as a dict."""
     loaders, skipped = build_loaders(setup, names)
-    warmed = set()
-
-    def prepare(name):
-        if name not in warmed:  # one untimed epoch: workers up, files in the page cache
-            images_per_second(loaders[name][0])
-            warmed.add(name)
-
+    warm_up(setup, loaders, skipped)
     rates = interleave(lambda name: images_per_second(loaders[name][0]), "peers", rounds,
-                       prepare=prepare, kinds=list(loaders))
+                       kinds=list(loaders))
     rows = []
     fl = rates.get("fastload")
     for name in loaders:
@@ -429,7 +458,8 @@ def run(setup, names, rounds):
 
 
 def count_images(loader):
-    return sum(len(labels) for _, labels in loader)
+    """The images one epoch of ``loader`` delivers (a decode-only batch is its count)."""
+    return sum(batch if isinstance(batch, int) else len(batch[1]) for batch in loader)
 
 
 def report(result, args, root, wall, load_before):
