@@ -54,6 +54,7 @@ import contextlib
 import hashlib
 import json
 import math
+import multiprocessing
 import os
 import platform
 import statistics
@@ -103,9 +104,13 @@ class Setup:
                 self.conversions[peer] = (float(f.read()), "cached")
             return path
         log(f"{peer}: converting the photos (untimed, cached in {self.cache})")
+        start_method = multiprocessing.get_start_method(allow_none=True)
         start = time.perf_counter()
         build(path)
         seconds = time.perf_counter() - start
+        # litdata's optimize sets the start method to "spawn" for the whole
+        # process; the loaders measured after it keep the platform's.
+        multiprocessing.set_start_method(start_method, force=True)
         with open(stamp, "w") as f:
             f.write(f"{seconds:.3f}")
         self.conversions[peer] = (seconds, "built now")
@@ -325,26 +330,22 @@ class _GrainLoad:
 def make_grain(s):
     import grain
 
-    # One iterator over the photos repeated, each pass shuffled anew, kept
-    # across epochs: grain's worker processes start once, as they would in
-    # a training loop (a new iterator each epoch would start them again).
-    dataset = (grain.MapDataset.source(s.samples)
-               .shuffle(seed=int(np.random.randint(1 << 30)))
-               .repeat()
-               .map(_GrainLoad())
-               .batch(s.batch, drop_remainder=False)
-               .to_iter_dataset())
-    if s.workers > 0:
-        dataset = dataset.mp_prefetch(grain.MultiprocessingOptions(num_workers=s.workers))
-    stream = iter(dataset)
-    batches = math.ceil(len(s.samples) / s.batch)
-
+    # Threads in this process (grain's ReadOptions), a new iterator each
+    # epoch.  grain's worker processes (mp_prefetch) are not used: started
+    # anew each epoch they take longer to start than an epoch of these
+    # photos lasts, and a persistent iterator over a repeated dataset keeps
+    # producing (CPU and memory) while the other loaders are measured.
     def epoch():
-        for _ in range(batches):
-            images, labels = next(stream)
+        dataset = (grain.MapDataset.source(s.samples)
+                   .shuffle(seed=int(np.random.randint(1 << 30)))
+                   .map(_GrainLoad())
+                   .batch(s.batch, drop_remainder=False)
+                   .to_iter_dataset(grain.ReadOptions(num_threads=max(1, s.workers),
+                                                      prefetch_buffer_size=2 * s.batch)))
+        for images, labels in dataset:
             yield torch.from_numpy(images), torch.from_numpy(labels)
 
-    return Batches(epoch, lambda b: b), f"grain {version('grain')} (persistent iterator)"
+    return Batches(epoch, lambda b: b), f"grain {version('grain')} ({max(1, s.workers)} threads)"
 
 
 def _litdata_item(sample):
