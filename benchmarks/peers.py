@@ -106,7 +106,8 @@ class Setup:
         log(f"{peer}: converting the photos (untimed, cached in {self.cache})")
         start_method = multiprocessing.get_start_method(allow_none=True)
         start = time.perf_counter()
-        build(path)
+        with contextlib.redirect_stdout(sys.stderr):  # the table alone on stdout
+            build(path)
         seconds = time.perf_counter() - start
         # litdata's optimize sets the start method to "spawn" for the whole
         # process; the loaders measured after it keep the platform's.
