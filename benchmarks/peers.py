@@ -80,10 +80,6 @@ SIZE = 224
 SEED = 1  # held out: the other image benchmarks use imagenet_like's seed 0
 
 
-class Skip(Exception):
-    """A peer that cannot run here; the message says why."""
-
-
 class Setup:
     """What every peer is built from."""
 
@@ -264,11 +260,6 @@ def make_dali(s):
     return loader, f"DALI {dali.__version__} CPU pipeline"
 
 
-def _spdl_crop(width, height, rng):
-    """RandomResizedCrop's box (torchvision's algorithm) for a photo of this size."""
-    return pil_pipeline._crop_params(width, height, (0.08, 1.0), (3 / 4, 4 / 3))
-
-
 def make_spdl(s):
     import spdl.io
     from spdl.pipeline import PipelineBuilder
@@ -278,7 +269,9 @@ def make_spdl(s):
     def load(sample):
         path, label = sample
         packets = spdl.io.demux_image(path)
-        top, left, h, w = _spdl_crop(packets.codec.width, packets.codec.height, rng)
+        # RandomResizedCrop's box, torchvision's algorithm (pil_pipeline's transcription).
+        top, left, h, w = pil_pipeline._crop_params(packets.codec.width, packets.codec.height,
+                                                    (0.08, 1.0), (3 / 4, 4 / 3))
         flip = ",hflip" if rng.random() < 0.5 else ""
         frames = spdl.io.decode_packets(
             packets, filter_desc=f"crop={w}:{h}:{left}:{top},scale={SIZE}:{SIZE}{flip},format=rgb24")
@@ -414,8 +407,6 @@ def build_loaders(setup, names):
             loaders[name] = PEERS[name](setup)
         except ImportError as e:
             skipped[name] = f"not installed: {e}"
-        except Skip as e:
-            skipped[name] = str(e)
         if name in skipped:
             log(f"{name}: skipped ({skipped[name]})")
     return loaders, skipped
