@@ -112,9 +112,10 @@ class DaliLoader:
     """DALI's CPU pipeline for the same transform, iterated like a loader:
     one epoch is ceil(n / BATCH) batches, delivered as torch tensors."""
 
-    def __init__(self, root, kind, threads, n_images):
+    def __init__(self, root, kind, threads, n_images, batch=None):
         from nvidia.dali import fn, pipeline_def, types
 
+        batch = batch or BATCH
         mean = [255 * m for m in MEAN]
         std = [255 * s for s in STD]
 
@@ -136,9 +137,9 @@ class DaliLoader:
             return fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
                                             crop=(224, 224), mean=mean, std=std), labels
 
-        self.pipe = pipeline(batch_size=BATCH, num_threads=threads, prefetch_queue_depth=2, seed=0)
+        self.pipe = pipeline(batch_size=batch, num_threads=threads, prefetch_queue_depth=2, seed=0)
         self.pipe.build()
-        self.batches = -(-n_images // BATCH)
+        self.batches = -(-n_images // batch)
 
     def __iter__(self):
         for _ in range(self.batches):
