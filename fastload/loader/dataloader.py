@@ -96,9 +96,10 @@ class DataLoader(Generic[T_co]):
     * ``num_workers="auto"``: a pool of as many workers as this rank's
       cores (the usable cores, divided among the ranks of the node under
       torchrun, Slurm or MPI: fastload/loader/node.py);
-      during the first epoch the loader grows the *active* workers and the
-      prefetch depth while that raises the throughput the loop sees, then
-      holds them (``autotune_report()``).  Batches and their order are those
+      it starts with all of them active and tunes the *active* workers and
+      the prefetch depth by the throughput the loop sees, across epochs,
+      searching again when later batches contradict its choice
+      (``autotune_report()``).  Batches and their order are those
       of a fixed ``num_workers``.  ``loader.num_workers`` is then the pool
       size and ``loader.autotune`` True; ``prefetch_factor`` is the largest
       prefetch it may choose (default 8).  An IterableDataset gets a fixed
