@@ -54,6 +54,7 @@ The algorithm (docs/design.md, "Autotune"):
 import math
 from collections import namedtuple
 
+from ..observe.stats import GIL_BOUND
 from . import node as _node
 
 # What the iterator applies: `workers` active, and `in_flight` batches kept
@@ -64,9 +65,6 @@ DEFAULT_MAX_PREFETCH = 8
 START_PREFETCH = 2
 # Windows in a row that must contradict a settled choice to reopen it.
 _CONTRADICTIONS = 2
-# Workers waiting for the GIL more than this share of their busy time take
-# turns with it (loader.stats() gives the same advice at this share).
-MAX_GIL_SHARE = 0.30
 
 
 # The usable cores and the default memory bound are the node's to say
@@ -143,7 +141,7 @@ class Autotuner:
                  start_workers=None, start_prefetch=START_PREFETCH, window_batches=16,
                  window_seconds=0.1, max_window_batches=512, max_window_seconds=3.0,
                  min_gain=0.05, min_wait_share=0.05, max_windows=64, max_reopens=4,
-                 max_gil_share=MAX_GIL_SHARE, gil_clock=None):
+                 max_gil_share=GIL_BOUND, gil_clock=None):
         if max_workers < 1 or max_prefetch < 1:
             raise ValueError("max_workers and max_prefetch must be at least 1")
         self.max_workers = max_workers

@@ -36,8 +36,9 @@ ROW_FIELDS = 2 * _S + 5
 _INPUT_BOUND_WAIT = 0.10
 # Workers busier than this have no time to spare.
 _SATURATED = 0.80
-# A GIL wait above this share of worker time is the bottleneck.
-_GIL_BOUND = 0.30
+# A GIL wait above this share of worker time is the bottleneck (the
+# autotuner then tries fewer thread workers).
+GIL_BOUND = 0.30
 # Workers using a CPU less than this share of their busy time mostly wait.
 _MOSTLY_WAITING = 0.50
 # Thread workers running Python that use about one CPU together (this range),
@@ -210,7 +211,7 @@ class LoaderStats:
     def _advice(self):
         if self.num_workers == 0:
             return "workers would help (num_workers > 0)"
-        if self.gil_fraction > _GIL_BOUND:
+        if self.gil_fraction > GIL_BOUND:
             return (f"thread workers wait for the GIL {self.gil_fraction:.0%} of their busy time: "
                     "worker_mode='process' would help")
         together = self._python_threads_in_turn()
