@@ -20,6 +20,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "core/image/jpeg.h"
+#include "core/image/jpeg_restart.h"
 #include "core/image/resample.h"
 #include "core/status.h"
 
@@ -142,6 +143,16 @@ CHK_EXPORT int chk_pipeline(const unsigned char *data, size_t size, int x, int y
                        scratch());
 }
 
+/* 1 when a region decode of the box would decode the restart intervals
+ * that cover it (jpeg_restart.h) rather than the file, else 0 or a status. */
+CHK_EXPORT int chk_restart_cut(const unsigned char *data, size_t size, int x, int y, int w,
+                               int h, int margin)
+{
+    static fl_jpeg_restart st;
+    fl_jpeg_cut cut;
+    return fl_jpeg_restart_cut(&st, data, size, x, y, w, h, margin, &cut);
+}
+
 CHK_EXPORT int chk_complete(const unsigned char *data, size_t size)
 {
     return fl_jpeg_complete(data, size);
@@ -256,7 +267,10 @@ static size_t encode(const unsigned char *pixels, int w, int h, int components, 
         c.scan_info = scans;
         c.num_scans = count;
     }
-    c.restart_in_rows = restart_rows;
+    if (restart_rows < 0)
+        c.restart_interval = (unsigned int)-restart_rows; /* -k: every k MCUs */
+    else
+        c.restart_in_rows = restart_rows;
     jpeg_start_compress(&c, TRUE);
     while (c.next_scanline < c.image_height) {
         JSAMPROW row = (JSAMPROW)(pixels + (size_t)c.next_scanline * w * components);
