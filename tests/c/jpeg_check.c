@@ -21,6 +21,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "core/image/jpeg.h"
 #include "core/image/jpeg_restart.h"
+#include "core/image/jpeg_transcode.h"
 #include "core/image/resample.h"
 #include "core/status.h"
 
@@ -151,6 +152,25 @@ CHK_EXPORT int chk_restart_cut(const unsigned char *data, size_t size, int x, in
     static fl_jpeg_restart st;
     fl_jpeg_cut cut;
     return fl_jpeg_restart_cut(&st, data, size, x, y, w, h, margin, &cut);
+}
+
+/* fl_jpeg_add_restarts into out[0 .. cap): the size, or 0 when it does not
+ * fit; a status below 0, its message in msg. */
+CHK_EXPORT long long chk_add_restarts(const unsigned char *data, size_t size, int max_interval,
+                                      unsigned char *out, size_t cap, int *interval, char *msg,
+                                      size_t msg_size)
+{
+    unsigned char *buf = NULL;
+    size_t n = 0;
+    int rc = fl_jpeg_add_restarts(data, size, max_interval, 178956970u, &buf, &n, interval, msg,
+                                  msg_size);
+    if (rc != FL_OK)
+        return rc;
+    long long result = n <= cap ? (long long)n : 0;
+    if (result)
+        memcpy(out, buf, n);
+    free(buf);
+    return result;
 }
 
 CHK_EXPORT int chk_complete(const unsigned char *data, size_t size)

@@ -42,6 +42,7 @@ from PIL import Image, ImageDraw, ImageFilter
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SOURCES = ["csrc/core/image/jpeg.c", "csrc/core/image/jpeg_restart.c",
+           "csrc/core/image/jpeg_transcode.c",
            "csrc/core/image/resample.c", "csrc/core/status.c",
            "tests/c/jpeg_check.c"]
 CC = shutil.which(os.environ.get("CC", "gcc")) or "cc"
@@ -92,6 +93,8 @@ class Lib:
         c.chk_pipeline.argtypes = [P, S, I, I, I, I, I, I, I, I, I, I, I, P, P, P, P, P, S]
         c.chk_complete.argtypes = [P, S]
         c.chk_restart_cut.argtypes = [P, S, I, I, I, I, I]
+        c.chk_add_restarts.argtypes = [P, S, I, P, S, P, P, S]
+        c.chk_add_restarts.restype = ctypes.c_longlong
         c.chk_half_array.argtypes = [P, S, P]
         c.chk_half_array.restype = None
         c.chk_pick_scale.argtypes = [I, I, I, I]
@@ -156,6 +159,16 @@ class Lib:
                               progressive, restart_rows, out.ctypes.data, cap)
         assert n > 0, "encoder failed"
         return out[:n].tobytes()
+
+
+    def add_restarts(self, data, max_interval=0):
+        """(status or size, bytes, k, message)."""
+        cap = len(data) * 2 + (1 << 16)
+        out = np.empty(cap, np.uint8)
+        k = ctypes.c_int(0)
+        n = self.c.chk_add_restarts(data, len(data), max_interval, out.ctypes.data, cap,
+                                    ctypes.byref(k), self.msg, 256)
+        return n, (out[:n].tobytes() if n > 0 else None), k.value, self.msg.value.decode()
 
 
 class StderrCapture:
@@ -355,6 +368,54 @@ def check_region(lib, corpus, quick):
     report("region decode vs whole decode", not failed,
            f"{cases} region decodes over {len(corpus)} images identical inside the box"
            f" ({cut} from restart intervals cut out)"
+           + ("; " + "; ".join(failed[:6]) + f" ({len(failed)} failures)" if failed else ""))
+
+
+def check_add_restarts(lib, corpus, quick):
+    """fl_jpeg_add_restarts: the rewritten file decodes to the original's
+    pixels (this decoder and Pillow), and its region decodes (most of them
+    from cut-out intervals) equal the original's whole decode at every scale."""
+    rng = np.random.default_rng(3)
+    files = cases = cut = 0
+    grew = []
+    failed = []
+    for name, data in corpus:
+        rc, _, _, _ = lib.decode(data)
+        if rc != FL_OK:
+            continue
+        n, new, k, msg = lib.add_restarts(data)
+        if n <= 0:
+            failed.append(f"{name}: rewrite rc={n} {msg}")
+            continue
+        files += 1
+        grew.append(len(new) / len(data))
+        _, hdr, _ = lib.header(data)
+        w, h = hdr[0], hdr[1]
+        ref_p, new_p = pillow_rgb(data), pillow_rgb(new)
+        if ref_p is not None and (new_p is None or not np.array_equal(ref_p, new_p)):
+            failed.append(f"{name}: Pillow decodes the rewrite differently")
+        for d in (1, 2, 4, 8):
+            rc, ref, _, msg = lib.decode(data, (0, 0, w, h), d)
+            rc2, mine, _, msg2 = lib.decode(new, (0, 0, w, h), d)
+            if rc != FL_OK or rc2 != FL_OK or not np.array_equal(ref, mine):
+                failed.append(f"{name} whole/{d}: differs ({rc} {rc2} {msg2})")
+                continue
+            for (x, y, bw, bh) in random_boxes(w, h, rng, 3 if quick else 6):
+                rc, px, box, msg = lib.decode(new, (x, y, bw, bh), d)
+                cases += 1
+                cut += lib.c.chk_restart_cut(new, len(new), x, y, bw, bh, 2 * d) == 1
+                if rc != FL_OK:
+                    failed.append(f"{name} {x},{y},{bw}x{bh}/{d}: rc={rc} {msg}")
+                    continue
+                ox, oy = int(round(x / d - box[0])), int(round(y / d - box[1]))
+                x0, y0 = int(np.floor(box[0])), int(np.floor(box[1]))
+                x1, y1 = int(np.ceil(box[0] + box[2])), int(np.ceil(box[1] + box[3]))
+                if not np.array_equal(px[y0:y1, x0:x1], ref[oy + y0:oy + y1, ox + x0:ox + x1]):
+                    failed.append(f"{name} rewritten {x},{y},{bw}x{bh}/{d}: differs")
+    report("add_restarts: lossless, regions exact", not failed and files > 0,
+           f"{files} files rewritten (size x{min(grew):.3f}..x{max(grew):.3f}), "
+           f"{cases} region decodes of them identical to the original's whole decode "
+           f"({cut} from cut-out intervals)"
            + ("; " + "; ".join(failed[:6]) + f" ({len(failed)} failures)" if failed else ""))
 
 
@@ -818,6 +879,7 @@ def main():
         with StderrCapture() as cap:
             check_full(lib, corpus)
             check_region(lib, corpus, args.quick)
+            check_add_restarts(lib, corpus, args.quick)
             check_pipeline(lib, corpus, args.quick)
             check_resample(lib, args.quick)
             check_pick_scale(lib)
