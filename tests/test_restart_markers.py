@@ -159,3 +159,36 @@ def test_write_shards_keeps_what_it_cannot_rewrite(tmp_path):
     with tarfile.open(paths[0]) as tar:
         assert tar.extractfile("a.jpg").read() == broken
         assert tar.extractfile("a.png").read() == png.getvalue()
+
+
+def test_cache_keeps_jpegs_with_restart_markers(originals, tmp_path):
+    paths = []
+    for name, data in originals:
+        (tmp_path / f"{name}.jpg").write_bytes(data)
+        paths.append(str(tmp_path / f"{name}.jpg"))
+    (tmp_path / "broken.jpg").write_bytes(originals[0][1][:200])
+    tf = T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.ToTensor()])
+    plain = fastload.ImageFiles(paths, transform=tf)
+    bytes_cache = fastload.ImageFiles(paths, transform=tf, cache="memory")
+    ds = fastload.ImageFiles(paths, transform=tf, cache="memory", cache_restart_markers=True)
+    for epoch in range(3):  # the first fills the cache, the others read the rewrites
+        for i in range(len(paths)):
+            want = plain._source.sample(i, epoch, 0)
+            np.testing.assert_array_equal(ds._source.sample(i, epoch, 0), want)
+            np.testing.assert_array_equal(bytes_cache._source.sample(i, epoch, 0), want)
+    stats, as_read = ds.cache.stats(), bytes_cache.cache.stats()
+    assert stats["stored"] == as_read["stored"] == len(paths)
+    assert stats["hits"] == 2 * len(paths)
+    assert stats["used"] != as_read["used"]  # the rewrites, not the files' bytes
+
+    broken = fastload.ImageFiles([str(tmp_path / "broken.jpg")], transform=tf, cache="memory",
+                                 cache_restart_markers=True)
+    for _ in range(2):  # kept as read: it fails the same way from the cache
+        with pytest.raises(fastload.DecodeError, match="premature end"):
+            broken._source.sample(0, 0, 0)
+
+    with pytest.raises(ValueError, match="cache_restart_markers"):
+        fastload.ImageFiles(paths, transform=tf, cache_restart_markers=True)
+    with pytest.raises(ValueError, match="cache_restart_markers"):
+        fastload.ImageFiles(paths, transform=tf, cache="memory", cache_size=1 << 26,
+                            cache_decoded=True, cache_restart_markers=True)

@@ -371,6 +371,15 @@ static int try_all(const unsigned char *data, size_t size, counts *c, int *bad_m
     tally(c, first);
     if ((first == FL_OK) != (msg[0] == '\0') || strchr(msg, '\n'))
         (*bad_msg)++;
+    /* The lossless rewrite reads the same bytes; it may refuse them, never
+     * crash or leak. */
+    unsigned char *rewritten = NULL;
+    size_t rewritten_size = 0;
+    int rw = fl_jpeg_add_restarts(data, size, 0, 1u << 24, &rewritten, &rewritten_size, NULL,
+                                  msg, sizeof msg);
+    if ((rw == FL_OK) != (rewritten != NULL) || (rw == FL_OK) != (msg[0] == '\0'))
+        (*bad_msg)++;
+    free(rewritten);
     fl_jpeg_header hdr;
     if (fl_jpeg_read_header(dec, data, size, &hdr, msg, sizeof msg) != FL_OK ||
         hdr.width < 4 || hdr.height < 4 || (uint64_t)hdr.width * hdr.height > (1u << 24))
