@@ -16,6 +16,8 @@ Copies of the folder are rewritten once per interval bound k (cached under
            installed): sequential with optimised tables, no restart markers
   loader   DataLoader(ImageFolder(...), batch 64, shuffle, 2 workers) over the
            folder, one epoch per run after an untimed one; median images/s
+  --cache  the loader on the files as they are with cache="memory", with and
+           without cache_restart_markers=True (the untimed epoch fills it)
 
 Prints Markdown on stdout: the bytes, the per-image cost and the loader's
 rate of each variant, and their ratios to the files as they are.
@@ -115,14 +117,23 @@ def decode_costs(folders, files, rounds):
     return {name: 1e3 * sum(b) / len(b) for name, b in best.items()}
 
 
-def loader_rates(folders, runs, workers, batch):
+def loader_rates(folders, runs, workers, batch, cached=()):
+    """{name: median images/s}; ``cached``: (name, folder, restart markers)
+    variants reading through a sample cache in memory."""
     import torch
 
     torch.set_num_threads(1)
-    loaders = {name: fastload.DataLoader(fastload.ImageFolder(str(f), transform=train_transform()),
-                                         batch_size=batch, shuffle=True, num_workers=workers,
-                                         persistent_workers=True)
-               for name, f in folders.items()}
+
+    def loader(folder, **cache):
+        return fastload.DataLoader(fastload.ImageFolder(str(folder), transform=train_transform(),
+                                                        **cache),
+                                   batch_size=batch, shuffle=True, num_workers=workers,
+                                   persistent_workers=True)
+
+    loaders = {name: loader(f) for name, f in folders.items()}
+    for name, folder, restart in cached:
+        loaders[name] = loader(folder, cache="memory", cache_restart_markers=restart)
+    folders = loaders
     rates = {name: [] for name in folders}
     for run in range(runs + 1):
         for name, loader in loaders.items():
@@ -149,6 +160,9 @@ def main(argv=None):
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--no-loader", action="store_true")
+    parser.add_argument("--cache", action="store_true",
+                        help="also the files as they are through cache=\"memory\", with and "
+                             "without cache_restart_markers (the first, untimed epoch fills it)")
     args = parser.parse_args(argv)
     work = pathlib.Path(args.work)
     root = args.data
@@ -176,7 +190,11 @@ def main(argv=None):
             for name, f in folders.items()}
     log("decode costs")
     cost = decode_costs(folders, files, args.rounds)
-    rate = {} if args.no_loader else loader_rates(folders, args.runs, args.workers, args.batch)
+    plain = folders["as they are"]
+    cached = [("cache of the files' bytes", plain, False),
+              ("cache, cache_restart_markers=True", plain, True)] if args.cache else []
+    rate = {} if args.no_loader else loader_rates(folders, args.runs, args.workers, args.batch,
+                                                  cached)
     base = "as they are"
     print(f"## Restart markers: {len(files)} images of {root}\n")
     print(f"RandomResizedCrop(224) + flip + ToTensor + Normalize, decode=\"fast\"; per-image "
@@ -190,6 +208,8 @@ def main(argv=None):
         print(f"| {name} | {size[name] / size[base]:.3f}x | {cost[name]:.3f} | "
               f"**{cost[base] / cost[name]:.2f}x** | {f'{r:,.0f}' if r else 'n/a'} | "
               f"{f'**{r / rate[base]:.2f}x**' if r else 'n/a'} |")
+    for name, _, _ in cached:
+        print(f"| {name} | | | | {rate[name]:,.0f} | **{rate[name] / rate[base]:.2f}x** |")
 
 
 if __name__ == "__main__":
