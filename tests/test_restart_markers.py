@@ -5,7 +5,6 @@ bit for bit, as from the original file.  tests/c/jpeg_check.py checks the
 decoder alone at every scale and sampling."""
 
 import io
-import os
 import struct
 
 import numpy as np
@@ -92,11 +91,6 @@ def test_rewrite_refuses_what_it_cannot_read(originals):
             fastload.add_restart_markers(data, max_interval=bad)
 
 
-def crops(paths, seeds, transform):
-    ds = fastload.ImageFiles(paths, transform=transform)
-    return [[ds._source.sample(i, seed, 0) for seed in seeds] for i in range(len(paths))]
-
-
 @pytest.mark.parametrize("decode", ["fast", "exact"])
 def test_crops_of_the_rewrite_are_the_originals(originals, tmp_path, decode):
     before, after = [], []
@@ -109,9 +103,8 @@ def test_crops_of_the_rewrite_are_the_originals(originals, tmp_path, decode):
                           T.Normalize(MEAN, STD)]),
                T.Compose([T.RandomResizedCrop(224, scale=(0.05, 0.3)), T.ToTensor()]),
                T.Compose([T.Resize(72), T.CenterCrop(64), T.ToTensor()])):
-        tf_args = dict(transform=tf)
-        ref = fastload.ImageFiles(before, decode=decode, **tf_args)
-        new = fastload.ImageFiles(after, decode=decode, **tf_args)
+        ref = fastload.ImageFiles(before, transform=tf, decode=decode)
+        new = fastload.ImageFiles(after, transform=tf, decode=decode)
         for i in range(len(before)):
             for seed in range(6):
                 np.testing.assert_array_equal(new._source.sample(i, seed, 0),
