@@ -74,6 +74,9 @@ def test_rewrite_is_lossless(originals):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
         assert len(new) < len(data) * 1.2, name
         assert fastload.add_restart_markers(new) == new  # a fixed point
+        fast = fastload.add_restart_markers(data, optimize=False)
+        with Image.open(io.BytesIO(data)) as a, Image.open(io.BytesIO(fast)) as b:
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
     one = fastload.add_restart_markers(originals[0][1], max_interval=1)
     assert restart_interval(one) == 1
 

@@ -157,13 +157,13 @@ CHK_EXPORT int chk_restart_cut(const unsigned char *data, size_t size, int x, in
 /* fl_jpeg_add_restarts into out[0 .. cap): the size, or 0 when it does not
  * fit; a status below 0, its message in msg. */
 CHK_EXPORT long long chk_add_restarts(const unsigned char *data, size_t size, int max_interval,
-                                      unsigned char *out, size_t cap, int *interval, char *msg,
-                                      size_t msg_size)
+                                      int optimize, unsigned char *out, size_t cap,
+                                      int *interval, char *msg, size_t msg_size)
 {
     unsigned char *buf = NULL;
     size_t n = 0;
-    int rc = fl_jpeg_add_restarts(data, size, max_interval, 178956970u, &buf, &n, interval, msg,
-                                  msg_size);
+    int rc = fl_jpeg_add_restarts(data, size, max_interval, optimize, 178956970u, &buf, &n,
+                                  interval, msg, msg_size);
     if (rc != FL_OK)
         return rc;
     long long result = n <= cap ? (long long)n : 0;
@@ -375,8 +375,8 @@ static int try_all(const unsigned char *data, size_t size, counts *c, int *bad_m
      * crash or leak. */
     unsigned char *rewritten = NULL;
     size_t rewritten_size = 0;
-    int rw = fl_jpeg_add_restarts(data, size, 0, 1u << 24, &rewritten, &rewritten_size, NULL,
-                                  msg, sizeof msg);
+    int rw = fl_jpeg_add_restarts(data, size, 0, (int)(size & 1), 1u << 24, &rewritten,
+                                  &rewritten_size, NULL, msg, sizeof msg);
     if ((rw == FL_OK) != (rewritten != NULL) || (rw == FL_OK) != (msg[0] == '\0'))
         (*bad_msg)++;
     free(rewritten);

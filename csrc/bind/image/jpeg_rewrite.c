@@ -12,9 +12,9 @@
 
 PyObject *fl__add_restart_markers(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3 || !PyBytes_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError,
-                        "add_restart_markers(data: bytes, max_interval: int, max_pixels: int)");
+    if (nargs != 4 || !PyBytes_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "add_restart_markers(data: bytes, max_interval: int, "
+                                         "optimize: bool, max_pixels: int)");
         return NULL;
     }
     long max_interval = PyLong_AsLong(args[1]);
@@ -24,7 +24,10 @@ PyObject *fl__add_restart_markers(PyObject *module, PyObject *const *args, Py_ss
         PyErr_SetString(PyExc_ValueError, "max_interval must be from 0 to 65535");
         return NULL;
     }
-    unsigned long long max_pixels = PyLong_AsUnsignedLongLong(args[2]);
+    int optimize = PyObject_IsTrue(args[2]);
+    if (optimize < 0)
+        return NULL;
+    unsigned long long max_pixels = PyLong_AsUnsignedLongLong(args[3]);
     if (max_pixels == (unsigned long long)-1 && PyErr_Occurred())
         return NULL;
     const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(args[0]);
@@ -35,8 +38,8 @@ PyObject *fl__add_restart_markers(PyObject *module, PyObject *const *args, Py_ss
     char msg[256];
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = fl_jpeg_add_restarts(data, size, (int)max_interval, (uint64_t)max_pixels, &out, &out_size,
-                              &interval, msg, sizeof msg);
+    rc = fl_jpeg_add_restarts(data, size, (int)max_interval, optimize, (uint64_t)max_pixels, &out,
+                              &out_size, &interval, msg, sizeof msg);
     Py_END_ALLOW_THREADS
     if (rc != FL_OK) {
         fastload_state *state = fl__state_of_module(module);

@@ -145,7 +145,7 @@ static int divisor_up_to(int n, int most)
 }
 
 static int transcode(transcoder *t, const unsigned char *data, size_t size, int max_interval,
-                     uint64_t max_pixels, int *interval)
+                     int optimize, uint64_t max_pixels, int *interval)
 {
     j_decompress_ptr src = &t->src;
     j_compress_ptr dst = &t->dst;
@@ -168,7 +168,7 @@ static int transcode(transcoder *t, const unsigned char *data, size_t size, int 
     }
 
     jpeg_copy_critical_parameters(src, dst);
-    dst->optimize_coding = TRUE; /* smaller, and the coefficients are the same */
+    dst->optimize_coding = optimize ? TRUE : FALSE;
     int mcu_w = 8;
     if (dst->num_components > 1)
         for (int c = 0; c < dst->num_components; c++)
@@ -200,18 +200,18 @@ static int transcode(transcoder *t, const unsigned char *data, size_t size, int 
 
 /* The setjmp frame: t is the only state, and it is not modified here. */
 static int run(transcoder *t, const unsigned char *data, size_t size, int max_interval,
-               uint64_t max_pixels, int *interval)
+               int optimize, uint64_t max_pixels, int *interval)
 {
     if (setjmp(t->escape))
         return t->status;
     jpeg_create_decompress(&t->src);
     t->src.progress = &t->progress;
     jpeg_create_compress(&t->dst);
-    return transcode(t, data, size, max_interval, max_pixels, interval);
+    return transcode(t, data, size, max_interval, optimize, max_pixels, interval);
 }
 
 int fl_jpeg_add_restarts(const unsigned char *data, size_t size, int max_interval,
-                         uint64_t max_pixels, unsigned char **out, size_t *out_size,
+                         int optimize, uint64_t max_pixels, unsigned char **out, size_t *out_size,
                          int *interval, char *msg, size_t msg_size)
 {
     fl_set_msg(msg, msg_size, "%s", "");
@@ -242,7 +242,7 @@ int fl_jpeg_add_restarts(const unsigned char *data, size_t size, int max_interva
     t->err.emit_message = on_message;
     t->err.output_message = on_output;
     t->progress.progress_monitor = on_progress;
-    int rc = run(t, data, size, max_interval, max_pixels, interval);
+    int rc = run(t, data, size, max_interval, optimize, max_pixels, interval);
     /* Safe on structs never created: calloc left their memory managers NULL. */
     jpeg_destroy_compress(&t->dst);
     jpeg_destroy_decompress(&t->src);

@@ -53,7 +53,8 @@ static void cache_file(const fl_image_source *src, int64_t index, const unsigned
     if (src->cache_restart && fl_image_format_of(data, size) == FL_FORMAT_JPEG) {
         unsigned char *rewritten = NULL; /* ours until freed below */
         size_t n = 0;
-        if (fl_jpeg_add_restarts(data, size, 0, src->plan.max_pixels, &rewritten, &n, NULL,
+        /* Tables not optimised: half the cost, on the first read. */
+        if (fl_jpeg_add_restarts(data, size, 0, 0, src->plan.max_pixels, &rewritten, &n, NULL,
                                  NULL, 0) == FL_OK) {
             fl_sample_cache_put(src->cache, index, rewritten, n);
             free(rewritten);
