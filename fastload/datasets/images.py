@@ -247,7 +247,8 @@ class ImageFiles(SourceOwner):
         # naming the same cache (fastload.cache).
         self.cache = SampleCache.for_samples(cache, cache_size, self._paths, self._offsets,
                                              self._ranges, decoded=bool(cache_decoded),
-                                             salt=self._cache_salt())
+                                             salt=self._cache_salt(),
+                                             rewritten=self._cache_restart)
         self._make_sources()
 
     def _cache_salt(self):

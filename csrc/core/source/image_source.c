@@ -43,10 +43,10 @@ static int read_cached(struct fl_sample_cache *cache, fl_image_worker *w, int64_
 }
 
 /* Puts a file's bytes into the cache: with cache_restart, a JPEG rewritten
- * with restart markers when the rewrite succeeds (this read still decodes
- * the bytes as read); else the bytes as read, which a broken file keeps so
- * that its decode fails as it would have.  The cache is a speed-up: a
- * failed put is not an error. */
+ * with restart markers when the rewrite succeeds and fits (this read still
+ * decodes the bytes as read); else the bytes as read, which a broken file
+ * keeps so that its decode fails as it would have.  The cache is a
+ * speed-up: a failed put is not an error. */
 static void cache_file(const fl_image_source *src, int64_t index, const unsigned char *data,
                        size_t size)
 {
@@ -56,9 +56,10 @@ static void cache_file(const fl_image_source *src, int64_t index, const unsigned
         /* Tables not optimised: half the cost, on the first read. */
         if (fl_jpeg_add_restarts(data, size, 0, 0, src->plan.max_pixels, &rewritten, &n, NULL,
                                  NULL, 0) == FL_OK) {
-            fl_sample_cache_put(src->cache, index, rewritten, n);
+            int stored = fl_sample_cache_put(src->cache, index, rewritten, n);
             free(rewritten);
-            return;
+            if (stored || n <= size)
+                return; /* stored, stored by another reader, or the original fits no better */
         }
     }
     fl_sample_cache_put(src->cache, index, data, size);
