@@ -28,6 +28,7 @@ from .loader.sampler import (
     WeightedRandomSampler,
 )
 from .datasets.shard_writer import shards_from_image_folder, write_shards
+from .datasets.restart_markers import add_restart_markers
 from .observe.stats import LoaderStats
 from .loader.chunk_sampler import ChunkShuffleSampler
 
@@ -86,6 +87,7 @@ __all__ = [
     "WebDataset",
     "WeightedRandomSampler",
     "WorkerInfo",
+    "add_restart_markers",
     "ZarrDataset",
     "default_collate",
     "default_convert",

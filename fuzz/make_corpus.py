@@ -6,7 +6,8 @@ pipeline: each seed is 16 parameter bytes (the plan: see fuzz_pipeline.c)
 followed by a small JPEG from benchmarks/imagenet_like.make_test_images:
 every kind (baseline and progressive, each chroma sampling, grayscale, CMYK,
 restart markers, optimised tables), under a few plans each, plus a truncated
-file; then small PNGs (every colour type, 16-bit, interlaced, APNG) and
+file; a few of them rewritten with restart markers every k MCUs
+(fastload.add_restart_markers); then small PNGs (every colour type, 16-bit, interlaced, APNG) and
 WebPs (lossy, lossless, alpha, animated), and broken ones.
 
 tar: shards written by Python's tarfile in the ustar, GNU and pax formats
@@ -67,6 +68,7 @@ def pipeline_corpus():
                     params = bytes([k % 3] + [rng.randrange(256) for _ in range(15)])
                     (out / f"{name}-{v}{k}").write_bytes(params + body)
                     written += 1
+        restart = restart_seeds(images)
     # PNG and WebP: their own random stream, so the JPEG seeds above stay
     # the same whatever is added here.
     rng = random.Random(1)
@@ -75,7 +77,38 @@ def pipeline_corpus():
             params = bytes([k % 3] + [rng.randrange(256) for _ in range(15)])
             (out / f"{name}-{k}").write_bytes(params + body)
             written += 1
+    # JPEGs with restart markers every k MCUs (region decodes cut out the
+    # intervals they need): their own random stream too.
+    rng = random.Random(2)
+    for name, body in restart.items():
+        for k in range(PLANS_PER_IMAGE):
+            params = bytes([k % 3] + [rng.randrange(256) for _ in range(15)])
+            (out / f"{name}-{k}").write_bytes(params + body)
+            written += 1
     report(out, written)
+
+
+def restart_seeds(images):
+    """Small test JPEGs rewritten by fastload.add_restart_markers with k up to
+    1 and 4, and one of them cut short."""
+    sys.path.insert(0, str(ROOT.parent))
+    import fastload
+
+    seeds = {}
+    for path, _ in images:
+        name = pathlib.Path(path).stem
+        if not (name.startswith(("rgb_224", "tiny_17x33", "tiny_33x17", "prog_17x33",
+                                 "cmyk_33x17")) and path.endswith(".jpg")):
+            continue
+        data = pathlib.Path(path).read_bytes()
+        for k in (1, 4):
+            body = fastload.add_restart_markers(data, max_interval=k)
+            if len(body) <= MAX_BYTES:
+                seeds[f"rst{k}_{name}"] = body
+    body = seeds.get("rst1_rgb_224x224_420")
+    if body:
+        seeds["rst1_rgb_224x224_420_cut"] = body[: len(body) * 2 // 3]
+    return seeds
 
 
 # -------------------------------------------------------------- PNG, WebP

@@ -18,7 +18,7 @@
  *                   a worker process's slots in the parent)
  *   image/          image_plan.c (reading a transform plan; transform_image();
  *                   the calling thread's image worker), mixing.c (MixUp/CutMix
- *                   plans and batches)
+ *                   plans and batches), jpeg_rewrite.c (add_restart_markers())
  *   source/         image_source.c (ImageSource), gather.c (RowSource and
  *                   WindowSource), lmdb_source.c (LMDBSource and LMDBRows),
  *                   sample_cache.c (SampleCache), tar_index.c (tar_index())
@@ -290,6 +290,9 @@ int fl__parse_plan(PyObject *plan, struct fl_image_plan *out);
 PyArray_Descr *fl__plan_descr(const struct fl_image_plan *plan);
 void fl__image_dims(const struct fl_image_plan *plan, int width, int height, npy_intp *dims);
 PyObject *fl__transform_image(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+/* image/jpeg_rewrite.c: add_restart_markers(data, max_interval, optimize,
+ * max_pixels) -> (bytes, interval); DecodeError for input it cannot rewrite. */
+PyObject *fl__add_restart_markers(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 /* The calling thread's image worker (fl_image_worker_get), or NULL with
  * MemoryError (out of memory) or RuntimeError (libjpeg refused to make a
  * decoder) set, carrying the core's message.  Needs the GIL. */

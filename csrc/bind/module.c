@@ -20,6 +20,11 @@ static PyMethodDef module_methods[] = {
      "transform_image(plan, image, seed, max_pixels, /)\n--\n\n"
      "Runs a compiled transform plan (fastload.transforms) on an HWC uint8 RGB\n"
      "array, its random draws keyed by `seed`; returns a fresh array."},
+    {"add_restart_markers", (PyCFunction)(void (*)(void))fl__add_restart_markers, METH_FASTCALL,
+     "add_restart_markers(data, max_interval, optimize, max_pixels, /)\n--\n\n"
+     "The JPEG `data` rewritten losslessly with a restart marker every k MCUs\n"
+     "(k the largest divisor of a row's MCUs up to max_interval, 0: 4), its\n"
+     "Huffman tables optimised when `optimize` is true; returns (bytes, k)."},
     {"mix_batch", (PyCFunction)(void (*)(void))fl__mix_batch, METH_FASTCALL,
      "mix_batch(images, labels, plan, seed, epoch, batch, nhwc, /)\n--\n\n"
      "MixUp/CutMix (a mix plan) on a contiguous 4-D batch, in place, with the\n"

@@ -51,11 +51,15 @@ class SampleCache:
         self._native = _C.SampleCache(_reopen or path, key, samples, capacity)
 
     @classmethod
-    def for_samples(cls, cache, cache_size, paths, offsets, ranges, decoded=False, salt=b""):
+    def for_samples(cls, cache, cache_size, paths, offsets, ranges, decoded=False, salt=b"",
+                    rewritten=False):
         """The cache ``cache`` (None, "memory" or a path) of ``cache_size``
         bytes (None: room for every sample's bytes) for these samples, or
         None; ``decoded``: it keeps their decoded pixels; ``salt``: more
-        that names the samples, hashed into the key (an LMDB's keys)."""
+        that names the samples, hashed into the key (an LMDB's keys);
+        ``rewritten``: JPEGs are kept with restart markers, a few percent
+        larger (cache_size None: room for a quarter more, and 2 KiB a
+        sample for the tables of small files)."""
         path = _where(cache, cache_size)
         if path is False:
             if decoded:
@@ -70,6 +74,8 @@ class SampleCache:
             raise ValueError("cache_decoded=True needs cache_size (bytes): the pixels' size is "
                              "not known before the images are decoded (3 bytes a pixel)")
         samples = len(offsets)
+        if rewritten:
+            total += total // 4 + 2048 * samples
         return cls(path, key, samples, _capacity(cache_size, samples, total), decoded)
 
     @classmethod

@@ -164,26 +164,34 @@ class ImageFiles(SourceOwner):
     ``dataset.cache.stats()`` reports it.  ``cache_decoded=True``: the
     cache keeps each image's decoded pixels instead (``cache_size``
     needed), so later epochs skip the decode; the images are then always
-    decoded whole, as with ``decode="exact"``."""
+    decoded whole, as with ``decode="exact"``.  ``cache_restart_markers=True``
+    (with a cache of bytes): JPEGs are kept rewritten losslessly with
+    restart markers (``fastload.add_restart_markers``: the same pixels), so
+    that later epochs decode each crop from the parts of the file that
+    cover it; the first read pays the rewrite."""
 
     _sources = ("_source", "_raw")  # they hold per-thread decoders: not pickled
     # True: PNG and WebP files are decoded by Pillow too (with the GIL), as
     # every format but JPEG, PNG and WebP is; set before the sources are
     # made (``_make_sources``), to compare the decoders.
     _fallback_all = False
+    # True: JPEGs go into the cache rewritten with restart markers (_setup).
+    _cache_restart = False
 
     def __init__(self, paths, labels=None, transform=None, target_transform=None,
                  decode="fast", on_error="raise", max_pixels=PILLOW_MAX_PIXELS, loader=None, *,
-                 cache=None, cache_size=None, cache_decoded=False):
+                 cache=None, cache_size=None, cache_decoded=False, cache_restart_markers=False):
         paths = [os.fspath(p) for p in paths]
         labels = np.zeros(len(paths), np.int64) if labels is None else np.asarray(labels, np.int64)
         if labels.shape != (len(paths),):
             raise ValueError(f"{len(paths)} paths but labels of shape {labels.shape}")
         self._setup(paths, labels, transform, target_transform, decode, on_error, max_pixels,
-                    loader, cache=cache, cache_size=cache_size, cache_decoded=cache_decoded)
+                    loader, cache=cache, cache_size=cache_size, cache_decoded=cache_decoded,
+                    cache_restart_markers=cache_restart_markers)
 
     def _setup(self, paths, labels, transform, target_transform, decode, on_error, max_pixels,
-               loader, ranges=None, cache=None, cache_size=None, cache_decoded=False):
+               loader, ranges=None, cache=None, cache_size=None, cache_decoded=False,
+               cache_restart_markers=False):
         if decode not in ("fast", "exact"):
             raise ValueError(f"decode must be 'fast' or 'exact', got {decode!r}")
         if on_error not in ("raise", "skip"):
@@ -226,6 +234,10 @@ class ImageFiles(SourceOwner):
         # default loader's image, seen only by a C plan.
         native_loader = not custom_loader and (loader is None or self._plan is not None)
         self._loader = None if native_loader else loader
+        if cache_restart_markers and (cache is None or cache_decoded):
+            raise ValueError("cache_restart_markers=True rewrites the JPEGs a cache of bytes "
+                             "keeps: pass cache= (and not cache_decoded=True)")
+        self._cache_restart = bool(cache_restart_markers)
         if cache is not None and self._loader is not None:
             raise ValueError("cache= keeps the bytes fastload's reader reads, but this loader "
                              "reads the files itself: pass loader=None")
@@ -235,7 +247,8 @@ class ImageFiles(SourceOwner):
         # naming the same cache (fastload.cache).
         self.cache = SampleCache.for_samples(cache, cache_size, self._paths, self._offsets,
                                              self._ranges, decoded=bool(cache_decoded),
-                                             salt=self._cache_salt())
+                                             salt=self._cache_salt(),
+                                             rewritten=self._cache_restart)
         self._make_sources()
 
     def _cache_salt(self):
@@ -254,7 +267,7 @@ class ImageFiles(SourceOwner):
                               fallback_all=self._fallback_all,
                               cache=self.cache._native if self.cache is not None else None,
                               cache_pixels=self.cache is not None and self.cache.decoded,
-                              gpu_split=gpu_split)
+                              gpu_split=gpu_split, cache_restart=self._cache_restart)
 
     def __len__(self):
         return len(self._offsets)
@@ -412,7 +425,7 @@ class ImageFolder(ImageFiles):
     def __init__(self, root, transform=None, target_transform=None, loader=None,
                  is_valid_file=None, allow_empty=False, *, extensions=None, decode="fast",
                  on_error="raise", max_pixels=PILLOW_MAX_PIXELS, cache=None, cache_size=None,
-                 cache_decoded=False):
+                 cache_decoded=False, cache_restart_markers=False):
         self.root = os.fspath(root)
         if extensions is not None and is_valid_file is not None:
             raise ValueError("Both extensions and is_valid_file cannot be None or not None "
@@ -447,7 +460,7 @@ class ImageFolder(ImageFiles):
         self.extensions = extensions
         self._setup(paths, np.asarray(labels, np.int64), transform, target_transform, decode,
                     on_error, max_pixels, loader, cache=cache, cache_size=cache_size,
-                    cache_decoded=cache_decoded)
+                    cache_decoded=cache_decoded, cache_restart_markers=cache_restart_markers)
 
     @staticmethod
     def find_classes(directory):

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from .restart_markers import rewrite_if_jpeg
 from .webdataset import write_index
 
 __all__ = ["write_shards", "shards_from_image_folder"]
@@ -202,14 +203,17 @@ def _save(image, fmt, quality, source=None):
 class _Encoder:
     """Turns one field value into bytes from the field's extension."""
 
-    def __init__(self, image_max_side, quality):
+    def __init__(self, image_max_side, quality, restart_markers=False):
         self.image_max_side = image_max_side
         self.quality = quality
+        self.restart_markers = restart_markers
 
     def __call__(self, field, value):
         compress = field.endswith(".gz")
         ext = (field[:-3] if compress else field).rsplit(".", 1)[-1].lower()
         data = self._encode(ext, value)
+        if self.restart_markers and ext in ("jpg", "jpeg"):
+            data = rewrite_if_jpeg(data)
         if compress:
             data = gzip.compress(data, mtime=0)
         return data
@@ -491,8 +495,8 @@ def _finish(shard, written, verbose):
 
 def write_shards(samples, pattern, maxcount=100_000, maxsize=3_000_000_000, *,
                  image_max_side=None, quality=None, image_ext=None, start_shard=0,
-                 verbose=False):
-    """write_shards(samples, pattern, maxcount=100000, maxsize=3e9, *, image_max_side=None, quality=None, image_ext=None, start_shard=0, verbose=False) -> list of paths
+                 verbose=False, restart_markers=False):
+    """write_shards(samples, pattern, maxcount=100000, maxsize=3e9, *, image_max_side=None, quality=None, image_ext=None, start_shard=0, verbose=False, restart_markers=False) -> list of paths
 
     Write ``samples`` as WebDataset tar shards named ``pattern % n`` for
     n = start_shard, start_shard + 1, ...; return the paths written, in order.
@@ -525,6 +529,12 @@ def write_shards(samples, pattern, maxcount=100_000, maxsize=3_000_000_000, *,
     JPEG's own quantisation tables, and writes pixels as webdataset does
     (JPEG quality 100; lossless WebP).
 
+    ``restart_markers``: JPEG fields (jpg, jpeg) are rewritten losslessly
+    with restart markers (``fastload.add_restart_markers``: the same
+    pixels, EXIF and ICC profiles dropped), so that fastload decodes a
+    crop from the parts of the file that cover it.  JPEGs the rewrite
+    cannot read are written as they are.
+
     Each shard gets an index file beside it (``<shard>.fastload-index``),
     which ``WebDataset`` reads instead of the shard's headers.
 
@@ -549,7 +559,7 @@ def write_shards(samples, pattern, maxcount=100_000, maxsize=3_000_000_000, *,
         raise ValueError(f"start_shard must be a non-negative integer, got {start_shard!r}")
     start_shard = int(start_shard)
     shard_name = _shard_namer(pattern, start_shard)
-    encoder = _Encoder(image_max_side, quality)
+    encoder = _Encoder(image_max_side, quality, bool(restart_markers))
 
     written = []
     shard = None

@@ -360,7 +360,7 @@ class WebDataset(ImageFiles):
                  image_extensions=IMAGE_EXTENSIONS, label_extension="cls", decode="fast",
                  on_error="raise", max_pixels=PILLOW_MAX_PIXELS, index_threads=None,
                  fields=None, decoders=None, cache=None, cache_size=None, cache_decoded=False,
-                 index_files=True):
+                 index_files=True, cache_restart_markers=False):
         self.urls = expand_urls(urls)
         if fields is not None and fields != "dict" and (
                 isinstance(fields, str) or not all(isinstance(f, str) for f in fields)):
@@ -404,7 +404,8 @@ class WebDataset(ImageFiles):
             self._load(sorted(self._unloaded))
         self._setup((b"".join(encoded), offsets), labels, transform, target_transform, decode,
                     on_error, max_pixels, loader=None, ranges=ranges,
-                    cache=cache, cache_size=cache_size, cache_decoded=cache_decoded)
+                    cache=cache, cache_size=cache_size, cache_decoded=cache_decoded,
+                    cache_restart_markers=cache_restart_markers)
 
     def _fill(self, s):
         """Writes shard ``s``'s rows of the ranges and labels; the shard

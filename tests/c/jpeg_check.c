@@ -20,6 +20,8 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "core/image/jpeg.h"
+#include "core/image/jpeg_restart.h"
+#include "core/image/jpeg_transcode.h"
 #include "core/image/resample.h"
 #include "core/status.h"
 
@@ -142,6 +144,35 @@ CHK_EXPORT int chk_pipeline(const unsigned char *data, size_t size, int x, int y
                        scratch());
 }
 
+/* 1 when a region decode of the box would decode the restart intervals
+ * that cover it (jpeg_restart.h) rather than the file, else 0 or a status. */
+CHK_EXPORT int chk_restart_cut(const unsigned char *data, size_t size, int x, int y, int w,
+                               int h, int margin)
+{
+    static fl_jpeg_restart st;
+    fl_jpeg_cut cut;
+    return fl_jpeg_restart_cut(&st, data, size, x, y, w, h, margin, &cut);
+}
+
+/* fl_jpeg_add_restarts into out[0 .. cap): the size, or 0 when it does not
+ * fit; a status below 0, its message in msg. */
+CHK_EXPORT long long chk_add_restarts(const unsigned char *data, size_t size, int max_interval,
+                                      int optimize, unsigned char *out, size_t cap,
+                                      int *interval, char *msg, size_t msg_size)
+{
+    unsigned char *buf = NULL;
+    size_t n = 0;
+    int rc = fl_jpeg_add_restarts(data, size, max_interval, optimize, 178956970u, &buf, &n,
+                                  interval, msg, msg_size);
+    if (rc != FL_OK)
+        return rc;
+    long long result = n <= cap ? (long long)n : 0;
+    if (result)
+        memcpy(out, buf, n);
+    free(buf);
+    return result;
+}
+
 CHK_EXPORT int chk_complete(const unsigned char *data, size_t size)
 {
     return fl_jpeg_complete(data, size);
@@ -256,7 +287,10 @@ static size_t encode(const unsigned char *pixels, int w, int h, int components, 
         c.scan_info = scans;
         c.num_scans = count;
     }
-    c.restart_in_rows = restart_rows;
+    if (restart_rows < 0)
+        c.restart_interval = (unsigned int)-restart_rows; /* -k: every k MCUs */
+    else
+        c.restart_in_rows = restart_rows;
     jpeg_start_compress(&c, TRUE);
     while (c.next_scanline < c.image_height) {
         JSAMPROW row = (JSAMPROW)(pixels + (size_t)c.next_scanline * w * components);
@@ -337,6 +371,15 @@ static int try_all(const unsigned char *data, size_t size, counts *c, int *bad_m
     tally(c, first);
     if ((first == FL_OK) != (msg[0] == '\0') || strchr(msg, '\n'))
         (*bad_msg)++;
+    /* The lossless rewrite reads the same bytes; it may refuse them, never
+     * crash or leak. */
+    unsigned char *rewritten = NULL;
+    size_t rewritten_size = 0;
+    int rw = fl_jpeg_add_restarts(data, size, 0, (int)(size & 1), 1u << 24, &rewritten,
+                                  &rewritten_size, NULL, msg, sizeof msg);
+    if ((rw == FL_OK) != (rewritten != NULL) || (rw == FL_OK) != (msg[0] == '\0'))
+        (*bad_msg)++;
+    free(rewritten);
     fl_jpeg_header hdr;
     if (fl_jpeg_read_header(dec, data, size, &hdr, msg, sizeof msg) != FL_OK ||
         hdr.width < 4 || hdr.height < 4 || (uint64_t)hdr.width * hdr.height > (1u << 24))

@@ -41,7 +41,9 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-SOURCES = ["csrc/core/image/jpeg.c", "csrc/core/image/resample.c", "csrc/core/status.c",
+SOURCES = ["csrc/core/image/jpeg.c", "csrc/core/image/jpeg_restart.c",
+           "csrc/core/image/jpeg_transcode.c",
+           "csrc/core/image/resample.c", "csrc/core/status.c",
            "tests/c/jpeg_check.c"]
 CC = shutil.which(os.environ.get("CC", "gcc")) or "cc"
 WARN = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-Icsrc"]
@@ -90,6 +92,9 @@ class Lib:
         c.chk_resample.argtypes = [P, I, I, S, D, D, D, D, I, I, I, I, I, I, I, P, P, P]
         c.chk_pipeline.argtypes = [P, S, I, I, I, I, I, I, I, I, I, I, I, P, P, P, P, P, S]
         c.chk_complete.argtypes = [P, S]
+        c.chk_restart_cut.argtypes = [P, S, I, I, I, I, I]
+        c.chk_add_restarts.argtypes = [P, S, I, I, P, S, P, P, S]
+        c.chk_add_restarts.restype = ctypes.c_longlong
         c.chk_half_array.argtypes = [P, S, P]
         c.chk_half_array.restype = None
         c.chk_pick_scale.argtypes = [I, I, I, I]
@@ -154,6 +159,16 @@ class Lib:
                               progressive, restart_rows, out.ctypes.data, cap)
         assert n > 0, "encoder failed"
         return out[:n].tobytes()
+
+
+    def add_restarts(self, data, max_interval=0, optimize=1):
+        """(status or size, bytes, k, message)."""
+        cap = len(data) * 2 + (1 << 16)
+        out = np.empty(cap, np.uint8)
+        k = ctypes.c_int(0)
+        n = self.c.chk_add_restarts(data, len(data), max_interval, optimize, out.ctypes.data, cap,
+                                    ctypes.byref(k), self.msg, 256)
+        return n, (out[:n].tobytes() if n > 0 else None), k.value, self.msg.value.decode()
 
 
 class StderrCapture:
@@ -238,6 +253,19 @@ def make_corpus(lib, quick, seed=1):
                 corpus.append((f"{w}x{h}_q{q}_{tag}{'_prog' if prog else ''}_rst",
                                lib.encode(arr, 3, q, h0, v0, prog, restart_rows=1)))
         corpus.append((f"{w}x{h}_q{q}_gray_2x2", lib.encode(arr[..., :1], 1, q, 2, 2)))
+        # Restart intervals of k MCUs, k dividing the MCUs of a row (the
+        # region decode cuts out the intervals it needs) and k not dividing
+        # them (it decodes the file as it is).
+        for (h0, v0, comps, tag) in ((1, 1, 3, "444"), (2, 1, 3, "422"), (2, 2, 3, "420"),
+                                     (1, 2, 3, "440"), (2, 2, 1, "gray"), (2, 2, 4, "cmyk")):
+            mcu_w = 8 if comps == 1 else 8 * h0
+            per_row = -(-w // mcu_w)
+            ks = sorted({1, max(k for k in (1, 2, 3, 4) if per_row % k == 0)})
+            ks += [k for k in (3, 5) if per_row % k][:1]
+            src = arr[..., :1] if comps == 1 else cmyk if comps == 4 else arr
+            for k in ks:
+                corpus.append((f"{w}x{h}_q{q}_{tag}_rst{k}",
+                               lib.encode(src, comps, q, h0, v0, 0, restart_rows=-k)))
         corpus.append((f"{w}x{h}_q{q}_420_arith", lib.encode(arr, 3, q, 2, 2, 4)))
         corpus.append((f"{w}x{h}_q{q}_420_prog_arith", lib.encode(arr, 3, q, 2, 2, 5)))
         corpus.append((f"{w}x{h}_q{q}_ycck", lib.encode(cmyk, 4, q, 2, 2, 0, ycck=1)))
@@ -300,7 +328,7 @@ def random_boxes(w, h, rng, n):
 
 def check_region(lib, corpus, quick):
     rng = np.random.default_rng(2)
-    cases, failed = 0, []
+    cases, cut, failed = 0, 0, []
     for name, data in corpus:
         _, hdr, _ = lib.header(data)
         w, h = hdr[0], hdr[1]
@@ -316,6 +344,7 @@ def check_region(lib, corpus, quick):
             for d in full:
                 rc, px, box, msg = lib.decode(data, (x, y, bw, bh), d)
                 cases += 1
+                cut += lib.c.chk_restart_cut(data, len(data), x, y, bw, bh, 2 * d) == 1
                 if rc != FL_OK:
                     failed.append(f"{name} {x},{y},{bw}x{bh}/{d}: rc={rc} {msg}")
                     continue
@@ -338,6 +367,56 @@ def check_region(lib, corpus, quick):
                     failed.append(f"{name} {x},{y},{bw}x{bh}/{d}: differs ({diff})")
     report("region decode vs whole decode", not failed,
            f"{cases} region decodes over {len(corpus)} images identical inside the box"
+           f" ({cut} from restart intervals cut out)"
+           + ("; " + "; ".join(failed[:6]) + f" ({len(failed)} failures)" if failed else ""))
+
+
+def check_add_restarts(lib, corpus, quick):
+    """fl_jpeg_add_restarts: the rewritten file decodes to the original's
+    pixels (this decoder and Pillow), and its region decodes (most of them
+    from cut-out intervals) equal the original's whole decode at every scale."""
+    rng = np.random.default_rng(3)
+    files = cases = cut = 0
+    grew, files_seen = [], []
+    failed = []
+    for name, data in corpus:
+        rc, _, _, _ = lib.decode(data)
+        if rc != FL_OK:
+            continue
+        n, new, k, msg = lib.add_restarts(data, optimize=len(files_seen) % 2)
+        files_seen.append(name)
+        if n <= 0:
+            failed.append(f"{name}: rewrite rc={n} {msg}")
+            continue
+        files += 1
+        grew.append(len(new) / len(data))
+        _, hdr, _ = lib.header(data)
+        w, h = hdr[0], hdr[1]
+        ref_p, new_p = pillow_rgb(data), pillow_rgb(new)
+        if ref_p is not None and (new_p is None or not np.array_equal(ref_p, new_p)):
+            failed.append(f"{name}: Pillow decodes the rewrite differently")
+        for d in (1, 2, 4, 8):
+            rc, ref, _, msg = lib.decode(data, (0, 0, w, h), d)
+            rc2, mine, _, msg2 = lib.decode(new, (0, 0, w, h), d)
+            if rc != FL_OK or rc2 != FL_OK or not np.array_equal(ref, mine):
+                failed.append(f"{name} whole/{d}: differs ({rc} {rc2} {msg2})")
+                continue
+            for (x, y, bw, bh) in random_boxes(w, h, rng, 3 if quick else 6):
+                rc, px, box, msg = lib.decode(new, (x, y, bw, bh), d)
+                cases += 1
+                cut += lib.c.chk_restart_cut(new, len(new), x, y, bw, bh, 2 * d) == 1
+                if rc != FL_OK:
+                    failed.append(f"{name} {x},{y},{bw}x{bh}/{d}: rc={rc} {msg}")
+                    continue
+                ox, oy = int(round(x / d - box[0])), int(round(y / d - box[1]))
+                x0, y0 = int(np.floor(box[0])), int(np.floor(box[1]))
+                x1, y1 = int(np.ceil(box[0] + box[2])), int(np.ceil(box[1] + box[3]))
+                if not np.array_equal(px[y0:y1, x0:x1], ref[oy + y0:oy + y1, ox + x0:ox + x1]):
+                    failed.append(f"{name} rewritten {x},{y},{bw}x{bh}/{d}: differs")
+    report("add_restarts: lossless, regions exact", not failed and files > 0,
+           f"{files} files rewritten (size x{min(grew):.3f}..x{max(grew):.3f}), "
+           f"{cases} region decodes of them identical to the original's whole decode "
+           f"({cut} from cut-out intervals)"
            + ("; " + "; ".join(failed[:6]) + f" ({len(failed)} failures)" if failed else ""))
 
 
@@ -587,6 +666,9 @@ def check_corrupt(lib, exe, corpus, quick, outdir):
     samples = [c for c in corpus if any(s in c[0] for s in ("227x229", "63x65", "17x33"))]
     if quick:
         samples = samples[:8]
+    # Files with restart intervals of k MCUs: region decodes cut them up.
+    samples += [c for c in corpus if c[0].startswith("227x229") and
+                any(c[0].endswith(f"_{t}_rst1") for t in ("420", "422", "gray", "cmyk"))]
     paths = []
     for name, data in samples:
         p = outdir / f"{name}.jpg"
@@ -801,6 +883,7 @@ def main():
         with StderrCapture() as cap:
             check_full(lib, corpus)
             check_region(lib, corpus, args.quick)
+            check_add_restarts(lib, corpus, args.quick)
             check_pipeline(lib, corpus, args.quick)
             check_resample(lib, args.quick)
             check_pick_scale(lib)

@@ -438,15 +438,15 @@ static PyObject *ImageSource_new(PyTypeObject *type, PyObject *args, PyObject *k
 {
     static char *kwlist[] = {"paths", "offsets", "labels", "plan", "exact", "max_pixels",
                              "skip", "fallback", "ranges", "fallback_all", "cache", "lmdb",
-                             "memory", "cache_pixels", "gpu_split", NULL};
+                             "memory", "cache_pixels", "gpu_split", "cache_restart", NULL};
     PyObject *paths, *offsets, *labels, *plan = Py_None, *fallback = Py_None, *ranges = Py_None;
     PyObject *cache = Py_None, *lmdb = Py_None, *memory = Py_None, *gpu_split = Py_None;
-    int exact = 0, skip = 0, fallback_all = 0, cache_pixels = 0;
+    int exact = 0, skip = 0, fallback_all = 0, cache_pixels = 0, cache_restart = 0;
     unsigned long long max_pixels = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "SOO|O$pKpOOpOOOpO:ImageSource", kwlist,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "SOO|O$pKpOOpOOOpOp:ImageSource", kwlist,
                                      &paths, &offsets, &labels, &plan, &exact, &max_pixels,
                                      &skip, &fallback, &ranges, &fallback_all, &cache, &lmdb,
-                                     &memory, &cache_pixels, &gpu_split))
+                                     &memory, &cache_pixels, &gpu_split, &cache_restart))
         return NULL;
     image_split split = {0};
     if (gpu_split != Py_None) {
@@ -557,6 +557,7 @@ static PyObject *ImageSource_new(PyTypeObject *type, PyObject *args, PyObject *k
         .fallback_all = fallback_all,
         .cache = core_cache,
         .cache_pixels = cache_pixels,
+        .cache_restart = cache_restart && core_cache && !cache_pixels,
     };
     if (lmdb_core) {
         self->core.read_bytes = fl__lmdb_read_bytes;
@@ -821,11 +822,12 @@ static PyGetSetDef ImageSource_getset[] = {
 static PyType_Slot ImageSource_slots[] = {
     {Py_tp_doc, "ImageSource(paths, offsets, labels, plan=None, *, exact=False, max_pixels=0, "
                 "skip=False, fallback=None, ranges=None, fallback_all=False, cache=None, "
-                "cache_pixels=False, gpu_split=None)\n--\n\n"
+                "cache_pixels=False, gpu_split=None, cache_restart=False)\n--\n\n"
                 "The native source of fastload's image datasets (max_pixels=0: no limit;\n"
                 "ranges: (offset, size) of each sample inside its file; fallback_all: PNG\n"
                 "and WebP files go to the fallback decoder too; cache: a SampleCache\n"
                 "of the samples' bytes, or with cache_pixels of their decoded pixels;\n"
+                "cache_restart: JPEGs cached rewritten with restart markers;\n"
                 "gpu_split=(bytes, entries, pixels, explore): batches leave gpu_share of\n"
                 "their JPEGs to the GPU decode stage, as a third output, the GPU's part,\n"
                 "of those budgets per image; every explore-th batch gives each side one)."},

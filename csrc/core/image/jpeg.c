@@ -21,6 +21,7 @@
  */
 #include "core/image/jpeg.h"
 
+#include "core/image/jpeg_restart.h"
 #include "core/status.h"
 
 #include <limits.h>
@@ -75,6 +76,7 @@ struct fl_jpeg {
     size_t pixels_cap;
     unsigned char *row;                  /* one decoded row: CMYK, or one thrown away */
     size_t row_cap;
+    fl_jpeg_restart restart;             /* buffers of the restart-interval cut */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -197,6 +199,7 @@ void fl_jpeg_free(fl_jpeg *dec)
     jpeg_destroy_decompress(&dec->cinfo);
     free(dec->pixels);
     free(dec->row);
+    fl_jpeg_restart_release(&dec->restart);
     free(dec);
 }
 
@@ -371,6 +374,39 @@ static int decode(fl_jpeg *dec, const unsigned char *data, size_t size,
     return FL_OK;
 }
 
+/* Decodes the region from the restart intervals that cover it when the
+ * file has a usable layout (jpeg_restart.h), else from the file itself.
+ * The cut-out file keeps EDGE_MARGIN pixels at the decoded scale around the
+ * box inside the image, for the reason given at EDGE_MARGIN: its edges are
+ * image edges to libjpeg, horizontally and vertically alike (rows are
+ * upsampled from the chroma rows above and below in the same way).  At
+ * smaller scales libjpeg-turbo enlarges the chroma IDCT instead of
+ * upsampling, so each pixel depends on its own blocks only.  The cut starts
+ * on an MCU boundary, a multiple of 8 pixels, so at every scale its origin
+ * is a whole pixel of the scaled image and the box is simply moved. */
+static int decode_region(fl_jpeg *dec, const unsigned char *data, size_t size,
+                         const fl_jpeg_region *region, uint64_t max_pixels, fl_pixels *out)
+{
+    if (!region || (region->scale_denom != 1 && region->scale_denom != 2 &&
+                    region->scale_denom != 4 && region->scale_denom != 8))
+        return decode(dec, data, size, region, max_pixels, out);
+    fl_jpeg_cut cut;
+    int rc = fl_jpeg_restart_cut(&dec->restart, data, size, region->x, region->y,
+                                 region->width, region->height,
+                                 EDGE_MARGIN * region->scale_denom, &cut);
+    if (rc < 0) {
+        fl_set_msg(dec->err.msg, dec->err.msg_size, "out of memory for a JPEG region");
+        return rc;
+    }
+    /* Too large an image is refused by the ordinary decode, with its words. */
+    if (rc == 0 || (uint64_t)cut.image_width * (uint64_t)cut.image_height > max_pixels)
+        return decode(dec, data, size, region, max_pixels, out);
+    fl_jpeg_region moved = *region;
+    moved.x -= cut.x;
+    moved.y -= cut.y;
+    return decode(dec, cut.data, cut.size, &moved, max_pixels, out);
+}
+
 /* The checks both entry points make before libjpeg sees the bytes; points
  * the error manager at the caller's message buffer. */
 static int check_input(fl_jpeg *dec, const unsigned char *data, size_t size, int has_out,
@@ -406,7 +442,7 @@ int fl_jpeg_decode(fl_jpeg *dec, const unsigned char *data, size_t size,
         jpeg_abort_decompress(&dec->cinfo);
         return dec->err.status;
     }
-    rc = decode(dec, data, size, region, max_pixels, out);
+    rc = decode_region(dec, data, size, region, max_pixels, out);
     jpeg_abort_decompress(&dec->cinfo);
     return rc;
 }

@@ -18,7 +18,14 @@
  * absurd number of scans are refused.  Data that libjpeg would patch over
  * with a warning (truncation, corrupt entropy-coded data) is an error.
  * Only the data a region needs is examined: a baseline file damaged below
- * the requested rows decodes without complaint.
+ * the requested rows (or, in a file with restart markers, outside the
+ * intervals that cover the box) decodes without complaint.
+ *
+ * Files with restart markers every k MCUs, k dividing the MCUs of a row
+ * (fastload.add_restart_markers writes them; jpeg_restart.h), decode a
+ * region from the intervals that cover it only, cut out as a JPEG of their
+ * own: the pixels are the same, the rows above and the columns beside the
+ * box are not entropy-decoded.
  */
 #ifndef FL_JPEG_H
 #define FL_JPEG_H

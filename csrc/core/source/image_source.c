@@ -1,6 +1,7 @@
 /* fastload core: an image source's batches (see image_source.h). */
 #include "core/source/image_source.h"
 
+#include "core/image/jpeg_transcode.h"
 #include "core/image/resample.h"
 #include "core/observe/stats.h"
 #include "core/source/file_read.h"
@@ -8,6 +9,7 @@
 #include "core/status.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 size_t fl_image_source_row_bytes(const fl_image_source *src)
@@ -38,6 +40,29 @@ static int read_cached(struct fl_sample_cache *cache, fl_image_worker *w, int64_
     file->data = buf;
     file->size = (size_t)ref.size;
     return 1;
+}
+
+/* Puts a file's bytes into the cache: with cache_restart, a JPEG rewritten
+ * with restart markers when the rewrite succeeds and fits (this read still
+ * decodes the bytes as read); else the bytes as read, which a broken file
+ * keeps so that its decode fails as it would have.  The cache is a
+ * speed-up: a failed put is not an error. */
+static void cache_file(const fl_image_source *src, int64_t index, const unsigned char *data,
+                       size_t size)
+{
+    if (src->cache_restart && fl_image_format_of(data, size) == FL_FORMAT_JPEG) {
+        unsigned char *rewritten = NULL; /* ours until freed below */
+        size_t n = 0;
+        /* Tables not optimised: half the cost, on the first read. */
+        if (fl_jpeg_add_restarts(data, size, 0, 0, src->plan.max_pixels, &rewritten, &n, NULL,
+                                 NULL, 0) == FL_OK) {
+            int stored = fl_sample_cache_put(src->cache, index, rewritten, n);
+            free(rewritten);
+            if (stored || n <= size)
+                return; /* stored, stored by another reader, or the original fits no better */
+        }
+    }
+    fl_sample_cache_put(src->cache, index, data, size);
 }
 
 /* fl_read_range's room: the worker's read buffer. */
@@ -75,7 +100,7 @@ int fl_image_source_read(const fl_image_source *src, fl_image_worker *w, int64_t
                            &file->data, &file->size, &failure->err, failure->msg,
                            sizeof failure->msg);
         if (rc == FL_OK && src->cache && !src->cache_pixels)
-            fl_sample_cache_put(src->cache, index, file->data, file->size);
+            cache_file(src, index, file->data, file->size);
     }
     /* An empty file goes to the JPEG decoder, which names the problem. */
     if (rc != FL_OK || file->size == 0)

@@ -60,6 +60,10 @@ typedef struct fl_image_source {
                                 decoded again; the plan is then run as
                                 decode="exact" always, so every epoch gives
                                 the same output */
+    int cache_restart;       /* 1: JPEGs go into the cache rewritten with
+                                restart markers (jpeg_transcode.h), so later
+                                reads decode a crop from the intervals that
+                                cover it; the pixels are the same */
     /* NULL: sample i is read from its file.  Else it gives sample i's bytes,
      * valid at least until w's next read, as a file's are: copied into
      * w's read buffer (an LMDB value, bytes lying in a table in memory:
