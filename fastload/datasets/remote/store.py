@@ -135,6 +135,13 @@ class Store:
         obstore, store, key = self._client(url)
         return bytes(self.backoff.call("GET", url, lambda: obstore.get(store, key).bytes()))
 
+    def get_range(self, url, start, end):
+        """Bytes ``[start, end)`` of the object at ``url`` (fewer at its end)."""
+        obstore, store, key = self._client(url)
+        return bytes(self.backoff.call(f"GET bytes {start}-{end - 1}", url,
+                                       lambda: obstore.get_range(store, key, start=start,
+                                                                 end=end)))
+
     def _range(self, url, size, etag, start, end):
         """Bytes ``[start, end)`` of the object, checked against the size and
         ETag it had when listed."""

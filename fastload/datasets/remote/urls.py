@@ -66,7 +66,8 @@ def resolve(names, list_objects):
         if not key.endswith("/") and glob_at < 0:
             out.append(name)
             continue
-        prefix = key if glob_at < 0 else key[:glob_at]
+        # Stores list by folder (object_store's prefixes are whole path segments).
+        prefix = key if glob_at < 0 else key[:key.rfind("/", 0, glob_at) + 1]
         keys = sorted(list_objects(base, prefix))
         if glob_at >= 0:
             keys = [k for k in keys if fnmatch.fnmatchcase(k, key)]
