@@ -40,6 +40,7 @@ from .urls import is_remote
 
 KEEP_CALLS = 64     # ready() calls a pin outlives its last use (batches in flight)
 PREFETCH_SHARDS = 2  # shards fetched ahead of the sampler
+FETCH_THREADS = 4    # shards one batch fetches at once
 
 
 class DeferredIndex:
@@ -213,8 +214,14 @@ class RemoteShards:
             missing = [s for s in shards if s not in self._pins]
             for s in shards:
                 self._last_use[s] = now
-        for s in missing:
-            self._hold(s, self._pin(s))
+        if len(missing) <= 1:
+            for s in missing:
+                self._hold(s, self._pin(s))
+        else:  # a batch over many shards (another sampler): fetched side by side
+            with concurrent.futures.ThreadPoolExecutor(
+                    min(len(missing), FETCH_THREADS), thread_name_prefix="fastload-ready") as pool:
+                for s, pin in zip(missing, pool.map(self._pin, missing)):
+                    self._hold(s, pin)
         self._release_old()
 
     def _hold(self, s, pin):
