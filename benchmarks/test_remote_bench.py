@@ -11,7 +11,7 @@ import remote_bench  # noqa: E402
 
 def test_quick_run_reports_every_way(capsys):
     medians = remote_bench.main(["--images", "40", "--per-shard", "10", "--workers", "1",
-                                 "--batch-size", "8", "--crop", "32", "--repeats", "1"])
+                                 "--batch-size", "8", "--repeats", "1", "--no-webdataset"])
     out = capsys.readouterr().out
     assert "40 images in 4 shards" in out and "x local disk" in out
     assert set(medians) == {"local disk", "S3, cold cache", "S3, warm cache"}
