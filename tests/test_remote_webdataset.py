@@ -237,3 +237,28 @@ def test_prefetch_follows_the_sampler(http, tmp_path):
     assert not ds._remote.prefetch_errors()
     assert 0 in ds._remote.pinned and len(ds._remote.pinned) >= 1
     assert len(_cached_shards(tmp_path)) == len(ds._remote.pinned)
+
+
+def test_fields_read_from_the_cache(http, local, tmp_path):
+    root, _ = local
+    here = fastload.WebDataset(str(root / "indexed" / PATTERN), fields=("__key__", "cls", "jpg"))
+    there = fastload.WebDataset(f"{http.url}/d/{PATTERN}", fields=("__key__", "cls", "jpg"),
+                                cache_dir=str(tmp_path), remote_options=FAST)
+    for i in (0, PER + 1, len(here) - 1):
+        key, label, image = there[i]
+        assert (key, label) == here[i][:2] and np.array_equal(image, here[i][2])
+        assert there.members(i) == here.members(i)
+
+
+def test_warm_cache_reads_the_index_kept_there(http, tmp_path):
+    ds = _dataset(f"{http.url}/d/{PATTERN}", tmp_path)
+    ds._ready(range(len(ds)))  # every shard, and its index file, read
+    assert all(os.path.exists(p + shard_index.SUFFIX) for p in ds._remote.paths)
+    before = sum(n for (method, path), n in http.requests.items()
+                 if method == "GET" and path.endswith(shard_index.SUFFIX))
+    warm = _dataset(f"{http.url}/d/{PATTERN}", tmp_path)
+    warm._ready(range(len(warm)))
+    after = sum(n for (method, path), n in http.requests.items()
+                if method == "GET" and path.endswith(shard_index.SUFFIX))
+    assert after == before  # the counts and the arrays from the cache: no index GET
+    assert [warm[i][1] for i in range(len(warm))] == [ds[i][1] for i in range(len(ds))]

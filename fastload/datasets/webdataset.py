@@ -413,7 +413,7 @@ class WebDataset(ImageFiles):
             if any(remote_urls.is_remote(u) for u in self.urls):
                 self._remote = remote_shards.RemoteShards(
                     self.urls, store, ShardCache(cache_dir, cache_bytes),
-                    threads=index_threads or 8, prefetch_shards=prefetch_shards)
+                    threads=index_threads or 16, prefetch_shards=prefetch_shards)
         paths = self._remote.paths if self._remote is not None else self.urls
         if fields is not None and fields != "dict" and (
                 isinstance(fields, str) or not all(isinstance(f, str) for f in fields)):
@@ -422,6 +422,8 @@ class WebDataset(ImageFiles):
         self.decoders = {**DEFAULT_DECODERS, **(decoders or {})}
         image_extensions = tuple(e.lower().lstrip(".") for e in image_extensions)
         threads = index_threads or min(8, len(self.urls), os.cpu_count() or 1)
+        if self._remote is not None:  # waits on the network more than on the cores
+            threads = index_threads or min(16, len(self.urls))
 
         def shard(s, found=None):
             pin = None

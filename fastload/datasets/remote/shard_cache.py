@@ -245,6 +245,8 @@ class ShardCache:
     def _drop_stale_part(self, name):
         """A download nobody is doing any more (its process died)."""
         key = name.split(_PART, 1)[0]
+        if key.endswith(SUFFIX):  # an index file being written beside its shard
+            key = key[:-len(SUFFIX)]
         fd = _lock(self.path(key) + _LOCK, fcntl.LOCK_EX | fcntl.LOCK_NB)
         if fd is None:
             return  # a download under way

@@ -59,7 +59,10 @@ class DeferredIndex:
             data = self.remote._prefix_of_remote_index(self.s, whole=True)
         except OSError:
             return None
-        return None if data is None else BytesIndexFile(self.remote.urls[self.s], data)
+        if data is None:
+            return None
+        self.remote.keep_index(self.s, data)
+        return BytesIndexFile(self.remote.urls[self.s], data)
 
     def pin(self):
         return self.remote.pin_now(self.s)
@@ -185,6 +188,31 @@ class RemoteShards:
             return None
         return shard_index._PREFIX.unpack_from(data, len(shard_index.MAGIC))[3]
 
+    def keep_index(self, s, data):
+        """Saves the index file ``data`` of shard ``s`` beside its cached
+        copy, when this process has that pinned, stamped with the copy's size
+        and mtime (shard_index's check), so that the next dataset over the
+        cache reads it there; it counts towards the bound and is evicted
+        with the shard.  Best effort: a cache."""
+        path = self.paths[s]
+        if s not in self._pins:
+            return
+        try:
+            self.cache.make_room(len(data))
+            st = os.stat(path)
+            if st.st_size != self.sizes[s]:
+                return
+            at = len(shard_index.MAGIC)
+            length, size, _, samples = shard_index._PREFIX.unpack_from(data, at)
+            stamped = bytearray(data)
+            shard_index._PREFIX.pack_into(stamped, at, length, size, st.st_mtime_ns, samples)
+            part = f"{path}{shard_index.SUFFIX}.part-{os.getpid()}-{threading.get_ident()}"
+            with open(part, "wb") as f:
+                f.write(stamped)
+            os.replace(part, path + shard_index.SUFFIX)
+        except OSError:
+            pass
+
     # -- pins -------------------------------------------------------------------
 
     def pin_now(self, s):
@@ -286,6 +314,7 @@ class _Prefetcher:
         self._wanted = []
         self._cond = threading.Condition()
         self._stop = False
+        self._pid = os.getpid()
         self.errors = []
         self._thread = threading.Thread(target=self._run, name="fastload-prefetch", daemon=True)
         self._thread.start()
@@ -332,8 +361,10 @@ _live = weakref.WeakSet()
 
 @atexit.register
 def _stop_prefetchers():
-    """Joins the prefetch threads before the interpreter finalizes."""
+    """Joins the prefetch threads before the interpreter finalizes (a forked
+    child's copies have no thread, and maybe a lock held at the fork)."""
     for prefetcher in list(_live):
-        prefetcher.stop()
+        if prefetcher._pid == os.getpid():
+            prefetcher.stop()
 
 
