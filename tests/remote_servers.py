@@ -18,8 +18,11 @@ import http.server
 import os
 import re
 import socket
+import subprocess
+import sys
 import threading
 import time
+import urllib.request
 
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)$")
 
@@ -144,40 +147,63 @@ class FaultyHTTPServer(http.server.ThreadingHTTPServer):
 
 
 class S3Server:
-    """moto's S3 server on localhost, with the environment obstore (and
-    boto3) read its endpoint and credentials from."""
+    """moto's S3 server on localhost, in a process of its own (its warnings
+    and its share of the GIL stay there), with the environment obstore reads
+    its endpoint and credentials from."""
 
     ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
            "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1",
            "AWS_ALLOW_HTTP": "true"}
 
     def __init__(self):
-        from moto.server import ThreadedMotoServer
-
-        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self._process = None
         self.endpoint = None
 
-    def start(self, monkeypatch=None):
-        self._server.start()
-        host, port = self._server.get_host_and_port()
-        self.endpoint = f"http://{host}:{port}"
-        return self
+    def start(self):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.endpoint = f"http://127.0.0.1:{port}"
+        for _ in range(1200):  # up to 2 minutes on a busy machine
+            try:
+                urllib.request.urlopen(self.endpoint + "/", timeout=5).close()
+                return self
+            except OSError:
+                if self._process.poll() is not None:
+                    raise RuntimeError("moto's server exited") from None
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("moto's server did not answer")
 
     def env(self):
-        return {**self.ENV, "AWS_ENDPOINT_URL": self.endpoint, "AWS_ENDPOINT": self.endpoint}
+        return {**self.ENV, "AWS_ENDPOINT_URL": self.endpoint}
 
-    def client(self):
-        import boto3
+    def create_bucket(self, bucket):
+        request = urllib.request.Request(f"{self.endpoint}/{bucket}", method="PUT")
+        urllib.request.urlopen(request, timeout=60).close()
 
-        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
-                            aws_access_key_id="testing", aws_secret_access_key="testing")
+    def put(self, bucket, key, data):
+        import obstore
+        import obstore.store
+
+        store = obstore.store.from_url(f"s3://{bucket}", endpoint=self.endpoint,
+                                       client_options={"allow_http": True},
+                                       access_key_id="testing", secret_access_key="testing",
+                                       region="us-east-1")
+        obstore.put(store, key, data)
 
     def stop(self):
-        self._server.stop()
+        if self._process is not None:
+            self._process.terminate()
+            self._process.wait(60)
+            self._process = None
 
 
-def upload_folder(client, bucket, folder, prefix=""):
+def upload_folder(server, bucket, folder, prefix=""):
     """Puts every file of ``folder`` into ``bucket`` under ``prefix``."""
     for name in sorted(os.listdir(folder)):
         with open(os.path.join(folder, name), "rb") as f:
-            client.put_object(Bucket=bucket, Key=prefix + name, Body=f.read())
+            server.put(bucket, prefix + name, f.read())

@@ -20,9 +20,8 @@ def s3():
     server = S3Server().start()
     saved = {k: os.environ.get(k) for k in server.env()}
     os.environ.update(server.env())
-    client = server.client()
-    client.create_bucket(Bucket="shards")
-    yield server, client
+    server.create_bucket("shards")
+    yield server
     for k, v in saved.items():
         if v is None:
             os.environ.pop(k, None)
@@ -70,10 +69,9 @@ def test_url_names():
 
 
 def test_s3_head_list_and_ranged_read(s3, tmp_path):
-    server, client = s3
     blob = os.urandom(5 * 1000 + 17)
-    client.put_object(Bucket="shards", Key="r/one.tar", Body=blob)
-    client.put_object(Bucket="shards", Key="r/two.tar", Body=b"x" * 10)
+    s3.put("shards", "r/one.tar", blob)
+    s3.put("shards", "r/two.tar", b"x" * 10)
     store = _store(range_bytes=1000, ranges_in_flight=3)
     size, etag = store.head("s3://shards/r/one.tar")
     assert size == len(blob) and etag
@@ -85,8 +83,7 @@ def test_s3_head_list_and_ranged_read(s3, tmp_path):
 
 
 def test_s3_md5_checked(s3, tmp_path):
-    server, client = s3
-    client.put_object(Bucket="shards", Key="md5.tar", Body=b"a" * 100)
+    s3.put("shards", "md5.tar", b"a" * 100)
     store = _store()
     size, _ = store.head("s3://shards/md5.tar")
     wrong = '"%s"' % ("0" * 32)

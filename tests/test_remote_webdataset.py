@@ -55,10 +55,9 @@ def s3(local):
     server = S3Server().start()
     saved = {k: os.environ.get(k) for k in server.env()}
     os.environ.update(server.env())
-    client = server.client()
-    client.create_bucket(Bucket=BUCKET)
-    upload_folder(client, BUCKET, root / "indexed", "indexed/")
-    upload_folder(client, BUCKET, root / "bare", "bare/")
+    server.create_bucket(BUCKET)
+    upload_folder(server, BUCKET, root / "indexed", "indexed/")
+    upload_folder(server, BUCKET, root / "bare", "bare/")
     yield server
     for k, v in saved.items():
         if v is None:
