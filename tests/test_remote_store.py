@@ -39,6 +39,7 @@ def http():
 def _store(**kw):
     kw.setdefault("backoff_s", 0.01)
     kw.setdefault("max_backoff_s", 0.05)
+    kw.setdefault("timeout_s", 30.0)  # a request lost on a busy machine is retried, not waited on
     return Store(**kw)
 
 

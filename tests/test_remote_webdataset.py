@@ -76,7 +76,7 @@ def http(local):
         yield server
 
 
-FAST = {"backoff_s": 0.01, "max_backoff_s": 0.05}
+FAST = {"backoff_s": 0.01, "max_backoff_s": 0.05, "timeout_s": 30.0}
 PATTERN = f"s-{{000..{SHARDS - 1:03d}}}.tar"
 
 
