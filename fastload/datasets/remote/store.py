@@ -72,10 +72,11 @@ class Store:
         self._clients = {}
         self._lock = threading.Lock()
         self._pid = os.getpid()
+        self.listed = {}  # url -> (size, etag) of the objects list() saw
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_clients"], state["_lock"] = {}, None
+        state["_clients"], state["_lock"], state["listed"] = {}, None, {}
         return state
 
     def __setstate__(self, state):
@@ -116,7 +117,10 @@ class Store:
 
     def head(self, url):
         """``(size, etag)`` of the object at ``url`` (etag None when the
-        store gives none)."""
+        store gives none); from the listing when ``list()`` saw it (a prefix
+        of many shards costs one request per thousand, not one per shard)."""
+        if url in self.listed:
+            return self.listed[url]
         obstore, store, key = self._client(url)
         meta = self.backoff.call("HEAD", url, obstore.head, store, key)
         return int(meta["size"]), meta.get("e_tag")
@@ -126,9 +130,12 @@ class Store:
         obstore, store, _ = self._client(base + "/")
 
         def listing():
-            return [meta["path"] for batch in obstore.list(store, prefix=prefix or None)
+            return [meta for batch in obstore.list(store, prefix=prefix or None)
                     for meta in batch]
-        return self.backoff.call("LIST", f"{base}/{prefix}", listing)
+        found = self.backoff.call("LIST", f"{base}/{prefix}", listing)
+        for meta in found:
+            self.listed[f"{base}/{meta['path']}"] = (int(meta["size"]), meta.get("e_tag"))
+        return [meta["path"] for meta in found]
 
     def get(self, url):
         """The whole object at ``url`` as bytes (small objects: index files)."""
