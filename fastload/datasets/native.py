@@ -26,9 +26,19 @@ which loads the parts those samples lie in.  The loader calls it with each
 batch's indices before the source reads them: in the process that draws
 the indices (thread workers share its arrays), and in a ``NativeBatches``
 (a worker process has its own copy).
+
+A dataset whose samples must first be brought onto the node (a
+``WebDataset`` over URLs: its shards into the node cache) also has::
+
+    dataset._fetch(indices)
+
+which brings them and keeps them there while the batch may be read.  The
+loader calls it where the indices are drawn whenever ``_ready`` is not
+called there (worker processes: a process forked from one that ran the
+object-store client cannot run it), before the batch is handed out.
 """
 
-__all__ = ["NativeBatches", "SourceOwner", "readier", "source_of"]
+__all__ = ["NativeBatches", "SourceOwner", "fetcher", "readier", "source_of"]
 
 
 def source_of(dataset, uint8=False):
@@ -41,6 +51,12 @@ def readier(dataset):
     """The dataset's ``_ready(indices)``, or None when its source is
     complete from the start."""
     return getattr(dataset, "_ready", None)
+
+
+def fetcher(dataset):
+    """The dataset's ``_fetch(indices)``, or None when its samples are on
+    the node from the start."""
+    return getattr(dataset, "_fetch", None)
 
 
 def skip_reporter(dataset):

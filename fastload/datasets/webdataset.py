@@ -36,6 +36,10 @@ import numpy as np
 
 from .. import _C
 from . import shard_index
+from .remote import shards as remote_shards
+from .remote import store as remote_store
+from .remote import urls as remote_urls
+from .remote.shard_cache import ShardCache
 from .indexing import check_index
 from .images import MAX_SKIPS_PER_SAMPLE, PILLOW_MAX_PIXELS, ImageFiles
 from ..loader.sampler import Sampler
@@ -133,11 +137,13 @@ class _Shard:
     rank reads the index files of its own shards only)."""
 
     def __init__(self, path, image_extensions, label_extension, keep_index, index_files=True,
-                 found=None):
+                 found=None, name=None):
         # found: the shard's index file (shard_index.load), whose arrays
-        # load() reads; None: the shard is indexed now (and, with
-        # index_files, the file written).
+        # load() reads, or a remote one read then (remote.shards.DeferredIndex);
+        # None: the shard is indexed now (and, with index_files, the file
+        # written).  name: what messages call the shard (its URL), default path.
         self.path = path
+        self.name = name or path
         self._extensions_wanted = (image_extensions, label_extension)
         self._keep_index = keep_index
         self._index_files = index_files
@@ -163,8 +169,24 @@ class _Shard:
         found, self._unread = self._unread, None
         if found is None:
             return
+        pin = None
+        if isinstance(found, remote_shards.DeferredIndex):  # a remote index file, read now
+            deferred, found = found, found.open()
+            if found is None:  # gone since: index the shard itself
+                pin = deferred.pin()
+        try:
+            self._load_from(found)
+        finally:
+            if pin is not None:
+                pin.release()
+
+    def _load_from(self, found):
         images_key, labels_key = self._kept_names
         n = self.count
+        if found is None:
+            self._index(None)
+            self._check_count(n)
+            return
         try:
             wanted = ["key_spans", images_key] + ([labels_key] if labels_key else [])
             if all(name in found and found.length(name) in (n, 2 * n) for name in wanted):
@@ -177,8 +199,11 @@ class _Shard:
         except OSError:
             found = None
         self._index(found)
+        self._check_count(n)
+
+    def _check_count(self, n):
         if self.count != n:
-            raise ValueError(f"{self.path}: the shard changed while it was read: {n} samples "
+            raise ValueError(f"{self.name}: the shard changed while it was read: {n} samples "
                              f"when the dataset was made, {self.count} now")
 
     def _index(self, found):
@@ -205,7 +230,7 @@ class _Shard:
             image = np.where(candidate >= 0, candidate, image)
         if (image < 0).any():
             bad = int(np.flatnonzero(image < 0)[0])
-            raise ValueError(f"{path}: sample {self.key(bad)!r} has no image member (one of "
+            raise ValueError(f"{self.name}: sample {self.key(bad)!r} has no image member (one of "
                              f"{', '.join(image_extensions)}); it has "
                              f"{', '.join(self._extensions(index, bad)) or 'nothing'}")
         offsets, sizes = index["offsets"], index["sizes"]
@@ -281,11 +306,11 @@ class _Shard:
     def _read_labels(self, member, extension, offsets, sizes):
         if (member < 0).any():
             s = int(np.flatnonzero(member < 0)[0])
-            raise ValueError(f"{self.path}: sample {self.key(s)!r} has no .{extension} member")
+            raise ValueError(f"{self.name}: sample {self.key(s)!r} has no .{extension} member")
         where, size = offsets[member], sizes[member]
         if (size > 64).any():
             s = int(np.flatnonzero(size > 64)[0])
-            raise ValueError(f"{self.path}: {self.key(s)}.{extension} is {size[s]} bytes, not "
+            raise ValueError(f"{self.name}: {self.key(s)}.{extension} is {size[s]} bytes, not "
                              "a class index")
         # Every label in one call: one open, one pread a member, in C.
         try:
@@ -306,7 +331,7 @@ class _Shard:
             try:
                 labels[s] = int(blob[start:end])
             except ValueError:
-                raise ValueError(f"{self.path}: {self.key(s)}.{extension} holds "
+                raise ValueError(f"{self.name}: {self.key(s)}.{extension} holds "
                                  f"{blob[start:end][:64]!r}, not an integer class index") from None
             start = end
         return labels
@@ -354,14 +379,43 @@ class WebDataset(ImageFiles):
     samples is first needed (the dataset is made from each file's sample
     count: a rank reads its own shards' index files); False: always read
     the headers, write nothing.
+
+    URLs (``s3://``, ``gs://``, ``az://``, ``http(s)://``; ``file://`` is a
+    path) are read through obstore (``pip install fastload-torch[remote]``;
+    fastload.datasets.remote): a URL ending in ``/``, or with a glob, is
+    every object under it.  Each shard is downloaded whole, with parallel
+    range reads, into the node-local shard cache ``cache_dir`` (default
+    ``$FASTLOAD_SHARD_CACHE``, else ``~/.cache/fastload/shards``), bounded
+    by ``cache_bytes`` (least recently used shards evicted; shards in use
+    never), when a batch first needs it; ``ShardSampler`` has the next
+    ``prefetch_shards`` fetched ahead.  Every worker, rank and job on the
+    node shares the cache: a shard is downloaded once.  The sample counts
+    come from the index files beside the shards (``write_shards`` writes
+    them; upload them with the shards) with one small read each, else the
+    shards are downloaded when the dataset is made.  ``storage_options``:
+    obstore's store settings (``endpoint``, ``region``, credentials; by
+    default its environment variables); ``remote_options``: ``attempts``,
+    ``backoff_s``, ``max_backoff_s``, ``timeout_s``, ``connect_timeout_s``,
+    ``range_bytes``, ``ranges_in_flight`` (fastload.datasets.remote.store).
     """
 
     def __init__(self, urls, transform=None, target_transform=None, *,
                  image_extensions=IMAGE_EXTENSIONS, label_extension="cls", decode="fast",
                  on_error="raise", max_pixels=PILLOW_MAX_PIXELS, index_threads=None,
                  fields=None, decoders=None, cache=None, cache_size=None, cache_decoded=False,
-                 index_files=True, cache_restart_markers=False):
+                 index_files=True, cache_restart_markers=False, cache_dir=None,
+                 cache_bytes=None, storage_options=None, remote_options=None,
+                 prefetch_shards=remote_shards.PREFETCH_SHARDS):
         self.urls = expand_urls(urls)
+        self._remote = None
+        if any(remote_urls.is_remote(u) or remote_urls.scheme(u) == "file" for u in self.urls):
+            store = remote_store.Store(storage_options, **(remote_options or {}))
+            self.urls = remote_urls.resolve(self.urls, store.list)
+            if any(remote_urls.is_remote(u) for u in self.urls):
+                self._remote = remote_shards.RemoteShards(
+                    self.urls, store, ShardCache(cache_dir, cache_bytes),
+                    threads=index_threads or 16, prefetch_shards=prefetch_shards)
+        paths = self._remote.paths if self._remote is not None else self.urls
         if fields is not None and fields != "dict" and (
                 isinstance(fields, str) or not all(isinstance(f, str) for f in fields)):
             raise ValueError(f"fields must be None, 'dict' or a tuple of names, got {fields!r}")
@@ -369,24 +423,40 @@ class WebDataset(ImageFiles):
         self.decoders = {**DEFAULT_DECODERS, **(decoders or {})}
         image_extensions = tuple(e.lower().lstrip(".") for e in image_extensions)
         threads = index_threads or min(8, len(self.urls), os.cpu_count() or 1)
+        if self._remote is not None:  # waits on the network more than on the cores
+            threads = index_threads or min(16, len(self.urls))
 
-        def shard(path, found=None):
-            return _Shard(path, image_extensions, label_extension, keep_index=fields is not None,
-                          index_files=index_files, found=found)
+        def shard(s, found=None):
+            pin = None
+            if found is None and self._remote is not None and self._remote.remote[s]:
+                pin = self._remote.pin_now(s)  # downloaded to be indexed
+            try:
+                return _Shard(paths[s], image_extensions, label_extension,
+                              keep_index=fields is not None, index_files=index_files,
+                              found=found, name=self.urls[s])
+            finally:
+                if pin is not None:
+                    pin.release()
 
-        # A shard with an index file costs a stat and one small read here;
-        # the others are indexed (their headers read) in parallel threads.
-        found = [shard_index.load(path) if index_files else None for path in self.urls]
-        shards = [shard(path, f) if f is not None else None
-                  for path, f in zip(self.urls, found)]
+        # A shard with an index file costs a stat and one small read here (a
+        # remote one: one small GET); the others are indexed (their headers
+        # read; a remote one downloaded first) in parallel threads.
+        if not index_files:
+            found = [None] * len(paths)
+        elif self._remote is not None:
+            with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+                found = list(pool.map(self._remote.found_index, range(len(paths))))
+        else:
+            found = [shard_index.load(path) for path in paths]
+        shards = [shard(s, f) if f is not None else None for s, f in enumerate(found)]
         unindexed = [s for s, f in enumerate(found) if f is None]
         with concurrent.futures.ThreadPoolExecutor(min(threads, len(unindexed) or 1)) as pool:
-            for s, made in zip(unindexed, pool.map(shard, [self.urls[s] for s in unindexed])):
+            for s, made in zip(unindexed, pool.map(shard, unindexed)):
                 shards[s] = made
         self._shard_list = shards  # their full indexes too, with fields
         counts = np.array([shard.count for shard in shards], np.int64)
         self.shard_starts = np.concatenate(([0], np.cumsum(counts)))  # samples of shard s
-        encoded = [os.fsencode(path) + b"\0" for path in self.urls]
+        encoded = [os.fsencode(path) + b"\0" for path in paths]
         path_offsets = np.concatenate(([0], np.cumsum([len(e) for e in encoded])[:-1]))
         offsets = np.repeat(path_offsets.astype(np.int64), counts)
         # Each shard's rows are written when it is loaded (_ready), before
@@ -422,16 +492,39 @@ class WebDataset(ImageFiles):
         with its own.  With ``on_error="skip"`` the shards after them are
         loaded too, as far as a failed sample's replacements (the next
         samples) can reach."""
-        if not self._unloaded:
+        if not self._unloaded and self._remote is None:
             return
+        shards = self._shards_of(indices)
+        if self._remote is not None:
+            self._remote.ready(sorted(shards))
+        wanted = shards & self._unloaded
+        if wanted:
+            self._load(sorted(wanted))
+
+    def _shards_of(self, indices):
+        """The shards samples ``indices`` lie in (with on_error="skip", and
+        those their replacements can reach)."""
         indices = np.asarray(indices, np.int64).ravel()
         shards = set(np.unique(np.searchsorted(self.shard_starts, indices, side="right") - 1)
                      .tolist())
         if self.on_error == "skip":
             shards |= self._reach(shards)
-        wanted = shards & self._unloaded
-        if wanted:
-            self._load(sorted(wanted))
+        return shards
+
+    def _fetch(self, indices):
+        """Brings the remote shards samples ``indices`` lie in into the node
+        cache and pins them there while the batch may be in flight (the
+        native-source protocol's ``_fetch``): the loader calls it where the
+        indices are drawn when the batch is read elsewhere (worker processes,
+        which cannot download: obstore does not survive fork)."""
+        if self._remote is not None:
+            self._remote.ready(sorted(self._shards_of(indices)))
+
+    def _prefetch(self, shards):
+        """Fetches ``shards`` (numbers in ``urls``, the sampler's next) into
+        the node cache in the background (``ShardSampler`` calls it)."""
+        if self._remote is not None:
+            self._remote.prefetch(shards)
 
     def _reach(self, shards):
         """The shards after each of ``shards`` (wrapping round) that hold its
@@ -628,6 +721,9 @@ class ShardSampler(Sampler):
         self.equal_length = equal_length
         self.drop_last = drop_last
         self.epoch = 0
+        # A remote dataset's next shards are fetched ahead, in this order.
+        self._prefetch = (dataset._prefetch if getattr(dataset, "_remote", None) is not None
+                          else None)
 
     def set_epoch(self, epoch):
         self.epoch = epoch
@@ -665,8 +761,11 @@ class ShardSampler(Sampler):
         sizes = np.diff(self.starts)[order]
         ends = np.cumsum(sizes)  # where each shard, in this epoch's order, ends in the stream
         k = int(np.searchsorted(ends, first, side="right"))
+        last = int(np.searchsorted(ends, end - 1, side="right")) if end > first else k
         position = first
         while position < end:
+            if self._prefetch is not None:  # this share's next shards, fetched meanwhile
+                self._prefetch(order[k + 1:last + 1].tolist())
             shard_first = int(ends[k] - sizes[k])
             base = int(self.starts[order[k]]) - shard_first
             stop = min(end, int(ends[k]))
@@ -743,6 +842,7 @@ class ShardSampler(Sampler):
         for n, (world, yielded) in enumerate(runs):
             for rank in range(world):  # what each rank of that run yielded
                 begun = copy.copy(self)
+                begun._prefetch = None  # a replay reads nothing
                 begun.rank, begun.world_size = rank, world
                 begun._runs, begun._rest_of = (self.epoch, runs[:n]), None
                 shown[np.fromiter(itertools.islice(iter(begun), yielded), np.int64)] = True

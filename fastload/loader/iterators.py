@@ -71,6 +71,9 @@ class _BaseIter:
         self._ready = (_native.readier(self._dataset)
                        if self._native_source is not None
                        and getattr(self, "_kind", None) != "process" else None)
+        # Samples brought onto the node (remote shards) where the indices are
+        # drawn, when _ready runs elsewhere or not at all.
+        self._fetch = _native.fetcher(self._dataset) if self._ready is None else None
         profiler.sync()  # before any worker starts
         self._timers = loader._timers.for_workers(self._num_workers)
         # With device=, the loop's waits are the upload iterator's to record.
@@ -252,6 +255,8 @@ class _BaseIter:
         index = next(self._sampler_iter)
         if self._ready is not None:
             self._ready(index)
+        elif self._fetch is not None:
+            self._fetch(index)
         self._batch_number += 1
         if self._counts_samples:
             self._sizes.append(len(index) if self._auto_collation else 1)

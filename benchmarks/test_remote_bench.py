@@ -1,0 +1,18 @@
+"""A smoke run of remote_bench.py; the numbers come from
+``python benchmarks/remote_bench.py``."""
+
+import pytest
+
+pytest.importorskip("obstore")
+pytest.importorskip("moto.server")
+
+import remote_bench  # noqa: E402
+
+
+def test_quick_run_reports_every_way(capsys):
+    medians = remote_bench.main(["--images", "40", "--per-shard", "10", "--workers", "1",
+                                 "--batch-size", "8", "--repeats", "1", "--no-webdataset"])
+    out = capsys.readouterr().out
+    assert "40 images in 4 shards" in out and "x local disk" in out
+    assert set(medians) == {"local disk", "S3, cold cache", "S3, warm cache"}
+    assert all(v > 0 for v in medians.values())
