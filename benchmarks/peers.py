@@ -11,6 +11,11 @@ CHW batches out:
 
 * fastload: ``fastload.ImageFolder`` with ``fastload.transforms`` (the C plan
   on native worker threads);
+* fastload, restart-marker shards: the same photos written untimed by
+  ``fastload.shards_from_image_folder(..., restart_markers=True)`` (each JPEG
+  rewritten losslessly so that a crop decodes only the intervals it covers:
+  fastload's counterpart of FFCV's .beton), read by ``fastload.WebDataset``
+  with the same transform and shuffle; its ratios are a column of their own;
 * torch: torch's DataLoader over torchvision's ImageFolder and transforms
   (benchmarks/pil_pipeline.py: the exact Pillow + torch equivalent where
   torchvision cannot be imported);
@@ -158,6 +163,23 @@ def make_fastload(s):
     dataset = fastload.ImageFolder(s.root, transform=images_bench.fastload_transform("train"))
     return fastload.DataLoader(dataset, batch_size=s.batch, shuffle=True,
                                num_workers=s.workers), f"fastload {fastload.__version__}"
+
+
+def make_fastload_shards(s):
+    def write(directory):
+        os.makedirs(directory + ".tmp", exist_ok=True)
+        per_shard = math.ceil(len(s.samples) / _shard_count(s))
+        fastload.shards_from_image_folder(
+            s.root, os.path.join(directory + ".tmp", "shard-%05d.tar"), shuffle=True, seed=0,
+            maxcount=per_shard, restart_markers=True)
+        os.replace(directory + ".tmp", directory)
+
+    directory = s.converted(SHARDS, os.path.join(s.cache, "restart-shards"), write)
+    urls = sorted(os.path.join(directory, n) for n in os.listdir(directory) if n.endswith(".tar"))
+    dataset = fastload.WebDataset(urls, transform=images_bench.fastload_transform("train"))
+    return fastload.DataLoader(dataset, batch_size=s.batch, shuffle=True,
+                               num_workers=s.workers), \
+        f"fastload {fastload.__version__}, shards with restart markers"
 
 
 def make_torch(s):
@@ -373,8 +395,10 @@ def make_litdata(s):
     return loader, f"litdata {version('litdata')}"
 
 
+SHARDS = "fastload-shards"
 PEERS = {
     "fastload": make_fastload,
+    SHARDS: make_fastload_shards,
     "torch": make_torch,
     "webdataset": make_webdataset,
     "FFCV": make_ffcv,
@@ -436,7 +460,7 @@ def run(setup, names, rounds):
     rates = interleave(lambda name: images_per_second(loaders[name][0]), "peers", rounds,
                        kinds=list(loaders))
     rows = []
-    fl = rates.get("fastload")
+    fl, shards = rates.get("fastload"), rates.get(SHARDS)
     for name in loaders:
         med = statistics.median(rates[name])
         row = {"peer": name, "what": loaders[name][1], "images_per_s": med, "rates": rates[name]}
@@ -444,6 +468,8 @@ def run(setup, names, rounds):
             pairs = [f / r for f, r in zip(fl, rates[name])]
             row["fastload_over_peer"] = statistics.median(fl) / med
             row["pairs"] = [min(pairs), max(pairs)]
+        if shards is not None:
+            row["shards_over_peer"] = statistics.median(shards) / med
         if name in setup.conversions:
             row["conversion_s"], row["conversion"] = setup.conversions[name]
         rows.append(row)
@@ -463,17 +489,19 @@ def report(result, args, root, wall, load_before):
         f"{args.workers} workers; RandomResizedCrop({SIZE}) + flip + ToTensor + Normalize; "
         f"one untimed epoch each, then medians of {args.rounds} interleaved epochs.",
         "",
-        "| loader | images/s | fastload/peer | pairs | untimed conversion |",
-        "|---|---:|---:|---:|---|",
+        "| loader | images/s | fastload/peer | pairs | fastload shards/peer | untimed conversion |",
+        "|---|---:|---:|---:|---:|---|",
     ]
     for row in result["rows"]:
         ratio = f"**{row['fastload_over_peer']:.2f}x**" if "fastload_over_peer" in row else "n/a"
         pairs = "%.2f-%.2f" % tuple(row["pairs"]) if "pairs" in row else ""
+        shards = f"{row['shards_over_peer']:.2f}x" if "shards_over_peer" in row else ""
         conv = (f"{row['conversion_s']:.1f} s ({row['conversion']})"
                 if "conversion_s" in row else "")
-        lines.append(f"| {row['what']} | {row['images_per_s']:,.0f} | {ratio} | {pairs} | {conv} |")
+        lines.append(f"| {row['what']} | {row['images_per_s']:,.0f} | {ratio} | {pairs} "
+                     f"| {shards} | {conv} |")
     for name, reason in result["skipped"].items():
-        lines.append(f"| {name} | skipped: {reason} | | | |")
+        lines.append(f"| {name} | skipped: {reason} | | | | |")
     return "\n".join(lines)
 
 

@@ -49,13 +49,15 @@ def test_every_peer_runs_or_is_skipped_with_the_reason(setup):
         if not installed(module):
             assert result["skipped"][name].startswith("not installed: "), name
             assert len(result["skipped"][name]) > len("not installed: "), name
-    expected = {"fastload", "torch", "decode-only ceiling"}
+    expected = {"fastload", peers.SHARDS, "torch", "decode-only ceiling"}
     expected |= {"webdataset"} if installed("webdataset") else set()
     assert expected <= set(ran), result["skipped"]
     for name, row in ran.items():
         assert row["images_per_s"] > 0, name
         assert row["fastload_over_peer"] > 0, name
     assert ran["fastload"]["fastload_over_peer"] == 1
+    assert ran[peers.SHARDS]["shards_over_peer"] == 1
+    assert ran[peers.SHARDS]["conversion"] == "built now"  # written untimed, once
     if "webdataset" in ran:  # its shards were written for this photo set, once
         assert ran["webdataset"]["conversion"] == "built now"
         assert peers.run(setup, ["fastload", "webdataset"], 1)["rows"][1]["conversion"] == "cached"
@@ -66,6 +68,9 @@ def test_fastload_and_torch_see_the_same_images(setup):
     assert not skipped
     counts = {name: peers.count_images(loader) for name, (loader, _) in loaders.items()}
     assert counts == {"fastload": IMAGES, "torch": IMAGES}
+    loaders, skipped = peers.build_loaders(setup, [peers.SHARDS])
+    assert not skipped
+    assert peers.count_images(loaders[peers.SHARDS][0]) == IMAGES
 
 
 def test_the_report_has_a_row_per_peer(setup, capsys, tmp_path):
