@@ -5,6 +5,8 @@ that never removes a pinned shard -- across processes."""
 import fcntl
 import multiprocessing
 import os
+import select
+import signal
 import threading
 
 import pytest
@@ -152,16 +154,27 @@ def test_forked_child_keeps_none_of_the_parents_locks(tmp_path):
     if pid == 0:  # holds every descriptor it kept until the parent is done
         os.write(answer_w, b"1" if pin.held else b"0")
         pin.release()  # its parent's descriptor number: must not close what has it now
+        grandchild = os.fork()  # a child forks in turn (its own worker processes)
+        if grandchild == 0:
+            os._exit(0)
+        os.waitpid(grandchild, 0)
+        os.write(answer_w, b"f")
         os.read(go, 1)
         os._exit(0)
+    forked = False
     try:
         assert os.read(answer_r, 1) == b"0"  # the child's copy of the pin holds nothing
+        ready, _, _ = select.select([answer_r], [], [], 120)
+        forked = bool(ready) and os.read(answer_r, 1) == b"f"
+        assert forked  # and it can fork in turn
         assert pin.held
         pin.release()
         assert cache._evict(key)  # the exclusive lock, without waiting: nobody holds it
         assert not os.path.exists(cache.path(key))
     finally:
         os.write(done, b"x")
+        if not forked:
+            os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
         for fd in (go, done, answer_r, answer_w):
             os.close(fd)

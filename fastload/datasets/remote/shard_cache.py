@@ -74,8 +74,9 @@ class _Descriptors:
         self._mutex = threading.Lock()
         self._open = set()
         self.generation = 0
-        os.register_at_fork(before=self._mutex.acquire,
-                            after_in_parent=self._mutex.release,
+        # Looked up at each fork, not bound now: a child has a mutex of its own.
+        os.register_at_fork(before=lambda: self._mutex.acquire(),
+                            after_in_parent=lambda: self._mutex.release(),
                             after_in_child=self._after_in_child)
 
     def open(self, path, flags, mode):
