@@ -11,6 +11,7 @@ before answering.  Every request is counted per (method, path).
 """
 
 import collections
+import contextlib
 import dataclasses
 import email.utils
 import hashlib
@@ -200,6 +201,25 @@ class S3Server:
             self._process.terminate()
             self._process.wait(60)
             self._process = None
+
+
+@contextlib.contextmanager
+def s3_environment(bucket):
+    """A started ``S3Server`` with ``bucket`` made, its endpoint and
+    credentials in the environment until the block ends."""
+    server = S3Server().start()
+    saved = {k: os.environ.get(k) for k in server.env()}
+    try:
+        os.environ.update(server.env())
+        server.create_bucket(bucket)
+        yield server
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.stop()
 
 
 def upload_folder(server, bucket, folder, prefix=""):

@@ -11,23 +11,14 @@ pytest.importorskip("obstore")
 
 from fastload.datasets.remote import retry, urls  # noqa: E402
 from fastload.datasets.remote.store import Store  # noqa: E402
-from remote_servers import Fault, FaultyHTTPServer, S3Server  # noqa: E402
+from remote_servers import Fault, FaultyHTTPServer, s3_environment  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def s3():
     pytest.importorskip("moto.server")
-    server = S3Server().start()
-    saved = {k: os.environ.get(k) for k in server.env()}
-    os.environ.update(server.env())
-    server.create_bucket("shards")
-    yield server
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    server.stop()
+    with s3_environment("shards") as server:
+        yield server
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import fastload  # noqa: E402
 from fastload import transforms as T  # noqa: E402
 from fastload.datasets import shard_index  # noqa: E402
 from fastload.datasets.remote.retry import RemoteError, ShardChanged  # noqa: E402
-from remote_servers import Fault, FaultyHTTPServer, S3Server, upload_folder  # noqa: E402
+from remote_servers import Fault, FaultyHTTPServer, s3_environment, upload_folder  # noqa: E402
 
 SHARDS, PER = 6, 5
 BUCKET = "train"
@@ -52,19 +52,10 @@ def local(tmp_path_factory):
 def s3(local):
     pytest.importorskip("moto.server")
     root, _ = local
-    server = S3Server().start()
-    saved = {k: os.environ.get(k) for k in server.env()}
-    os.environ.update(server.env())
-    server.create_bucket(BUCKET)
-    upload_folder(server, BUCKET, root / "indexed", "indexed/")
-    upload_folder(server, BUCKET, root / "bare", "bare/")
-    yield server
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    server.stop()
+    with s3_environment(BUCKET) as server:
+        upload_folder(server, BUCKET, root / "indexed", "indexed/")
+        upload_folder(server, BUCKET, root / "bare", "bare/")
+        yield server
 
 
 @pytest.fixture
