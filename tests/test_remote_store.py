@@ -4,6 +4,8 @@ that name the URL -- against moto's S3 server and a faulty HTTP server on
 localhost."""
 
 import os
+import threading
+import time
 
 import pytest
 
@@ -143,3 +145,36 @@ def test_size_changed_since_listed(http, tmp_path):
     http.objects["c.tar"] = b"c" * 600
     with pytest.raises(retry.ShardChanged, match=f"{url}: changed since it was listed: 500 "):
         _read(store, url, size, etag, tmp_path / "c")
+
+
+def test_read_by_a_deadline_times_out_naming_the_url(http, tmp_path):
+    http.objects["d.tar"] = b"d" * 3000
+    http.faults = [Fault("d.tar", "slow", times=1, delay_s=600)]
+    store = _store(range_bytes=1000, ranges_in_flight=3)
+    url = f"{http.url}/d.tar"
+    path = tmp_path / "d"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        with pytest.raises(retry.FetchTimeout, match=rf"{url}: not downloaded in time \(\d+ of "
+                                                     "3000 bytes read\\)"):
+            store.read_into(url, fd, 3000, None, deadline=time.monotonic() + 0.5)
+        assert isinstance(retry.FetchTimeout("x"), TimeoutError)
+    finally:
+        os.close(fd)
+    http.release.set()  # the slow range answers now; its bytes are not written
+    assert path.read_bytes().strip(b"\0").strip(b"d") == b""
+    # With time enough the same read completes.
+    assert _read(store, url, 3000, None, tmp_path / "d2") == b"d" * 3000
+
+
+def test_backoff_stops_when_told():
+    stop = threading.Event()
+    calls = []
+
+    def failing():
+        calls.append(1)
+        stop.set()
+        raise ConnectionError("reset")
+    with pytest.raises(retry.Abandoned):
+        retry.Backoff(attempts=5, base_s=60).call("GET", "u", failing, stop=stop)
+    assert calls == [1]

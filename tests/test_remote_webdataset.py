@@ -5,6 +5,7 @@ shards give from local disk, through the node-local shard cache."""
 import io
 import multiprocessing
 import os
+import re
 import shutil
 
 import numpy as np
@@ -30,17 +31,20 @@ def _encode(pixels):
     return buffer.getvalue()
 
 
+def _samples():
+    rng = np.random.default_rng(5)
+    return [(_encode(rng.integers(0, 256, (20, 26, 3), dtype=np.uint8)), i % 4)
+            for i in range(SHARDS * PER)]
+
+
 @pytest.fixture(scope="module")
 def local(tmp_path_factory):
     """Shards written by write_shards (with index files) in one folder, the
     same tars without them in another."""
     root = tmp_path_factory.mktemp("remote-shards")
-    rng = np.random.default_rng(5)
-    samples = [(_encode(rng.integers(0, 256, (20, 26, 3), dtype=np.uint8)), i % 4)
-               for i in range(SHARDS * PER)]
     indexed = root / "indexed"
     indexed.mkdir()
-    paths = fastload.write_shards(samples, str(indexed / "s-%03d.tar"), maxcount=PER)
+    paths = fastload.write_shards(_samples(), str(indexed / "s-%03d.tar"), maxcount=PER)
     bare = root / "bare"
     bare.mkdir()
     for path in paths:
@@ -269,3 +273,46 @@ def test_warm_cache_reads_the_index_kept_there(http, tmp_path):
                 if method == "GET" and path.endswith(shard_index.SUFFIX))
     assert after == before  # the counts and the arrays from the cache: no index GET
     assert [warm[i][1] for i in range(len(warm))] == [ds[i][1] for i in range(len(ds))]
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_loader_timeout_bounds_a_download(http, tmp_path, mode):
+    """Every shard answers slowly (until the server is released): the wait
+    for the first batch's download ends at the loader's timeout with
+    torch's error, naming the shard's URL."""
+    http.faults = [Fault(f"d/s-{i:03d}.tar", "slow", times=1000, delay_s=600)
+                   for i in range(SHARDS)]
+    ds = _dataset(f"{http.url}/d/{PATTERN}", tmp_path)
+    url = re.escape(http.url) + r"/d/s-\d{3}\.tar"
+    with pytest.raises(RuntimeError, match=rf"DataLoader timed out after 2 seconds: {url}: "):
+        _batches(ds, mode=mode, timeout=2)
+    assert _cached_shards(tmp_path) == []
+
+
+def test_batches_kept_across_a_download_timeout(http, local, tmp_path):
+    """The batch delivered when the next one's download timed out is handed
+    out by the next call, which downloads that one again: no batch is lost
+    or repeated."""
+    root, _ = local
+
+    def run(ds, workers, timeout=0):
+        loader = fastload.DataLoader(
+            ds, batch_size=PER, num_workers=workers, timeout=timeout,
+            worker_mode="thread" if workers else "auto",
+            prefetch_factor=1 if workers else None,
+            sampler=fastload.ShardSampler(ds, shuffle=False, buffer_size=0),
+            generator=torch.Generator().manual_seed(1))
+        return loader
+    expected = [(a.clone(), b.clone()) for a, b in
+                run(fastload.WebDataset(str(root / "indexed" / PATTERN),
+                                        transform=_transform()), 0)]
+    http.faults = [Fault("d/s-001.tar", "slow", times=1, delay_s=600)]
+    ds = _dataset(f"{http.url}/d/{PATTERN}", tmp_path, prefetch_shards=0)
+    it = iter(run(ds, 1, timeout=5))
+    with pytest.raises(RuntimeError, match=rf"timed out after 5 seconds: "
+                                           rf"{re.escape(http.url)}/d/s-001\.tar: "):
+        next(it)
+    http.release.set()
+    got = [(a.clone(), b.clone()) for a, b in it]
+    _same(got, expected)
+
