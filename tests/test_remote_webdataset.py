@@ -316,3 +316,49 @@ def test_batches_kept_across_a_download_timeout(http, local, tmp_path):
     got = [(a.clone(), b.clone()) for a, b in it]
     _same(got, expected)
 
+
+def _mix_batches(mix, workers, mode="thread"):
+    sampler = fastload.MixSampler(mix, {"a": 2, "b": 1}, num_samples=24, seed=4)
+    loader = fastload.DataLoader(mix, batch_size=4, sampler=sampler, num_workers=workers,
+                                 worker_mode=mode if workers else "auto",
+                                 generator=torch.Generator().manual_seed(1))
+    return [(a.clone(), b.clone()) for a, b in loader]
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_mix_of_remote_sources(http, local, tmp_path, mode):
+    """A MixDataset of WebDatasets over URLs: the loader fetches each
+    source's shards where it draws the indices (MixDataset._fetch), so
+    worker processes, which cannot download, read them from the cache."""
+    root, _ = local
+    plain = T.Compose([T.Resize((12, 12)), T.ToTensor()])  # no random draw: any worker count
+
+    def mix(where, **kw):
+        return fastload.MixDataset({
+            "a": fastload.WebDataset(f"{where}/s-{{000..002}}.tar", transform=plain, **kw),
+            "b": fastload.WebDataset(f"{where}/s-{{003..005}}.tar", transform=plain, **kw)})
+    expected = _mix_batches(mix(str(root / "indexed")), 0)
+    remote = mix(f"{http.url}/d", cache_dir=str(tmp_path), remote_options=FAST,
+                 prefetch_shards=0)
+    assert _cached_shards(tmp_path) == []
+    _same(_mix_batches(remote, 2, mode), expected)
+    assert len(_cached_shards(tmp_path)) == SHARDS
+    if mode == "process":  # the parent pinned them: it downloaded them
+        assert sorted(remote.datasets[0]._remote.pinned) == [0, 1, 2]
+
+
+def test_mix_fetch_bounded_by_the_loader_timeout(http, tmp_path):
+    http.faults = [Fault(f"d/s-{i:03d}.tar", "slow", times=1000, delay_s=600)
+                   for i in range(SHARDS)]
+    plain = T.Compose([T.Resize((12, 12)), T.ToTensor()])
+    remote = fastload.MixDataset([
+        fastload.WebDataset(f"{http.url}/d/s-{{000..002}}.tar", transform=plain,
+                            cache_dir=str(tmp_path), remote_options=FAST),
+        fastload.WebDataset(f"{http.url}/d/s-{{003..005}}.tar", transform=plain,
+                            cache_dir=str(tmp_path), remote_options=FAST)])
+    loader = fastload.DataLoader(remote, batch_size=4, shuffle=True, num_workers=2,
+                                 worker_mode="process", timeout=2)
+    with pytest.raises(RuntimeError, match=rf"DataLoader timed out after 2 seconds: "
+                                           rf"{re.escape(http.url)}/d/s-\d{{3}}\.tar: "):
+        next(iter(loader))
+
