@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import re
 import shutil
+import tempfile
 
 import numpy as np
 import pytest
@@ -362,3 +363,53 @@ def test_mix_fetch_bounded_by_the_loader_timeout(http, tmp_path):
                                            rf"{re.escape(http.url)}/d/s-\d{{3}}\.tar: "):
         next(iter(loader))
 
+
+def test_write_shards_to_s3(s3, local, expected, tmp_path, monkeypatch):
+    """write_shards to an s3:// pattern: each shard written in a temporary
+    folder, uploaded with its index file, then removed; read back over the
+    URL, the shards are the local ones."""
+    from fastload.datasets.remote.store import Store
+
+    _, paths = local
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    os.mkdir(tmp_path / "tmp")
+    urls = fastload.write_shards(_samples(), f"s3://{BUCKET}/written/s-%03d.tar", maxcount=PER)
+    assert urls == [f"s3://{BUCKET}/written/s-{i:03d}.tar" for i in range(SHARDS)]
+    assert os.listdir(tmp_path / "tmp") == []  # the local copies are gone
+    store = Store()
+    for url, path in zip(urls, paths):
+        with open(path, "rb") as f:
+            assert store.get(url) == f.read()
+    os.mkdir(tmp_path / "cache")
+    ds = _dataset(f"s3://{BUCKET}/written/", tmp_path / "cache")
+    assert ds.urls == urls
+    assert _cached_shards(tmp_path / "cache") == []  # counted from the uploaded index files
+    _same(_batches(ds), expected)
+
+
+def test_write_shards_multipart_upload(s3, tmp_path):
+    """A shard larger than obstore's part size goes up in parts (its ETag
+    is then not an MD5) and reads back whole."""
+    from fastload.datasets.remote.store import Store
+
+    rng = np.random.default_rng(8)
+    big = [rng.integers(0, 256, 6 << 20, dtype=np.uint8).tobytes() for _ in range(2)]
+    samples = [{"__key__": f"k{i}", "bin": data, "cls": i} for i, data in enumerate(big)]
+    urls = fastload.write_shards(samples, f"s3://{BUCKET}/big/b-%d.tar", maxcount=1)
+    paths = fastload.write_shards(samples, str(tmp_path / "b-%d.tar"), maxcount=1)
+    store = Store()
+    for url, path in zip(urls, paths):
+        size, etag = store.head(url)
+        assert size == os.path.getsize(path) and "-" in etag  # "<md5 of the parts' md5s>-2"
+    ds = fastload.WebDataset(f"s3://{BUCKET}/big/", fields=("__key__", "bin", "cls"),
+                             image_extensions=("bin",), cache_dir=str(tmp_path / "cache"),
+                             remote_options=FAST)
+    assert [ds[i] for i in range(2)] == [(f"k{i}", big[i], i) for i in range(2)]
+
+
+def test_write_shards_upload_error_names_the_url(s3, tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with pytest.raises(RemoteError, match=r"s3://no-such-bucket/s-000\.tar: PUT failed"):
+        fastload.write_shards(_samples(), "s3://no-such-bucket/s-%03d.tar", maxcount=PER,
+                              remote_options={**FAST, "attempts": 2})
+    assert os.listdir(tmp_path) == []  # the temporary folder is removed

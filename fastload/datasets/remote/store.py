@@ -1,5 +1,5 @@
-"""Objects read through obstore: head, list, and whole objects read into a
-file with parallel range reads.
+"""Objects read through obstore: head, list, whole objects read into a
+file with parallel range reads, and files uploaded.
 
 obstore wraps Rust's object_store: one client per bucket (or host), its
 requests run off the GIL, credentials come from the store's usual sources
@@ -17,6 +17,7 @@ import concurrent.futures
 import datetime
 import hashlib
 import os
+import pathlib
 import re
 import threading
 import time
@@ -149,6 +150,14 @@ class Store:
         return bytes(self.backoff.call(f"GET bytes {start}-{end - 1}", url,
                                        lambda: obstore.get_range(store, key, start=start,
                                                                  end=end)))
+
+    def put_file(self, url, path):
+        """Uploads the local file ``path`` to ``url``: one request, or a
+        multipart upload for a file larger than obstore's part size (5 MiB,
+        parts sent side by side); retried whole (the store keeps the old
+        object, or none, until an upload completes)."""
+        obstore, store, key = self._client(url)
+        self.backoff.call("PUT", url, obstore.put, store, key, pathlib.Path(path))
 
     def _range(self, url, size, etag, start, end, stop=None):
         """Bytes ``[start, end)`` of the object, checked against the size and
