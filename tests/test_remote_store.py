@@ -4,6 +4,7 @@ that name the URL -- against moto's S3 server and a faulty HTTP server on
 localhost."""
 
 import os
+import socket
 import threading
 import time
 
@@ -61,7 +62,7 @@ def test_url_names():
     assert urls.local_path("file:///data/x%20y.tar") == "/data/x y.tar"
     assert urls.split("s3://bucket/a/b.tar") == ("s3://bucket", "a/b.tar")
     assert urls.split("https://h:8080/p/q.tar") == ("https://h:8080", "p/q.tar")
-    assert urls.split("az://account/container/k.tar") == ("az://account/container", "k.tar")
+    assert urls.split("az://container/p/k.tar") == ("az://container", "p/k.tar")
     listed = {"p/": ["p/a.tar", "p/a.tar.fastload-index", "p/b.tar", "p/sub/"]}
     found = urls.resolve(["s3://b/p/", "s3://b/p/*.tar", "/x.tar", "file:///y.tar"],
                          lambda base, prefix: listed[prefix])
@@ -178,3 +179,68 @@ def test_backoff_stops_when_told():
     with pytest.raises(retry.Abandoned):
         retry.Backoff(attempts=5, base_s=60).call("GET", "u", failing, stop=stop)
     assert calls == [1]
+
+
+def test_gs_and_az_urls_name_bucket_and_container():
+    """As obstore (object_store) and fsspec read them: the bucket or the
+    container first, the account of az:// from the environment."""
+    assert urls.split("gs://bucket/a/b.tar") == ("gs://bucket", "a/b.tar")
+    assert urls.split("az://container/k.tar") == ("az://container", "k.tar")
+    assert urls.split("azure://container/p/k.tar") == ("azure://container", "p/k.tar")
+    assert urls.split("abfss://fs@acc.dfs.core.windows.net/p/k.tar") == \
+        ("abfss://fs@acc.dfs.core.windows.net", "p/k.tar")
+    listed = {("gs://bucket", "p/"): ["p/a.tar", "p/a.tar.fastload-index", "p/b.tar"],
+              ("az://container", "q/"): ["q/c.tar"]}
+    assert urls.resolve(["gs://bucket/p/", "az://container/q/*.tar"],
+                        lambda base, prefix: listed[base, prefix]) == \
+        ["gs://bucket/p/a.tar", "gs://bucket/p/b.tar", "az://container/q/c.tar"]
+
+
+SECRET = "c2VjcmV0LWtleS1zZWNyZXQta2V5LXNlY3JldC1rZXk="
+
+
+def test_gs_and_az_stores_from_url_and_environment(monkeypatch):
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", "acc")
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_KEY", SECRET)
+    _, az, key = _store()._client("az://container/p/k.tar")
+    assert type(az).__name__ == "AzureStore" and key == "p/k.tar"
+    assert az.config["container_name"] == "container"
+    _, gs, key = _store(storage_options={"skip_signature": True})._client("gs://bucket/a/b.tar")
+    assert type(gs).__name__ == "GCSStore" and key == "a/b.tar"
+    assert gs.config["bucket"] == "bucket" and gs.config["skip_signature"] == "true"
+
+
+def test_credentials_error_names_the_url(monkeypatch, tmp_path):
+    monkeypatch.setenv("GOOGLE_SERVICE_ACCOUNT_PATH", str(tmp_path / "missing.json"))
+    with pytest.raises(retry.RemoteError, match=r"gs://bucket/a\.tar: no client for gs://bucket: "
+                                                r".*missing\.json"):
+        _store()._client("gs://bucket/a.tar")
+
+
+def test_failed_listing_names_the_url_not_the_key(monkeypatch):
+    """A listing that cannot reach the store (nothing listens there) fails
+    after its retries naming the URL; the account key is in no message."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: connections are refused
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", "acc")
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_KEY", SECRET)
+    store = _store(storage_options={"endpoint": f"http://127.0.0.1:{port}/acc"}, attempts=2)
+    with pytest.raises(retry.RemoteError, match=r"az://container/p/: LIST failed after 2 tries"
+                       ) as caught:
+        store.list("az://container", "p/")
+    chain = [caught.value, caught.value.__cause__]
+    assert not any(SECRET in str(e) or SECRET in repr(e) for e in chain)
+
+
+def test_server_without_range_reads_is_a_clear_error(http, tmp_path):
+    http.objects["n.tar"] = b"n" * 3000
+    http.ranges = False  # every GET answered with the whole object
+    store = _store(range_bytes=1000, attempts=4)
+    url = f"{http.url}/n.tar"
+    with pytest.raises(retry.RemoteError, match=rf"{url}: the server does not answer range "
+                                                r"reads \(HTTP Range requests\)"):
+        _read(store, url, 3000, None, tmp_path / "n")
+    with pytest.raises(retry.RemoteError, match="does not answer range reads"):
+        store.get_range(url, 0, 40)
+    assert http.requests[("GET", "n.tar")] <= 3 + 1  # not retried: one GET per range

@@ -413,3 +413,10 @@ def test_write_shards_upload_error_names_the_url(s3, tmp_path, monkeypatch):
         fastload.write_shards(_samples(), "s3://no-such-bucket/s-%03d.tar", maxcount=PER,
                               remote_options={**FAST, "attempts": 2})
     assert os.listdir(tmp_path) == []  # the temporary folder is removed
+
+
+def test_server_without_range_reads_is_named(http, tmp_path):
+    http.ranges = False
+    with pytest.raises(RemoteError, match=rf"{re.escape(http.url)}/d/s-000\.tar\.fastload-index: "
+                                          "the server does not answer range reads"):
+        _dataset(f"{http.url}/d/{PATTERN}", tmp_path)

@@ -23,7 +23,7 @@ import threading
 import time
 
 from . import urls
-from .retry import Backoff, FetchTimeout, RemoteError, ShardChanged
+from .retry import Backoff, FetchTimeout, RemoteError, ShardChanged, first_line
 
 RANGE_BYTES = 8 << 20  # one range read
 RANGES_IN_FLIGHT = 8   # per object being read
@@ -111,10 +111,14 @@ class Store:
                 if urls.scheme(url) == "http" or _plain_http_endpoint(options):
                     client["allow_http"] = True
                 client.update(options.pop("client_options", None) or {})
-                store = obstore.store.from_url(base, client_options=client,
-                                               retry_config={"max_retries": 0}, **options)
+                _runtime_pid = os.getpid()  # from here on a forked child must not call it
+                try:
+                    store = obstore.store.from_url(base, client_options=client,
+                                                   retry_config={"max_retries": 0}, **options)
+                except Exception as error:  # credentials, options: nothing to retry
+                    raise RemoteError(f"{url}: no client for {base}: {first_line(error)}") \
+                        from error
                 self._clients[base] = store
-                _runtime_pid = os.getpid()
         return obstore, store, key
 
     def head(self, url):
@@ -147,9 +151,9 @@ class Store:
     def get_range(self, url, start, end):
         """Bytes ``[start, end)`` of the object at ``url`` (fewer at its end)."""
         obstore, store, key = self._client(url)
-        return bytes(self.backoff.call(f"GET bytes {start}-{end - 1}", url,
-                                       lambda: obstore.get_range(store, key, start=start,
-                                                                 end=end)))
+        return bytes(self.backoff.call(
+            f"GET bytes {start}-{end - 1}", url,
+            lambda: _ranged(url, obstore.get_range, store, key, start=start, end=end)))
 
     def put_file(self, url, path):
         """Uploads the local file ``path`` to ``url``: one request, or a
@@ -165,7 +169,7 @@ class Store:
         obstore, store, key = self._client(url)
 
         def once():
-            result = obstore.get(store, key, options={"range": (start, end)})
+            result = _ranged(url, obstore.get, store, key, options={"range": (start, end)})
             meta = result.meta
             if int(meta["size"]) != size or (etag and meta.get("e_tag")
                                               and meta["e_tag"] != etag):
@@ -235,6 +239,19 @@ class Store:
         if digest.hexdigest() != match.group(1).lower():
             raise RemoteError(f"{url}: the bytes read do not match the object's MD5 "
                               f"(ETag {etag}): corrupted in transit")
+
+
+def _ranged(url, get, *args, **kwargs):
+    """``get(*args, **kwargs)``, an obstore range read of ``url``; a server
+    that answers with the whole object instead (no HTTP Range support) is a
+    ``RemoteError`` that says so, not retried."""
+    try:
+        return get(*args, **kwargs)
+    except Exception as error:  # obstore's NotSupportedError
+        if type(error).__name__ == "NotSupportedError" and "range" in str(error).lower():
+            raise RemoteError(f"{url}: the server does not answer range reads (HTTP Range "
+                              "requests), which shards are read with") from error
+        raise
 
 
 class _Writes:
