@@ -309,8 +309,9 @@ def test_batches_kept_across_a_download_timeout(http, local, tmp_path):
                                         transform=_transform()), 0)]
     http.faults = [Fault("d/s-001.tar", "slow", times=1, delay_s=600)]
     ds = _dataset(f"{http.url}/d/{PATTERN}", tmp_path, prefetch_shards=0)
-    it = iter(run(ds, 1, timeout=5))
-    with pytest.raises(RuntimeError, match=rf"timed out after 5 seconds: "
+    ds._ready(range(PER))  # shard 0 in the cache: only batch 0's decode races the timeout
+    it = iter(run(ds, 1, timeout=10))
+    with pytest.raises(RuntimeError, match=rf"timed out after 10 seconds: "
                                            rf"{re.escape(http.url)}/d/s-001\.tar: "):
         next(it)
     http.release.set()

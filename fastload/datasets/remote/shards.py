@@ -11,7 +11,8 @@ start), the prefix of the index file beside it in the store
 downloaded now.
 
 Then ``ready(shards)`` brings shards into the cache (or waits for the
-process already bringing them) and pins them; a pin is kept while the
+process already bringing them; with a ``timeout``, the loader's, until
+then at most) and pins them; a pin is kept while the
 shard was asked for in the last ``keep_calls`` calls, as batches still in
 flight may read it.  ``prefetch(shards)`` (the sampler's next shards) does
 the same in a background thread, the newest request replacing an older
