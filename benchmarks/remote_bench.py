@@ -3,6 +3,7 @@
     python benchmarks/remote_bench.py [--images 2000] [--per-shard 100] [--workers 2]
                                       [--batch-size 32] [--repeats 2] [--no-webdataset]
                                       [--no-litdata] [--peers-python PYTHON] [--cache DIR]
+                                      [--litdata-chunk-bytes N]
 
 An ImageNet-like folder (benchmarks/imagenet_like.py) written as WebDataset
 shards with their index files (``shards_from_image_folder``), uploaded to
@@ -22,8 +23,11 @@ per repeat:
 - *litdata, S3*: litdata's ``StreamingDataset`` + ``StreamingDataLoader``
   (the same number of workers, Pillow decoding and torchvision's transform,
   shuffled) streaming the same images from the same S3 server into an
-  empty cache, after ``litdata.optimize`` turned them into its chunks
-  (untimed, cached under ``--cache``, and uploaded beside the shards).
+  empty cache, after ``litdata.optimize`` turned them into its chunks of
+  about a shard's size (its unit of download and shuffling, as a shard is
+  fastload's; 64 MB chunks, 3 for 2,000 images, left litdata's shuffled
+  workers waiting: 19 against 50 images/s), untimed, cached under
+  ``--cache``, and uploaded beside the shards.
   litdata runs in a subprocess of ``--peers-python`` (default
   ``$FASTLOAD_PEERS_PYTHON``, else this Python), a virtual environment of
   its own; where it cannot be imported the row says why (``--no-litdata``:
@@ -167,8 +171,8 @@ def webdataset_epoch(urls, args, server):
     return rate, 0.0, served
 
 
-# litdata's side, run by --peers-python: "optimize FOLDER OUT WORKERS" writes
-# the images as litdata's chunks; "epoch URL CACHE BATCH WORKERS ENDPOINT"
+# litdata's side, run by --peers-python: "optimize FOLDER OUT WORKERS
+# CHUNK_BYTES" writes the images as litdata's chunks; "epoch URL CACHE BATCH WORKERS ENDPOINT"
 # streams them once and prints {"rate": images/s, "images": n}.
 LITDATA_CHILD = r"""
 import json
@@ -201,9 +205,9 @@ class Transform:
 
 def main(mode, *args):
     if mode == "optimize":
-        folder, out, workers = args
+        folder, out, workers, chunk_bytes = args
         samples = pil_pipeline.make_dataset(folder, pil_pipeline.find_classes(folder)[1])
-        ld.optimize(fn=item, inputs=samples, output_dir=out, chunk_bytes="64MB",
+        ld.optimize(fn=item, inputs=samples, output_dir=out, chunk_bytes=int(chunk_bytes),
                     num_workers=int(workers), mode="overwrite")
         return
     url, cache, batch, workers, endpoint = args
@@ -256,14 +260,15 @@ class Litdata:
             raise RuntimeError(f"litdata {args[0]} failed: {result.stderr.strip()[-2000:]}")
         return result.stdout
 
-    def optimized(self, folder, workers):
-        """The images in litdata's format: made once per image set (untimed)."""
+    def optimized(self, folder, workers, chunk_bytes):
+        """The images in litdata's format, in chunks of ``chunk_bytes``:
+        made once per image set and chunk size (untimed)."""
         with open(os.path.join(folder, MANIFEST), "rb") as f:
             key = hashlib.sha256(f.read()).hexdigest()[:12]
-        out = os.path.join(self.cache, f"litdata-{key}")
+        out = os.path.join(self.cache, f"litdata-{key}-{chunk_bytes}")
         if not os.path.exists(os.path.join(out, "index.json")):
             start = time.perf_counter()
-            self._run("optimize", folder, out + ".tmp", str(workers))
+            self._run("optimize", folder, out + ".tmp", str(workers), str(chunk_bytes))
             shutil.rmtree(out, ignore_errors=True)
             os.replace(out + ".tmp", out)
             print(f"litdata: optimized in {time.perf_counter() - start:.1f} s (untimed, "
@@ -289,6 +294,8 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--no-webdataset", action="store_true")
     parser.add_argument("--no-litdata", action="store_true")
+    parser.add_argument("--litdata-chunk-bytes", type=int,
+                        help="litdata's chunk size (default: the shards' mean size)")
     parser.add_argument("--peers-python", default=os.environ.get("FASTLOAD_PEERS_PYTHON",
                                                                  sys.executable),
                         help="the Python litdata runs in")
@@ -326,7 +333,9 @@ def main(argv=None):
             if litdata.reason:
                 skipped["litdata, S3"], litdata = litdata.reason, None
             else:
-                upload(endpoint, litdata.optimized(folder, args.workers), "litdata/")
+                chunk_bytes = args.litdata_chunk_bytes or size // len(paths)
+                upload(endpoint, litdata.optimized(folder, args.workers, chunk_bytes),
+                       "litdata/")
         print(f"{args.images} images in {len(paths)} shards ({size / 2**20:.0f} MiB), "
               f"{args.workers} workers, batch {args.batch_size}, "
               f"{os.cpu_count()} cores; S3: moto on localhost")
