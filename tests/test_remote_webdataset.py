@@ -310,10 +310,12 @@ def test_batches_kept_across_a_download_timeout(http, local, tmp_path):
     http.faults = [Fault("d/s-001.tar", "slow", times=1, delay_s=600)]
     ds = _dataset(f"{http.url}/d/{PATTERN}", tmp_path, prefetch_shards=0)
     ds._ready(range(PER))  # shard 0 in the cache: only batch 0's decode races the timeout
-    it = iter(run(ds, 1, timeout=10))
+    loader = run(ds, 1, timeout=10)
+    it = iter(loader)
     with pytest.raises(RuntimeError, match=rf"timed out after 10 seconds: "
                                            rf"{re.escape(http.url)}/d/s-001\.tar: "):
         next(it)
+    assert loader.state_dict()["samples_yielded"] == 0  # the held batch is not handed out
     http.release.set()
     got = [(a.clone(), b.clone()) for a, b in it]
     _same(got, expected)

@@ -623,7 +623,6 @@ class WorkerIter(_BaseIter):
         while True:
             if self._held is not None:  # delivered when the next batch's download timed out
                 delivered, self._held = self._held, None
-                self._put_index_holding(delivered)
                 outcome, worker, value = delivered
             else:
                 try:
@@ -640,12 +639,12 @@ class WorkerIter(_BaseIter):
                 outcome, worker, value = delivered
                 if outcome in (_C.JOB_SKIPPED, _C.JOB_CANCELLED):
                     continue
-                if outcome in (_C.JOB_DONE, _C.JOB_FAILED):
-                    self._handed_out()
                 if self._tuner is not None and self._tuner.adapting:
                     self._apply(self._tuner.observe(time.perf_counter(), self._waited,
                                                     _autotune.batch_nbytes(value)))
-                self._put_index_holding(delivered)
+            self._put_index_holding(delivered)
+            if outcome in (_C.JOB_DONE, _C.JOB_FAILED):
+                self._handed_out()  # not before: a held batch is not handed out (state_dict)
             if outcome == _C.JOB_RETIRE:
                 continue
             if outcome == _C.JOB_FAILED:  # a native batch's error, raised as a worker's
