@@ -2,6 +2,8 @@
 
     python benchmarks/remote_bench.py [--images 2000] [--per-shard 100] [--workers 2]
                                       [--batch-size 32] [--repeats 2] [--no-webdataset]
+                                      [--no-litdata] [--peers-python PYTHON] [--cache DIR]
+                                      [--litdata-chunk-bytes N]
 
 An ImageNet-like folder (benchmarks/imagenet_like.py) written as WebDataset
 shards with their index files (``shards_from_image_folder``), uploaded to
@@ -17,16 +19,32 @@ per repeat:
   DataLoader (the same number of worker processes, Pillow decoding and
   torchvision's transform, shards split between workers) reading the same
   shards from an HTTP server process on localhost with ``pipe:curl``, as
-  its documentation streams remote shards (``--no-webdataset``: left out).
+  its documentation streams remote shards (``--no-webdataset``: left out);
+- *litdata, S3*: litdata's ``StreamingDataset`` + ``StreamingDataLoader``
+  (the same number of workers, Pillow decoding and torchvision's transform,
+  shuffled) streaming the same images from the same S3 server into an
+  empty cache, after ``litdata.optimize`` turned them into its chunks of
+  about a shard's size (its unit of download and shuffling, as a shard is
+  fastload's; 64 MB chunks, 3 for 2,000 images, left litdata's shuffled
+  workers waiting: 19 against 50 images/s), untimed, cached under
+  ``--cache``, and uploaded beside the shards.
+  litdata runs in a subprocess of ``--peers-python`` (default
+  ``$FASTLOAD_PEERS_PYTHON``, else this Python), a virtual environment of
+  its own; where it cannot be imported the row says why (``--no-litdata``:
+  left out).
 
 Reported: images/s (median of the repeats), each run's ratio to local disk,
-and the CPU seconds the loader's process and the server's used per epoch.
+and the CPU seconds the loader's process and the server's used per epoch;
+then fastload's cold-cache rate over each peer's (the issue's targets: at
+least 2x each).
 moto is Python: on a small machine it competes with the loader for the
 cores, so the cold ratio counts the server's cost too.  Needs obstore and
 moto[server].
 """
 
 import argparse
+import hashlib
+import json
 import os
 import shutil
 import socket
@@ -46,7 +64,7 @@ except ImportError:  # run from a checkout built in place
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pil_pipeline  # noqa: E402
 from images_bench import fastload_transform  # noqa: E402
-from imagenet_like import make_image_folder  # noqa: E402
+from imagenet_like import MANIFEST, make_image_folder  # noqa: E402
 
 BUCKET = "bench"
 ENV = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
@@ -153,6 +171,120 @@ def webdataset_epoch(urls, args, server):
     return rate, 0.0, served
 
 
+# litdata's side, run by --peers-python: "optimize FOLDER OUT WORKERS
+# CHUNK_BYTES" writes the images as litdata's chunks; "epoch URL CACHE BATCH WORKERS ENDPOINT"
+# streams them once and prints {"rate": images/s, "images": n}.
+LITDATA_CHILD = r"""
+import json
+import sys
+import time
+
+sys.path.insert(0, sys.argv[1])  # benchmarks/
+import litdata as ld  # noqa: E402
+import pil_pipeline  # noqa: E402
+
+
+def item(sample):
+    path, label = sample
+    with open(path, "rb") as f:
+        return {"jpeg": f.read(), "label": label}
+
+
+class Transform:
+    def __init__(self):
+        self.transform = pil_pipeline.train_transform()
+
+    def __call__(self, item):
+        import io
+
+        from PIL import Image
+
+        with Image.open(io.BytesIO(item["jpeg"])) as img:
+            return self.transform(img.convert("RGB")), item["label"]
+
+
+def main(mode, *args):
+    if mode == "optimize":
+        folder, out, workers, chunk_bytes = args
+        samples = pil_pipeline.make_dataset(folder, pil_pipeline.find_classes(folder)[1])
+        ld.optimize(fn=item, inputs=samples, output_dir=out, chunk_bytes=int(chunk_bytes),
+                    num_workers=int(workers), mode="overwrite")
+        return
+    url, cache, batch, workers, endpoint = args
+    # litdata's obstore path sets its own client options, without the plain
+    # HTTP that a local S3 server speaks (AWS_ALLOW_HTTP is not read then).
+    from litdata.streaming import downloader
+
+    options = getattr(downloader, "_OBSTORE_CLIENT_OPTIONS", None)
+    if isinstance(options, dict):
+        downloader._OBSTORE_CLIENT_OPTIONS = {**options, "allow_http": "true"}
+    dataset = ld.StreamingDataset(url, cache_dir=cache, shuffle=True, seed=0,
+                                  transform=Transform(),
+                                  storage_options={"endpoint_url": endpoint})
+    loader = ld.StreamingDataLoader(dataset, batch_size=int(batch), num_workers=int(workers))
+    start, n = time.perf_counter(), 0
+    for images, _ in loader:
+        n += len(images)
+    print(json.dumps({"rate": n / (time.perf_counter() - start), "images": n}))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[2:])
+"""
+
+
+class Litdata:
+    """litdata in a subprocess of another Python: ``reason`` says why it
+    cannot run, else ``epoch()`` runs one."""
+
+    def __init__(self, python, work, cache):
+        self.python, self.work, self.reason = python, work, None
+        self.script = os.path.join(work, "litdata_child.py")
+        with open(self.script, "w") as f:
+            f.write(LITDATA_CHILD)
+        self.cache = cache
+        probe = subprocess.run([python, "-c", "import litdata; print(litdata.__version__)"],
+                               capture_output=True, text=True)
+        if probe.returncode != 0:
+            lines = (probe.stderr or probe.stdout).strip().splitlines()
+            self.reason = f"litdata not importable by {python}: {lines[-1] if lines else '?'}"
+        else:
+            self.version = probe.stdout.strip()
+
+    def _run(self, *args, env=None):
+        result = subprocess.run([self.python, self.script,
+                                 os.path.dirname(os.path.abspath(__file__)), *args],
+                                capture_output=True, text=True, cwd=self.work,
+                                env={**os.environ, **(env or {})})
+        if result.returncode != 0:
+            raise RuntimeError(f"litdata {args[0]} failed: {result.stderr.strip()[-2000:]}")
+        return result.stdout
+
+    def optimized(self, folder, workers, chunk_bytes):
+        """The images in litdata's format, in chunks of ``chunk_bytes``:
+        made once per image set and chunk size (untimed)."""
+        with open(os.path.join(folder, MANIFEST), "rb") as f:
+            key = hashlib.sha256(f.read()).hexdigest()[:12]
+        out = os.path.join(self.cache, f"litdata-{key}-{chunk_bytes}")
+        if not os.path.exists(os.path.join(out, "index.json")):
+            start = time.perf_counter()
+            self._run("optimize", folder, out + ".tmp", str(workers), str(chunk_bytes))
+            shutil.rmtree(out, ignore_errors=True)
+            os.replace(out + ".tmp", out)
+            print(f"litdata: optimized in {time.perf_counter() - start:.1f} s (untimed, "
+                  f"cached in {out})")
+        return out
+
+    def epoch(self, url, cache, args, endpoint, server):
+        served = cpu_seconds(server)
+        out = self._run("epoch", url, cache, str(args.batch_size), str(args.workers), endpoint)
+        result = json.loads(out.strip().splitlines()[-1])
+        if result["images"] != args.images:
+            raise RuntimeError(f"litdata's epoch delivered {result['images']} of "
+                               f"{args.images} images")
+        return result["rate"], 0.0, cpu_seconds(server) - served
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=2000)
@@ -161,6 +293,15 @@ def main(argv=None):
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--no-webdataset", action="store_true")
+    parser.add_argument("--no-litdata", action="store_true")
+    parser.add_argument("--litdata-chunk-bytes", type=int,
+                        help="litdata's chunk size (default: the shards' mean size)")
+    parser.add_argument("--peers-python", default=os.environ.get("FASTLOAD_PEERS_PYTHON",
+                                                                 sys.executable),
+                        help="the Python litdata runs in")
+    parser.add_argument("--cache", default=os.path.join(
+        os.environ.get("FASTLOAD_BENCH_DATA", "/tmp/fastload-bench"), "remote-cache"),
+        help="where litdata's optimized copy is kept between runs")
     args = parser.parse_args(argv)
 
     work = tempfile.mkdtemp(prefix="fastload-remote-bench-")
@@ -185,12 +326,24 @@ def main(argv=None):
             http, http_url = start_http(shard_dir)
             webdataset_urls = [f"pipe:curl -s -f {http_url}/{os.path.basename(p)}"
                                for p in paths]
+        litdata, skipped = None, {}
+        if not args.no_litdata:
+            os.makedirs(args.cache, exist_ok=True)
+            litdata = Litdata(args.peers_python, work, args.cache)
+            if litdata.reason:
+                skipped["litdata, S3"], litdata = litdata.reason, None
+            else:
+                chunk_bytes = args.litdata_chunk_bytes or size // len(paths)
+                upload(endpoint, litdata.optimized(folder, args.workers, chunk_bytes),
+                       "litdata/")
         print(f"{args.images} images in {len(paths)} shards ({size / 2**20:.0f} MiB), "
               f"{args.workers} workers, batch {args.batch_size}, "
               f"{os.cpu_count()} cores; S3: moto on localhost")
         runs = {"local disk": [], "S3, cold cache": [], "S3, warm cache": []}
         if webdataset_urls:
             runs["webdataset, HTTP"] = []
+        if litdata:
+            runs["litdata, S3"] = []
         epoch(local, args)  # the page cache warm
         for r in range(args.repeats):
             cache = os.path.join(work, f"cache-{r}")
@@ -200,6 +353,10 @@ def main(argv=None):
             if webdataset_urls:
                 runs["webdataset, HTTP"].append(webdataset_epoch(webdataset_urls, args,
                                                                  http.pid))
+            if litdata:
+                runs["litdata, S3"].append(litdata.epoch(
+                    f"s3://{BUCKET}/litdata", os.path.join(work, f"litdata-cache-{r}"), args,
+                    endpoint, process.pid))
             shutil.rmtree(cache)
         medians = {name: statistics.median(v[0] for v in values)
                    for name, values in runs.items()}
@@ -210,6 +367,13 @@ def main(argv=None):
             print(f"  {name:16s} {value:7.0f} images/s  {value / base:5.2f}x local disk  "
                   f"CPU s: loader {loader_cpu:5.1f}, server {server_cpu:4.1f}  "
                   f"({', '.join(f'{v[0]:.0f}' for v in runs[name])})")
+        for name, reason in skipped.items():
+            print(f"  {name:16s} skipped: {reason}")
+        cold = medians["S3, cold cache"]
+        for name in ("webdataset, HTTP", "litdata, S3"):
+            if name in medians:
+                print(f"  fastload S3 cold over {name}: {cold / medians[name]:.2f}x "
+                      "(target: 2x)")
         return medians
     finally:
         for k, v in saved.items():

@@ -7,7 +7,9 @@ HTTP server with range reads and injected faults.
 ``Fault``s, each applied to the next ``times`` GETs of its path (a range
 read each): ``"503"`` answers 503 SlowDown, ``"cut"`` sends the headers and
 half the body then closes the connection, ``"slow"`` waits ``delay_s``
-before answering.  Every request is counted per (method, path).
+before answering.  With ``server.ranges = False`` it answers every GET
+with the whole object, as a server without range support does.  Every
+request is counted per (method, path).
 """
 
 import collections
@@ -92,7 +94,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.server.slow_started.set()
             self.server.release.wait(fault.delay_s)
         start, end, status, extra = 0, len(data), 200, []
-        header = self.headers.get("Range")
+        header = self.headers.get("Range") if self.server.ranges else None
         if header:
             match = _RANGE.match(header.strip())
             if match is None:
@@ -128,6 +130,7 @@ class FaultyHTTPServer(http.server.ThreadingHTTPServer):
         self.started = time.time()
         self.slow_started = threading.Event()
         self.release = threading.Event()  # ends the "slow" faults' waits
+        self.ranges = True  # False: Range headers ignored, the whole object sent
         self._thread = None
 
     @property

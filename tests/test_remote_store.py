@@ -4,6 +4,9 @@ that name the URL -- against moto's S3 server and a faulty HTTP server on
 localhost."""
 
 import os
+import socket
+import threading
+import time
 
 import pytest
 
@@ -50,7 +53,7 @@ def test_url_names():
     assert urls.local_path("file:///data/x%20y.tar") == "/data/x y.tar"
     assert urls.split("s3://bucket/a/b.tar") == ("s3://bucket", "a/b.tar")
     assert urls.split("https://h:8080/p/q.tar") == ("https://h:8080", "p/q.tar")
-    assert urls.split("az://account/container/k.tar") == ("az://account/container", "k.tar")
+    assert urls.split("az://container/p/k.tar") == ("az://container", "p/k.tar")
     listed = {"p/": ["p/a.tar", "p/a.tar.fastload-index", "p/b.tar", "p/sub/"]}
     found = urls.resolve(["s3://b/p/", "s3://b/p/*.tar", "/x.tar", "file:///y.tar"],
                          lambda base, prefix: listed[prefix])
@@ -134,3 +137,107 @@ def test_size_changed_since_listed(http, tmp_path):
     http.objects["c.tar"] = b"c" * 600
     with pytest.raises(retry.ShardChanged, match=f"{url}: changed since it was listed: 500 "):
         _read(store, url, size, etag, tmp_path / "c")
+
+
+def test_read_by_a_deadline_times_out_naming_the_url(http, tmp_path):
+    http.objects["d.tar"] = b"d" * 3000
+    http.faults = [Fault("d.tar", "slow", times=1, delay_s=600)]
+    store = _store(range_bytes=1000, ranges_in_flight=3)
+    url = f"{http.url}/d.tar"
+    path = tmp_path / "d"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        with pytest.raises(retry.FetchTimeout, match=rf"{url}: not downloaded in time \(\d+ of "
+                                                     "3000 bytes read\\)"):
+            store.read_into(url, fd, 3000, None, deadline=time.monotonic() + 0.5)
+        assert isinstance(retry.FetchTimeout("x"), TimeoutError)
+    finally:
+        os.close(fd)
+    before = path.read_bytes()
+    http.release.set()  # the slow range answers now; its bytes are not written
+    for thread in threading.enumerate():  # the abandoned ranges' threads end with them
+        if thread.name.startswith("fastload-fetch"):
+            thread.join(120)
+    assert path.read_bytes() == before
+    blocks = [before[i:i + 1000] for i in range(0, 3000, 1000)]
+    assert all(b in (b"d" * 1000, b"\0" * 1000) for b in blocks) and b"\0" * 1000 in blocks
+    # With time enough the same read completes.
+    assert _read(store, url, 3000, None, tmp_path / "d2") == b"d" * 3000
+
+
+def test_backoff_stops_when_told():
+    stop = threading.Event()
+    calls = []
+
+    def failing():
+        calls.append(1)
+        stop.set()
+        raise ConnectionError("reset")
+    with pytest.raises(retry.Abandoned):
+        retry.Backoff(attempts=5, base_s=60).call("GET", "u", failing, stop=stop)
+    assert calls == [1]
+
+
+def test_gs_and_az_urls_name_bucket_and_container():
+    """As obstore (object_store) and fsspec read them: the bucket or the
+    container first, the account of az:// from the environment."""
+    assert urls.split("gs://bucket/a/b.tar") == ("gs://bucket", "a/b.tar")
+    assert urls.split("az://container/k.tar") == ("az://container", "k.tar")
+    assert urls.split("azure://container/p/k.tar") == ("azure://container", "p/k.tar")
+    assert urls.split("abfss://fs@acc.dfs.core.windows.net/p/k.tar") == \
+        ("abfss://fs@acc.dfs.core.windows.net", "p/k.tar")
+    listed = {("gs://bucket", "p/"): ["p/a.tar", "p/a.tar.fastload-index", "p/b.tar"],
+              ("az://container", "q/"): ["q/c.tar"]}
+    assert urls.resolve(["gs://bucket/p/", "az://container/q/*.tar"],
+                        lambda base, prefix: listed[base, prefix]) == \
+        ["gs://bucket/p/a.tar", "gs://bucket/p/b.tar", "az://container/q/c.tar"]
+
+
+SECRET = "c2VjcmV0LWtleS1zZWNyZXQta2V5LXNlY3JldC1rZXk="
+
+
+def test_gs_and_az_stores_from_url_and_environment(monkeypatch):
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", "acc")
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_KEY", SECRET)
+    _, az, key = _store()._client("az://container/p/k.tar")
+    assert type(az).__name__ == "AzureStore" and key == "p/k.tar"
+    assert az.config["container_name"] == "container"
+    _, gs, key = _store(storage_options={"skip_signature": True})._client("gs://bucket/a/b.tar")
+    assert type(gs).__name__ == "GCSStore" and key == "a/b.tar"
+    assert gs.config["bucket"] == "bucket" and gs.config["skip_signature"] == "true"
+
+
+def test_credentials_error_names_the_url(monkeypatch, tmp_path):
+    monkeypatch.setenv("GOOGLE_SERVICE_ACCOUNT_PATH", str(tmp_path / "missing.json"))
+    with pytest.raises(retry.RemoteError, match=r"gs://bucket/a\.tar: no client for gs://bucket: "
+                                                r".*missing\.json"):
+        _store()._client("gs://bucket/a.tar")
+
+
+def test_failed_listing_names_the_url_not_the_key(monkeypatch):
+    """A listing that cannot reach the store (nothing listens there) fails
+    after its retries naming the URL; the account key is in no message."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: connections are refused
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", "acc")
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_KEY", SECRET)
+    store = _store(storage_options={"endpoint": f"http://127.0.0.1:{port}/acc"}, attempts=2)
+    with pytest.raises(retry.RemoteError, match=r"az://container/p/: LIST failed after 2 tries"
+                       ) as caught:
+        store.list("az://container", "p/")
+    chain = [caught.value, caught.value.__cause__]
+    assert not any(SECRET in str(e) or SECRET in repr(e) for e in chain)
+
+
+def test_server_without_range_reads_is_a_clear_error(http, tmp_path):
+    http.objects["n.tar"] = b"n" * 3000
+    http.ranges = False  # every GET answered with the whole object
+    store = _store(range_bytes=1000, attempts=4)
+    url = f"{http.url}/n.tar"
+    with pytest.raises(retry.RemoteError, match=rf"{url}: the server does not answer range "
+                                                r"reads \(HTTP Range requests\)"):
+        _read(store, url, 3000, None, tmp_path / "n")
+    with pytest.raises(retry.RemoteError, match="does not answer range reads"):
+        store.get_range(url, 0, 40)
+    assert http.requests[("GET", "n.tar")] <= 3 + 1  # not retried: one GET per range

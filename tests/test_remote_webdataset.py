@@ -5,7 +5,9 @@ shards give from local disk, through the node-local shard cache."""
 import io
 import multiprocessing
 import os
+import re
 import shutil
+import tempfile
 
 import numpy as np
 import pytest
@@ -30,17 +32,20 @@ def _encode(pixels):
     return buffer.getvalue()
 
 
+def _samples():
+    rng = np.random.default_rng(5)
+    return [(_encode(rng.integers(0, 256, (20, 26, 3), dtype=np.uint8)), i % 4)
+            for i in range(SHARDS * PER)]
+
+
 @pytest.fixture(scope="module")
 def local(tmp_path_factory):
     """Shards written by write_shards (with index files) in one folder, the
     same tars without them in another."""
     root = tmp_path_factory.mktemp("remote-shards")
-    rng = np.random.default_rng(5)
-    samples = [(_encode(rng.integers(0, 256, (20, 26, 3), dtype=np.uint8)), i % 4)
-               for i in range(SHARDS * PER)]
     indexed = root / "indexed"
     indexed.mkdir()
-    paths = fastload.write_shards(samples, str(indexed / "s-%03d.tar"), maxcount=PER)
+    paths = fastload.write_shards(_samples(), str(indexed / "s-%03d.tar"), maxcount=PER)
     bare = root / "bare"
     bare.mkdir()
     for path in paths:
@@ -260,3 +265,152 @@ def test_warm_cache_reads_the_index_kept_there(http, tmp_path):
                 if method == "GET" and path.endswith(shard_index.SUFFIX))
     assert after == before  # the counts and the arrays from the cache: no index GET
     assert [warm[i][1] for i in range(len(warm))] == [ds[i][1] for i in range(len(ds))]
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_loader_timeout_bounds_a_download(http, tmp_path, mode):
+    """Every shard answers slowly (until the server is released): the wait
+    for the first batch's download ends at the loader's timeout with
+    torch's error, naming the shard's URL."""
+    http.faults = [Fault(f"d/s-{i:03d}.tar", "slow", times=1000, delay_s=600)
+                   for i in range(SHARDS)]
+    ds = _dataset(f"{http.url}/d/{PATTERN}", tmp_path)
+    url = re.escape(http.url) + r"/d/s-\d{3}\.tar"
+    with pytest.raises(RuntimeError, match=rf"DataLoader timed out after 2 seconds: {url}: "):
+        _batches(ds, mode=mode, timeout=2)
+    assert _cached_shards(tmp_path) == []
+
+
+def test_batches_kept_across_a_download_timeout(http, local, tmp_path):
+    """The batch delivered when the next one's download timed out is handed
+    out by the next call, which downloads that one again: no batch is lost
+    or repeated."""
+    root, _ = local
+
+    def run(ds, workers, timeout=0):
+        loader = fastload.DataLoader(
+            ds, batch_size=PER, num_workers=workers, timeout=timeout,
+            worker_mode="thread" if workers else "auto",
+            prefetch_factor=1 if workers else None,
+            sampler=fastload.ShardSampler(ds, shuffle=False, buffer_size=0),
+            generator=torch.Generator().manual_seed(1))
+        return loader
+    expected = [(a.clone(), b.clone()) for a, b in
+                run(fastload.WebDataset(str(root / "indexed" / PATTERN),
+                                        transform=_transform()), 0)]
+    http.faults = [Fault("d/s-001.tar", "slow", times=1, delay_s=600)]
+    ds = _dataset(f"{http.url}/d/{PATTERN}", tmp_path, prefetch_shards=0)
+    ds._ready(range(PER))  # shard 0 in the cache: only batch 0's decode races the timeout
+    loader = run(ds, 1, timeout=10)
+    it = iter(loader)
+    with pytest.raises(RuntimeError, match=rf"timed out after 10 seconds: "
+                                           rf"{re.escape(http.url)}/d/s-001\.tar: "):
+        next(it)
+    assert loader.state_dict()["samples_yielded"] == 0  # the held batch is not handed out
+    http.release.set()
+    got = [(a.clone(), b.clone()) for a, b in it]
+    _same(got, expected)
+
+
+def _mix_batches(mix, workers, mode="thread"):
+    sampler = fastload.MixSampler(mix, {"a": 2, "b": 1}, num_samples=24, seed=4)
+    loader = fastload.DataLoader(mix, batch_size=4, sampler=sampler, num_workers=workers,
+                                 worker_mode=mode if workers else "auto",
+                                 generator=torch.Generator().manual_seed(1))
+    return [(a.clone(), b.clone()) for a, b in loader]
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_mix_of_remote_sources(http, local, tmp_path, mode):
+    """A MixDataset of WebDatasets over URLs: the loader fetches each
+    source's shards where it draws the indices (MixDataset._fetch), so
+    worker processes, which cannot download, read them from the cache."""
+    root, _ = local
+    plain = T.Compose([T.Resize((12, 12)), T.ToTensor()])  # no random draw: any worker count
+
+    def mix(where, **kw):
+        return fastload.MixDataset({
+            "a": fastload.WebDataset(f"{where}/s-{{000..002}}.tar", transform=plain, **kw),
+            "b": fastload.WebDataset(f"{where}/s-{{003..005}}.tar", transform=plain, **kw)})
+    expected = _mix_batches(mix(str(root / "indexed")), 0)
+    remote = mix(f"{http.url}/d", cache_dir=str(tmp_path), remote_options=FAST,
+                 prefetch_shards=0)
+    assert _cached_shards(tmp_path) == []
+    _same(_mix_batches(remote, 2, mode), expected)
+    assert len(_cached_shards(tmp_path)) == SHARDS
+    if mode == "process":  # the parent pinned them: it downloaded them
+        assert sorted(remote.datasets[0]._remote.pinned) == [0, 1, 2]
+
+
+def test_mix_fetch_bounded_by_the_loader_timeout(http, tmp_path):
+    http.faults = [Fault(f"d/s-{i:03d}.tar", "slow", times=1000, delay_s=600)
+                   for i in range(SHARDS)]
+    plain = T.Compose([T.Resize((12, 12)), T.ToTensor()])
+    remote = fastload.MixDataset([
+        fastload.WebDataset(f"{http.url}/d/s-{{000..002}}.tar", transform=plain,
+                            cache_dir=str(tmp_path), remote_options=FAST),
+        fastload.WebDataset(f"{http.url}/d/s-{{003..005}}.tar", transform=plain,
+                            cache_dir=str(tmp_path), remote_options=FAST)])
+    loader = fastload.DataLoader(remote, batch_size=4, shuffle=True, num_workers=2,
+                                 worker_mode="process", timeout=2)
+    with pytest.raises(RuntimeError, match=rf"DataLoader timed out after 2 seconds: "
+                                           rf"{re.escape(http.url)}/d/s-\d{{3}}\.tar: "):
+        next(iter(loader))
+
+
+def test_write_shards_to_s3(s3, local, expected, tmp_path, monkeypatch):
+    """write_shards to an s3:// pattern: each shard written in a temporary
+    folder, uploaded with its index file, then removed; read back over the
+    URL, the shards are the local ones."""
+    from fastload.datasets.remote.store import Store
+
+    _, paths = local
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    os.mkdir(tmp_path / "tmp")
+    urls = fastload.write_shards(_samples(), f"s3://{BUCKET}/written/s-%03d.tar", maxcount=PER)
+    assert urls == [f"s3://{BUCKET}/written/s-{i:03d}.tar" for i in range(SHARDS)]
+    assert os.listdir(tmp_path / "tmp") == []  # the local copies are gone
+    store = Store()
+    for url, path in zip(urls, paths):
+        with open(path, "rb") as f:
+            assert store.get(url) == f.read()
+    os.mkdir(tmp_path / "cache")
+    ds = _dataset(f"s3://{BUCKET}/written/", tmp_path / "cache")
+    assert ds.urls == urls
+    assert _cached_shards(tmp_path / "cache") == []  # counted from the uploaded index files
+    _same(_batches(ds), expected)
+
+
+def test_write_shards_multipart_upload(s3, tmp_path):
+    """A shard larger than obstore's part size goes up in parts (its ETag
+    is then not an MD5) and reads back whole."""
+    from fastload.datasets.remote.store import Store
+
+    rng = np.random.default_rng(8)
+    big = [rng.integers(0, 256, 6 << 20, dtype=np.uint8).tobytes() for _ in range(2)]
+    samples = [{"__key__": f"k{i}", "bin": data, "cls": i} for i, data in enumerate(big)]
+    urls = fastload.write_shards(samples, f"s3://{BUCKET}/big/b-%d.tar", maxcount=1)
+    paths = fastload.write_shards(samples, str(tmp_path / "b-%d.tar"), maxcount=1)
+    store = Store()
+    for url, path in zip(urls, paths):
+        size, etag = store.head(url)
+        assert size == os.path.getsize(path) and "-" in etag  # "<md5 of the parts' md5s>-2"
+    ds = fastload.WebDataset(f"s3://{BUCKET}/big/", fields=("__key__", "bin", "cls"),
+                             image_extensions=("bin",), cache_dir=str(tmp_path / "cache"),
+                             remote_options=FAST)
+    assert [ds[i] for i in range(2)] == [(f"k{i}", big[i], i) for i in range(2)]
+
+
+def test_write_shards_upload_error_names_the_url(s3, tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with pytest.raises(RemoteError, match=r"s3://no-such-bucket/s-000\.tar: PUT failed"):
+        fastload.write_shards(_samples(), "s3://no-such-bucket/s-%03d.tar", maxcount=PER,
+                              remote_options={**FAST, "attempts": 2})
+    assert os.listdir(tmp_path) == []  # the temporary folder is removed
+
+
+def test_server_without_range_reads_is_named(http, tmp_path):
+    http.ranges = False
+    with pytest.raises(RemoteError, match=rf"{re.escape(http.url)}/d/s-000\.tar\.fastload-index: "
+                                          "the server does not answer range reads"):
+        _dataset(f"{http.url}/d/{PATTERN}", tmp_path)

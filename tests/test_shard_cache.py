@@ -8,6 +8,7 @@ import os
 import select
 import signal
 import threading
+import time
 
 import pytest
 
@@ -216,3 +217,22 @@ def test_reader_waiting_for_a_download_does_not_wait_for_the_pins_after_it(tmp_p
     assert not stuck
     assert _bytes(got[0].path) == _content(key)  # the filler's file, not a second download
     got[0].release()
+
+
+def test_wait_for_another_download_ends_at_the_deadline(tmp_path):
+    """A reader with a deadline (the loader's timeout) does not wait past
+    it for a download under way elsewhere, and fills nothing; its pin and
+    the entry are left as they were."""
+    cache = ShardCache(str(tmp_path), 10 * UNIT)
+    cache._ready_directory()
+    key = entry_key("s3://b/slow.tar", UNIT, None)
+    filling = shard_cache._lock(cache.path(key) + shard_cache._FILL, fcntl.LOCK_EX)
+    try:
+        with pytest.raises(TimeoutError, match="another download of it"):
+            cache.pin(key, UNIT, _writer(b"never"), deadline=time.monotonic() + 0.2)
+        assert not cache.complete(key, UNIT)
+        assert cache._evict(key)  # no pin left behind: the entry's lock is free
+    finally:
+        shard_cache._descriptors.close(filling)
+    with cache.pin(key, UNIT, _writer(_content(key)), deadline=time.monotonic() + 600) as pin:
+        assert _bytes(pin.path) == _content(key)

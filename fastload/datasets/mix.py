@@ -22,6 +22,8 @@ the loader's (workers, the batch path, ``state_dict()``):
 the current epoch (``MixSampler.source_counts``).
 """
 
+import time
+
 import numpy as np
 
 from ..loader.sampler import Sampler
@@ -78,6 +80,32 @@ class MixDataset(Dataset):
             for j, sample in zip(where, samples):
                 out[j] = sample
         return out
+
+    def _fetch(self, indices, timeout=None):
+        """Brings the samples ``indices`` onto the node where a source must
+        (a ``WebDataset`` over URLs: its shards into the node cache), by
+        that source's own ``_fetch`` with its local indices (the
+        native-source protocol, fastload.datasets.native).  The loader calls
+        it where the indices are drawn, so worker processes, which cannot
+        download, read what their parent fetched.  ``timeout``: for all the
+        sources together."""
+        fetchers = [getattr(dataset, "_fetch", None) for dataset in self.datasets]
+        if not any(fetchers):
+            return
+        n = len(self)
+        indices = np.asarray(indices, np.int64).ravel()
+        indices = np.where(indices < 0, indices + n, indices)
+        indices = indices[(indices >= 0) & (indices < n)]  # the others fail in __getitem__
+        sources = np.searchsorted(self.offsets, indices, side="right") - 1
+        deadline = None if not timeout else time.monotonic() + timeout
+        for k, fetch in enumerate(fetchers):
+            local = indices[sources == k] - self.offsets[k]
+            if fetch is None or not len(local):
+                continue
+            if deadline is None:
+                fetch(local)
+            else:  # time left, or next to none: what is cached still pins
+                fetch(local, timeout=max(deadline - time.monotonic(), 1e-6))
 
     def source_of(self, index):
         """The name of the source sample ``index`` comes from."""

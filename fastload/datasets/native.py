@@ -36,6 +36,11 @@ which brings them and keeps them there while the batch may be read.  The
 loader calls it where the indices are drawn whenever ``_ready`` is not
 called there (worker processes: a process forked from one that ran the
 object-store client cannot run it), before the batch is handed out.
+
+Both take ``timeout=`` (seconds): a loader with a ``timeout`` passes its
+own, and the call raises ``TimeoutError`` naming what it waited for (a
+shard's URL) when the samples are not there by then; the loader raises
+torch's timeout error with that message.
 """
 
 __all__ = ["NativeBatches", "SourceOwner", "fetcher", "readier", "source_of"]

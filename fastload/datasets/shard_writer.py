@@ -7,9 +7,14 @@ encoded from their extension as webdataset's default encoders do, so the
 same samples give the bytes webdataset would write, but with fixed member
 metadata: two runs over the same samples write identical shards.  A shard is
 written under a temporary name in its directory and renamed when complete,
-so the final names only ever hold complete shards.
+so the final names only ever hold complete shards.  A shard for a URL
+(``s3://``, ``gs://``, ``az://``, ``http(s)://``) is written so in a
+temporary folder, then uploaded with its index file through obstore
+(``_Uploader``) while the next one is written.
 """
 
+import collections
+import concurrent.futures
 import gzip
 import io
 import json
@@ -18,14 +23,19 @@ import os
 import pickle
 import random
 import secrets
+import shutil
 import sys
 import tarfile
+import tempfile
+import urllib.parse
 import zipfile
 from collections.abc import Mapping
 
 import numpy as np
 
+from .remote import urls as remote_urls
 from .restart_markers import rewrite_if_jpeg
+from .shard_index import SUFFIX
 from .webdataset import write_index
 
 __all__ = ["write_shards", "shards_from_image_folder"]
@@ -386,10 +396,13 @@ def _file_size(members_size):
 
 
 class _Shard:
-    """One shard being written to a temporary file beside its final path."""
+    """One shard being written to a temporary file beside its final path;
+    ``name``: where it goes in the end (``path``, or the URL it is
+    uploaded to; then the file needs no fsync: it is read once, and gone)."""
 
-    def __init__(self, path):
+    def __init__(self, path, name=None):
         self.path = path
+        self.name = name or path
         directory, name = os.path.split(path)
         if os.path.isdir(path):
             raise IsADirectoryError(f"cannot write shard {path!r}: it is a directory")
@@ -427,6 +440,10 @@ class _Shard:
         """Complete the tar, make it durable, and move it to its final name."""
         self.tar.close()
         self.file.flush()
+        if self.name != self.path:  # uploaded from here, then removed
+            self.file.close()
+            os.replace(self.temp_path, self.path)
+            return
         os.fsync(self.file.fileno())
         self.file.close()
         os.replace(self.temp_path, self.path)
@@ -484,22 +501,92 @@ def _positive_int(name, value):
     return int(value)
 
 
-def _finish(shard, written, verbose):
+def _finish(shard, written, verbose, uploader=None):
     shard.finish()
     write_index(shard.path)  # readers then skip the shard's headers
-    written.append(shard.path)
-    if verbose:
-        print(f"fastload: wrote {shard.path} ({shard.count} "
-              f"sample{'' if shard.count == 1 else 's'})")
+    written.append(shard.name)
+    if uploader is not None:
+        uploader.submit(shard)
+    elif verbose:
+        _wrote(shard.name, shard.count)
+
+
+def _wrote(name, count):
+    print(f"fastload: wrote {name} ({count} sample{'' if count == 1 else 's'})")
+
+
+class _Uploader:
+    """Shards for URLs: each written into a temporary folder, then uploaded
+    (the shard, then its index file, so that an index in the store always
+    has its shard) on a thread of its own while the next shard is written,
+    then removed.  One upload at a time, so at most two shards are on the
+    local disk.  An upload's error (``RemoteError`` naming the URL, after
+    the store's retries) is raised by the next ``submit`` or ``finish``."""
+
+    def __init__(self, storage_options, remote_options, verbose):
+        from .remote.store import Store
+
+        self.store = Store(storage_options, **(remote_options or {}))
+        self.directory = tempfile.mkdtemp(prefix="fastload-shards-")
+        self.verbose = verbose
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fastload-upload")
+        self._pending = collections.deque()  # (future, url, samples), oldest first
+
+    def local_path(self, number):
+        return os.path.join(self.directory, f"shard-{number:09d}.tar")
+
+    def submit(self, shard):
+        while self._pending:  # the last upload ends before this one starts
+            self._reap()
+        future = self._pool.submit(self._upload, shard.path, shard.name)
+        self._pending.append((future, shard.name, shard.count))
+
+    def _upload(self, path, url):
+        try:
+            self.store.put_file(url, path)
+            self.store.put_file(url + SUFFIX, path + SUFFIX)
+        finally:
+            for name in (path, path + SUFFIX):
+                try:
+                    os.unlink(name)
+                except FileNotFoundError:
+                    pass
+
+    def _reap(self):
+        future, url, count = self._pending.popleft()
+        future.result()
+        if self.verbose:
+            _wrote(url, count)
+
+    def finish(self):
+        while self._pending:
+            self._reap()
+
+    def close(self):
+        """Waits for the upload under way (the shards written before an
+        error are uploaded), then removes the temporary folder."""
+        try:
+            self._pool.shutdown(wait=True)
+        finally:
+            shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def write_shards(samples, pattern, maxcount=100_000, maxsize=3_000_000_000, *,
                  image_max_side=None, quality=None, image_ext=None, start_shard=0,
-                 verbose=False, restart_markers=False):
-    """write_shards(samples, pattern, maxcount=100000, maxsize=3e9, *, image_max_side=None, quality=None, image_ext=None, start_shard=0, verbose=False, restart_markers=False) -> list of paths
+                 verbose=False, restart_markers=False, storage_options=None,
+                 remote_options=None):
+    """write_shards(samples, pattern, maxcount=100000, maxsize=3e9, *, image_max_side=None, quality=None, image_ext=None, start_shard=0, verbose=False, restart_markers=False, storage_options=None, remote_options=None) -> list of paths
 
     Write ``samples`` as WebDataset tar shards named ``pattern % n`` for
     n = start_shard, start_shard + 1, ...; return the paths written, in order.
+
+    ``pattern`` may be a URL (``s3://bucket/train-%06d.tar``, ``gs://``,
+    ``az://``, ``http(s)://``; ``file://`` is a path): each shard is then
+    written in a temporary folder (``$TMPDIR``) and uploaded with its index
+    file through obstore (a multipart upload when larger than 5 MiB) while
+    the next one is written; the URLs are returned.  ``storage_options``
+    and ``remote_options`` are ``WebDataset``'s (credentials come from the
+    store's usual environment variables).
 
     ``samples``: an iterable or map-style dataset of samples, each either a
     dict as webdataset's ``TarWriter`` takes (``{"__key__": "a1", "jpg":
@@ -544,6 +631,8 @@ def write_shards(samples, pattern, maxcount=100_000, maxsize=3_000_000_000, *,
     completed before an error stay; the one being written is removed.
     """
     pattern = os.fspath(pattern)
+    if remote_urls.scheme(pattern) == "file":  # not unquoted: "%06d" is the pattern's
+        pattern = urllib.parse.urlsplit(pattern).path
     maxcount = _positive_int("maxcount", maxcount)
     if isinstance(maxsize, bool) or not isinstance(maxsize, numbers.Real) or not maxsize > 0:
         raise ValueError(f"maxsize must be a positive number of bytes, got {maxsize!r}")
@@ -560,6 +649,15 @@ def write_shards(samples, pattern, maxcount=100_000, maxsize=3_000_000_000, *,
     start_shard = int(start_shard)
     shard_name = _shard_namer(pattern, start_shard)
     encoder = _Encoder(image_max_side, quality, bool(restart_markers))
+
+    uploader = None
+    if remote_urls.is_remote(pattern):
+        uploader = _Uploader(storage_options, remote_options, verbose)
+
+    def new_shard(number):
+        if uploader is None:
+            return _Shard(shard_name(number))
+        return _Shard(uploader.local_path(number), shard_name(number))
 
     written = []
     shard = None
@@ -581,19 +679,23 @@ def write_shards(samples, pattern, maxcount=100_000, maxsize=3_000_000_000, *,
                 size = _members_size(members)
                 if shard.count >= maxcount or _file_size(shard.members_size + size) > maxsize:
                     shard_name(number)  # raises before finishing if there is no next name
-                    _finish(shard, written, verbose)
+                    _finish(shard, written, verbose, uploader)
                     shard = None
             if shard is None:
-                shard = _Shard(shard_name(number))
+                shard = new_shard(number)
                 number += 1
             shard.add(members)
             shard.last_key = sample["__key__"]
         if shard is not None:
-            _finish(shard, written, verbose)
+            _finish(shard, written, verbose, uploader)
             shard = None
+        if uploader is not None:
+            uploader.finish()
     finally:
         if shard is not None:
             shard.abandon()
+        if uploader is not None:
+            uploader.close()
     return written
 
 

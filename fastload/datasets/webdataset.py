@@ -485,18 +485,19 @@ class WebDataset(ImageFiles):
         self._ranges[rows], self._labels[rows] = shard.images, shard.labels
         shard.images = shard.labels = None
 
-    def _ready(self, indices):
+    def _ready(self, indices, timeout=None):
         """Loads the shards that samples ``indices`` lie in: their index
         files are read, their rows filled.  The loader calls it with each
         batch's indices before the native source reads them; ``__getitem__``
         with its own.  With ``on_error="skip"`` the shards after them are
         loaded too, as far as a failed sample's replacements (the next
-        samples) can reach."""
+        samples) can reach.  ``timeout``: the loader's, for the download
+        of remote shards (``FetchTimeout`` naming the URL)."""
         if not self._unloaded and self._remote is None:
             return
         shards = self._shards_of(indices)
         if self._remote is not None:
-            self._remote.ready(sorted(shards))
+            self._remote.ready(sorted(shards), timeout)
         wanted = shards & self._unloaded
         if wanted:
             self._load(sorted(wanted))
@@ -511,14 +512,15 @@ class WebDataset(ImageFiles):
             shards |= self._reach(shards)
         return shards
 
-    def _fetch(self, indices):
+    def _fetch(self, indices, timeout=None):
         """Brings the remote shards samples ``indices`` lie in into the node
         cache and pins them there while the batch may be in flight (the
         native-source protocol's ``_fetch``): the loader calls it where the
         indices are drawn when the batch is read elsewhere (worker processes,
-        which cannot download: obstore does not survive fork)."""
+        which cannot download: obstore does not survive fork).  ``timeout``
+        as for ``_ready``."""
         if self._remote is not None:
-            self._remote.ready(sorted(self._shards_of(indices)))
+            self._remote.ready(sorted(self._shards_of(indices)), timeout)
 
     def _prefetch(self, shards):
         """Fetches ``shards`` (numbers in ``urls``, the sampler's next) into

@@ -246,21 +246,44 @@ class _BaseIter:
         self._finished = False
         self._num_yielded = 0
         self._batch_number = 0
+        self._unfetched = None
         self._sizes.clear()
         self._samples_yielded = 0
         self._batching = _resume.batching(loader)  # the sampler's epoch may be new
         self._IterableDataset_len_called = loader._IterableDataset_len_called
 
+    _unfetched = None  # a batch's indices drawn, not brought onto the node in time
+
     def _next_index(self):
-        index = next(self._sampler_iter)
-        if self._ready is not None:
-            self._ready(index)
-        elif self._fetch is not None:
-            self._fetch(index)
+        if self._unfetched is not None:  # its download timed out: tried again
+            index, self._unfetched = self._unfetched, None
+        else:
+            index = next(self._sampler_iter)
+        self._bring(index)
         self._batch_number += 1
         if self._counts_samples:
             self._sizes.append(len(index) if self._auto_collation else 1)
         return index
+
+    def _bring(self, index):
+        """Readies the batch ``index`` (``_ready`` or ``_fetch``: remote
+        shards downloaded), within the loader's ``timeout``: a wait for a
+        download is a wait for a batch.  When it times out the indices are
+        kept, to be tried again by the next call, and torch's error is
+        raised with what the dataset waited for (the shard's URL)."""
+        bring = self._ready if self._ready is not None else self._fetch
+        if bring is None:
+            return
+        if not self._timeout:
+            bring(index)
+            return
+        try:
+            bring(index, timeout=self._timeout)
+        except TimeoutError as error:
+            self._unfetched = index
+            self._timed_out = True
+            raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds: "
+                               f"{error}") from None
 
     def _handed_out(self):
         """The oldest batch taken from the sampler is handed out (or its
@@ -536,6 +559,7 @@ class WorkerIter(_BaseIter):
             self._engine = self._start_workers(loader)
         else:
             super()._reset(loader)
+            self._held = None
             self._discard_in_flight()
             self._engine.reset()
         self._epoch += 1
@@ -597,25 +621,30 @@ class WorkerIter(_BaseIter):
             raise StopIteration
         timeout = self._timeout if self._timeout > 0 else None
         while True:
-            try:
-                delivered = self._next_delivery(timeout)
-            except TimeoutError:
-                self._timed_out = True
-                raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from None
-            if delivered is None:
-                self._finished = True
-                if not self._persistent:
-                    self._shutdown()
-                raise StopIteration
-            outcome, worker, value = delivered
-            if outcome in (_C.JOB_SKIPPED, _C.JOB_CANCELLED):
-                continue
+            if self._held is not None:  # delivered when the next batch's download timed out
+                delivered, self._held = self._held, None
+                outcome, worker, value = delivered
+            else:
+                try:
+                    delivered = self._next_delivery(timeout)
+                except TimeoutError:
+                    self._timed_out = True
+                    raise RuntimeError(
+                        f"DataLoader timed out after {self._timeout} seconds") from None
+                if delivered is None:
+                    self._finished = True
+                    if not self._persistent:
+                        self._shutdown()
+                    raise StopIteration
+                outcome, worker, value = delivered
+                if outcome in (_C.JOB_SKIPPED, _C.JOB_CANCELLED):
+                    continue
+                if self._tuner is not None and self._tuner.adapting:
+                    self._apply(self._tuner.observe(time.perf_counter(), self._waited,
+                                                    _autotune.batch_nbytes(value)))
+            self._put_index_holding(delivered)
             if outcome in (_C.JOB_DONE, _C.JOB_FAILED):
-                self._handed_out()
-            if self._tuner is not None and self._tuner.adapting:
-                self._apply(self._tuner.observe(time.perf_counter(), self._waited,
-                                                _autotune.batch_nbytes(value)))
-            self._try_put_index()
+                self._handed_out()  # not before: a held batch is not handed out (state_dict)
             if outcome == _C.JOB_RETIRE:
                 continue
             if outcome == _C.JOB_FAILED:  # a native batch's error, raised as a worker's
@@ -624,6 +653,19 @@ class WorkerIter(_BaseIter):
             if isinstance(value, ExceptionWrapper):
                 value.reraise()
             return value
+
+    _held = None  # (outcome, worker, value) delivered, not handed out yet
+
+    def _put_index_holding(self, delivered):
+        """``_try_put_index()``; when the next batch's download times out,
+        the batch just ``delivered`` is held for the next call (which tries
+        that download again first), and the timeout raised."""
+        try:
+            self._try_put_index()
+        except RuntimeError:
+            if self._unfetched is not None:
+                self._held = delivered
+            raise
 
     def _shutdown(self):
         engine = getattr(self, "_engine", None)

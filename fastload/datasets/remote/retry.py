@@ -27,6 +27,15 @@ class ShardChanged(RemoteError):
     """An object's size or ETag is not what it was when the dataset was made."""
 
 
+class FetchTimeout(RemoteError, TimeoutError):
+    """A shard was not in the node cache within the time the caller gave
+    (the loader's ``timeout``): the message names the URL."""
+
+
+class Abandoned(Exception):
+    """The caller stopped waiting: no more tries."""
+
+
 def _final(error):
     """True when another try cannot help."""
     name = type(error).__name__
@@ -58,10 +67,14 @@ class Backoff:
             raise ValueError(f"attempts must be >= 1, got {attempts}")
         self.attempts, self.base_s, self.max_s, self.sleep = attempts, base_s, max_s, sleep
 
-    def call(self, what, url, fn, *args):
+    def call(self, what, url, fn, *args, stop=None):
         """``fn(*args)``, retried; a ``RemoteError`` naming ``url`` and
-        ``what`` when every try failed or the error is final."""
+        ``what`` when every try failed or the error is final.  ``stop``: an
+        ``Event`` that, once set, ends the waits and makes no more tries
+        (``Abandoned``)."""
         for attempt in range(self.attempts):
+            if stop is not None and stop.is_set():
+                raise Abandoned(url)
             try:
                 return fn(*args)
             except Exception as error:  # obstore's errors have no common OSError base
@@ -73,5 +86,9 @@ class Backoff:
                     kind = RemoteNotFound if isinstance(error, FileNotFoundError) else RemoteError
                     raise kind(f"{url}: {what} failed{tries}: {first_line(error)}") \
                         from error
-            self.sleep(min(self.max_s, self.base_s * 2 ** attempt) * (0.5 + random.random() / 2))
+            delay = min(self.max_s, self.base_s * 2 ** attempt) * (0.5 + random.random() / 2)
+            if stop is None:
+                self.sleep(delay)
+            elif stop.wait(delay):
+                raise Abandoned(url)
         raise AssertionError("unreachable")

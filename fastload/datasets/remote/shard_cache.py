@@ -128,6 +128,22 @@ def _lock(path, operation):
         _descriptors.close(fd)  # the entry was evicted while this waited: lock the new file
 
 
+def _lock_by(path, deadline):
+    """``_lock(path, LOCK_EX)``, waiting until ``deadline`` at most (None:
+    for as long as it takes); None when it is held elsewhere then.  flock
+    has no timeout: the wait polls, every 5 ms at first, then every 100."""
+    if deadline is None:
+        return _lock(path, fcntl.LOCK_EX)
+    pause = 0.005
+    while True:
+        fd = _lock(path, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        left = deadline - time.monotonic()
+        if fd is not None or left <= 0:
+            return fd
+        time.sleep(min(pause, left))
+        pause = min(0.1, pause * 2)
+
+
 class Pin:
     """A shared lock on a cache entry: its file stays while this is held."""
 
@@ -191,11 +207,12 @@ class ShardCache:
 
     # -- pins -------------------------------------------------------------------
 
-    def pin(self, key, size, fill):
+    def pin(self, key, size, fill, deadline=None):
         """A ``Pin`` on entry ``key`` holding ``size`` bytes, filled first if
         it is not in the cache: ``fill(fd)`` writes the shard into the open
         file ``fd`` (raising on failure: nothing is kept then).  Only one
-        process of the node fills an entry; the others wait for it."""
+        process of the node fills an entry; the others wait for it, until
+        ``deadline`` (a ``time.monotonic()`` value; ``TimeoutError`` then)."""
         self._ready_directory()
         data = self.path(key)
         fd = _lock(data + _LOCK, fcntl.LOCK_SH)  # from now on the entry is not evicted
@@ -203,7 +220,11 @@ class ShardCache:
             if not self._present(data, size, fill_locked=False):
                 # The fill lock, not the entry's: a reader waiting here for
                 # a download under way must not wait for the pins after it.
-                filling = _lock(data + _FILL, fcntl.LOCK_EX)
+                filling = _lock_by(data + _FILL, deadline)
+                if filling is None:
+                    raise TimeoutError(errno.ETIMEDOUT, "another download of it (another "
+                                       "worker, rank or job on the node, or the prefetch) "
+                                       "did not end in time")
                 try:
                     if not self._present(data, size):
                         self._fill(key, size, fill)

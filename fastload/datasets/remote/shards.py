@@ -11,7 +11,8 @@ start), the prefix of the index file beside it in the store
 downloaded now.
 
 Then ``ready(shards)`` brings shards into the cache (or waits for the
-process already bringing them) and pins them; a pin is kept while the
+process already bringing them; with a ``timeout``, the loader's, until
+then at most) and pins them; a pin is kept while the
 shard was asked for in the last ``keep_calls`` calls, as batches still in
 flight may read it.  ``prefetch(shards)`` (the sampler's next shards) does
 the same in a background thread, the newest request replacing an older
@@ -27,13 +28,14 @@ import json
 import os
 
 import threading
+import time
 import weakref
 import zlib
 
 import numpy as np
 
 from .. import shard_index
-from .retry import RemoteError
+from .retry import FetchTimeout, RemoteError
 from .shard_cache import ShardCache, entry_key
 from .store import Store
 from .urls import is_remote
@@ -220,7 +222,7 @@ class RemoteShards:
         by the caller (construction, while the shard is indexed)."""
         return self._pin(s)
 
-    def _pin(self, s):
+    def _pin(self, s, deadline=None):
         url, size, etag = self.urls[s], self.sizes[s], self.etags[s]
 
         def fill(fd):
@@ -228,13 +230,22 @@ class RemoteShards:
                 raise RemoteError(f"{url}: not in the shard cache, and this process was forked "
                                   "after obstore started, so it cannot download it (its "
                                   "parent readies each batch's shards before handing it out)")
-            self.store.read_into(url, fd, size, etag)
-        return self.cache.pin(self.keys[s], size, fill)
+            self.store.read_into(url, fd, size, etag, deadline)
+        try:
+            return self.cache.pin(self.keys[s], size, fill, deadline)
+        except TimeoutError as error:
+            if isinstance(error, FetchTimeout):
+                raise
+            raise FetchTimeout(f"{url}: {error.strerror or error}") from None
 
-    def ready(self, shards):
+    def ready(self, shards, timeout=None):
         """Shards ``shards`` (numbers) in the cache and pinned; pins not asked
-        for in the last ``keep_calls`` calls released."""
+        for in the last ``keep_calls`` calls released.  ``timeout``: seconds
+        to wait at most (the loader's), for a download or for another
+        process's; then ``FetchTimeout`` naming the first shard not there
+        (the others that came are kept)."""
         self._own()
+        deadline = None if not timeout else time.monotonic() + timeout
         shards = [s for s in shards if self.remote[s]]
         with self._lock:
             self._calls += 1
@@ -244,12 +255,19 @@ class RemoteShards:
                 self._last_use[s] = now
         if len(missing) <= 1:
             for s in missing:
-                self._hold(s, self._pin(s))
+                self._hold(s, self._pin(s, deadline))
         else:  # a batch over many shards (another sampler): fetched side by side
             with concurrent.futures.ThreadPoolExecutor(
                     min(len(missing), FETCH_THREADS), thread_name_prefix="fastload-ready") as pool:
-                for s, pin in zip(missing, pool.map(self._pin, missing)):
-                    self._hold(s, pin)
+                futures = [pool.submit(self._pin, s, deadline) for s in missing]
+            failed = None
+            for s, future in zip(missing, futures):
+                if future.exception() is None:
+                    self._hold(s, future.result())
+                elif failed is None:
+                    failed = future.exception()
+            if failed is not None:
+                raise failed
         self._release_old()
 
     def _hold(self, s, pin):

@@ -1,5 +1,5 @@
-"""Objects read through obstore: head, list, and whole objects read into a
-file with parallel range reads.
+"""Objects read through obstore: head, list, whole objects read into a
+file with parallel range reads, and files uploaded.
 
 obstore wraps Rust's object_store: one client per bucket (or host), its
 requests run off the GIL, credentials come from the store's usual sources
@@ -17,11 +17,13 @@ import concurrent.futures
 import datetime
 import hashlib
 import os
+import pathlib
 import re
 import threading
+import time
 
 from . import urls
-from .retry import Backoff, RemoteError, ShardChanged
+from .retry import Backoff, FetchTimeout, RemoteError, ShardChanged, first_line
 
 RANGE_BYTES = 8 << 20  # one range read
 RANGES_IN_FLIGHT = 8   # per object being read
@@ -109,10 +111,14 @@ class Store:
                 if urls.scheme(url) == "http" or _plain_http_endpoint(options):
                     client["allow_http"] = True
                 client.update(options.pop("client_options", None) or {})
-                store = obstore.store.from_url(base, client_options=client,
-                                               retry_config={"max_retries": 0}, **options)
+                _runtime_pid = os.getpid()  # from here on a forked child must not call it
+                try:
+                    store = obstore.store.from_url(base, client_options=client,
+                                                   retry_config={"max_retries": 0}, **options)
+                except Exception as error:  # credentials, options: nothing to retry
+                    raise RemoteError(f"{url}: no client for {base}: {first_line(error)}") \
+                        from error
                 self._clients[base] = store
-                _runtime_pid = os.getpid()
         return obstore, store, key
 
     def head(self, url):
@@ -145,17 +151,25 @@ class Store:
     def get_range(self, url, start, end):
         """Bytes ``[start, end)`` of the object at ``url`` (fewer at its end)."""
         obstore, store, key = self._client(url)
-        return bytes(self.backoff.call(f"GET bytes {start}-{end - 1}", url,
-                                       lambda: obstore.get_range(store, key, start=start,
-                                                                 end=end)))
+        return bytes(self.backoff.call(
+            f"GET bytes {start}-{end - 1}", url,
+            lambda: _ranged(url, obstore.get_range, store, key, start=start, end=end)))
 
-    def _range(self, url, size, etag, start, end):
+    def put_file(self, url, path):
+        """Uploads the local file ``path`` to ``url``: one request, or a
+        multipart upload for a file larger than obstore's part size (5 MiB,
+        parts sent side by side); retried whole (the store keeps the old
+        object, or none, until an upload completes)."""
+        obstore, store, key = self._client(url)
+        self.backoff.call("PUT", url, obstore.put, store, key, pathlib.Path(path))
+
+    def _range(self, url, size, etag, start, end, stop=None):
         """Bytes ``[start, end)`` of the object, checked against the size and
         ETag it had when listed."""
         obstore, store, key = self._client(url)
 
         def once():
-            result = obstore.get(store, key, options={"range": (start, end)})
+            result = _ranged(url, obstore.get, store, key, options={"range": (start, end)})
             meta = result.meta
             if int(meta["size"]) != size or (etag and meta.get("e_tag")
                                               and meta["e_tag"] != etag):
@@ -166,32 +180,46 @@ class Store:
             if len(data) != end - start:
                 raise ConnectionError(f"short read: {len(data)} of {end - start} bytes")
             return data
-        return self.backoff.call(f"GET bytes {start}-{end - 1}", url, once)
+        return self.backoff.call(f"GET bytes {start}-{end - 1}", url, once, stop=stop)
 
-    def read_into(self, url, fd, size, etag=None):
+    def read_into(self, url, fd, size, etag=None, deadline=None):
         """Writes the object at ``url`` (``size`` bytes, ``etag`` as listed)
         into the open file ``fd`` with parallel range reads, then checks its
         MD5 where the ETag is one (S3, single-part uploads).  RemoteError
         naming the URL when a range fails after its retries;
-        ``ShardChanged`` when the object is not the one listed."""
+        ``ShardChanged`` when the object is not the one listed;
+        ``FetchTimeout`` when it is not all read by ``deadline`` (a
+        ``time.monotonic()`` value): the ranges still in flight then finish
+        in the background (within the request timeout) and write nothing,
+        and no more are started."""
         os.ftruncate(fd, size)
         starts = range(0, size, self.range_bytes)
+        if deadline is None and len(starts) <= 1:  # one range, no limit: on this thread
+            for start in starts:
+                _pwrite_all(fd, self._range(url, size, etag, start, size), start)
+            self._check_md5(url, fd, size, etag)
+            return
+        writes = _Writes(fd)
 
         def one(start):
             end = min(size, start + self.range_bytes)
-            data = self._range(url, size, etag, start, end)
-            view, at = memoryview(data), 0
-            while at < len(view):
-                at += os.pwrite(fd, view[at:], start + at)
-        if len(starts) <= 1:
-            for start in starts:
-                one(start)
-        else:
-            with concurrent.futures.ThreadPoolExecutor(
-                    min(self.ranges_in_flight, len(starts)),
-                    thread_name_prefix="fastload-fetch") as pool:
-                for future in [pool.submit(one, start) for start in starts]:
+            writes.write(self._range(url, size, etag, start, end, writes.stop), start)
+        pool = concurrent.futures.ThreadPoolExecutor(
+            max(1, min(self.ranges_in_flight, len(starts))), thread_name_prefix="fastload-fetch")
+        try:
+            futures = [pool.submit(one, start) for start in starts]
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            done, pending = concurrent.futures.wait(
+                futures, timeout, return_when=concurrent.futures.FIRST_EXCEPTION)
+            if pending and not any(f.exception() for f in done):
+                raise FetchTimeout(f"{url}: not downloaded in time ({writes.written} of {size} "
+                                   "bytes read)")
+            for future in futures:
+                if future.done():
                     future.result()
+        finally:
+            writes.abandon()  # nothing is written into fd after this
+            pool.shutdown(wait=False, cancel_futures=True)
         self._check_md5(url, fd, size, etag)
 
     @staticmethod
@@ -211,3 +239,53 @@ class Store:
         if digest.hexdigest() != match.group(1).lower():
             raise RemoteError(f"{url}: the bytes read do not match the object's MD5 "
                               f"(ETag {etag}): corrupted in transit")
+
+
+def _ranged(url, get, *args, **kwargs):
+    """``get(*args, **kwargs)``, an obstore range read of ``url``; a server
+    that answers with the whole object instead (no HTTP Range support) is a
+    ``RemoteError`` that says so, not retried."""
+    try:
+        return get(*args, **kwargs)
+    except Exception as error:  # obstore's NotSupportedError
+        if type(error).__name__ == "NotSupportedError" and "range" in str(error).lower():
+            raise RemoteError(f"{url}: the server does not answer range reads (HTTP Range "
+                              "requests), which shards are read with") from error
+        raise
+
+
+class _Writes:
+    """Range reads written into one file, until ``abandon()``: after it no
+    write starts, and it returns only when those under way have ended (the
+    caller closes the file then).  ``stop`` is set by ``abandon()``."""
+
+    def __init__(self, fd):
+        self.fd = fd
+        self.stop = threading.Event()
+        self.written = 0
+        self._cond = threading.Condition()
+        self._writing = 0
+
+    def write(self, data, offset):
+        with self._cond:
+            if self.stop.is_set():
+                return
+            self._writing += 1
+        try:
+            _pwrite_all(self.fd, data, offset)
+        finally:
+            with self._cond:
+                self._writing -= 1
+                self.written += len(data)
+                self._cond.notify_all()
+
+    def abandon(self):
+        with self._cond:
+            self.stop.set()
+            self._cond.wait_for(lambda: self._writing == 0)
+
+
+def _pwrite_all(fd, data, offset):
+    view, at = memoryview(data), 0
+    while at < len(view):
+        at += os.pwrite(fd, view[at:], offset + at)

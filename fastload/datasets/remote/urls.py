@@ -29,11 +29,12 @@ def is_remote(name):
 
 def split(url):
     """``(base, key)``: the store's root (scheme and bucket, container or
-    host) and the object's path under it."""
+    host) and the object's path under it.  As obstore (object_store) and
+    fsspec read them: ``s3://bucket/key``, ``gs://bucket/key``,
+    ``az://container/key`` (``azure://``, ``adl://``, ``abfs[s]://`` alike;
+    the account from ``AZURE_STORAGE_ACCOUNT_NAME`` or ``storage_options``),
+    ``abfss://container@account.dfs.core.windows.net/key``."""
     parts = urllib.parse.urlsplit(url)
-    if scheme(url) in ("az", "azure", "abfs", "abfss", "adl") and "@" not in parts.netloc:
-        container, _, key = parts.path.lstrip("/").partition("/")  # az://account/container/key
-        return f"{parts.scheme}://{parts.netloc}/{container}", key
     key = parts.path.lstrip("/")
     if parts.query:
         key += "?" + parts.query
