@@ -371,7 +371,7 @@ PyObject *fl__parse_example(PyObject *module, PyObject *const *args, Py_ssize_t 
         } else if (!found) {
             PyErr_Format(decode_error, "feature '%U' is missing", name);
         } else if (f.kind != kind) {
-            PyErr_Format(decode_error, "feature '%U' is a %s, not a %s", name,
+            PyErr_Format(decode_error, "feature '%U' is a %s, expected %s", name,
                          fl_feature_kind_name(f.kind), fl_feature_kind_name(kind));
         } else if (!(value = feature_object(&f, msg, sizeof msg)) && !PyErr_Occurred()) {
             PyErr_Format(decode_error, "feature '%U': %s", name, msg);

@@ -55,7 +55,7 @@ static int one_value(const fl_tfrecord_source *src, int64_t index, const unsigne
         fl_set_msg(msg, msg_size, "feature '%.*s' is missing", (int)name_size, name);
         rc = FL_ERR_DECODE;
     } else if (rc == FL_OK && f.kind != kind) {
-        fl_set_msg(msg, msg_size, "feature '%.*s' is a %s, not a %s", (int)name_size, name,
+        fl_set_msg(msg, msg_size, "feature '%.*s' is a %s, expected %s", (int)name_size, name,
                    fl_feature_kind_name(f.kind), fl_feature_kind_name(kind));
         rc = FL_ERR_DECODE;
     } else if (rc == FL_OK) {
