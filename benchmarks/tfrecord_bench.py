@@ -1,0 +1,274 @@
+"""The training pipeline over the same photos as TFRecord files and as an
+image folder, and through DALI's CPU ``readers.tfrecord``, in one run.
+
+    python benchmarks/tfrecord_bench.py                    # /work/photos2000, 2 workers, 3 rounds
+    python benchmarks/tfrecord_bench.py --photos DIR --rounds 1 --batch 8 --shards 2
+    python benchmarks/tfrecord_bench.py --json tfrecord.json
+
+One pipeline: RandomResizedCrop(224) + random horizontal flip + ToTensor +
+Normalize (ImageNet mean/std), batch ``--batch`` (64), shuffled,
+``--workers`` (2) workers, float32 CHW batches out:
+
+* fastload TFRecord: ``fastload.TFRecordDataset`` over ``--shards`` TFRecord
+  files of the photos (``image/encoded``, ``image/class/label``; written
+  untimed, in the folder's order, with their tfrecord2idx index files),
+  ``fastload.transforms``, thread workers;
+* fastload ImageFolder: ``fastload.ImageFolder`` over the photos, the same
+  transform;
+* DALI: ``fn.readers.tfrecord`` over the same files and index files
+  (``random_shuffle=True``) + ``fn.decoders.image_random_crop(device="cpu")``
+  + ``fn.resize`` + ``fn.crop_mirror_normalize``, ``--workers`` threads, run
+  in a subprocess by ``--dali-python`` (default: /work/peers-venv's python
+  when it exists, else this one), skipped with the reason when DALI cannot
+  be imported there.
+
+Each loader first runs one untimed epoch, then ``--rounds`` timed epochs
+(the two fastload loaders interleaved in this process; DALI's in its
+subprocess right after); each rate is the median, ratios are of medians.
+Prints a Markdown table on stdout, progress on stderr.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import struct
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import fastload  # noqa: E402
+from fastload import transforms as T  # noqa: E402
+
+import imagenet_like  # noqa: E402
+from compare import log  # noqa: E402
+from image_timing import images_per_second  # noqa: E402
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+SIZE = 224
+PEERS_PYTHON = "/work/peers-venv/bin/python"
+DEFAULT_PHOTOS = "/work/photos2000"
+
+
+# ---------------------------------------------------------------- writing
+
+def _crc32c_masked(data):
+    crc = fastload._C.crc32c(data, "auto")
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def _varint(n):
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _field(number, payload):
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def example(image, label):
+    """A tf.train.Example of an encoded image and its label, as TensorFlow
+    writes it (packed int64 list)."""
+    def entry(name, feature):
+        return _field(1, _field(1, name) + _field(2, feature))
+
+    return _field(1, entry(b"image/encoded", _field(1, _field(1, image))) +
+                  entry(b"image/class/label", _field(3, _field(1, _varint(label)))))
+
+
+def record(data):
+    length = struct.pack("<Q", len(data))
+    return (length + struct.pack("<I", _crc32c_masked(length)) + data +
+            struct.pack("<I", _crc32c_masked(data)))
+
+
+def write_tfrecords(folder, out, shards):
+    """The folder's samples, in its order, as `shards` TFRecord files with
+    index files beside them; returns (files, index files), reusing what a
+    previous run wrote for the same photos."""
+    os.makedirs(out, exist_ok=True)
+    samples = list(fastload.ImageFolder(folder).samples)
+    files = [os.path.join(out, f"train-{s:05d}-of-{shards:05d}.tfrecord") for s in range(shards)]
+    indexes = [f + ".idx" for f in files]
+    stamp = os.path.join(out, "written.json")
+    want = {"photos": os.path.abspath(folder), "count": len(samples), "shards": shards}
+    try:
+        with open(stamp) as f:
+            if json.load(f) == want and all(map(os.path.exists, indexes)):
+                return files, indexes
+    except (OSError, ValueError):
+        pass
+    start = time.perf_counter()
+    per = -(-len(samples) // shards)
+    for s, path in enumerate(files):
+        with open(path, "wb") as f:
+            for image_path, label in samples[s * per:(s + 1) * per]:
+                with open(image_path, "rb") as g:
+                    f.write(record(example(g.read(), label)))
+        fastload.write_tfrecord_index(path, path + ".idx")
+    with open(stamp, "w") as f:
+        json.dump(want, f)
+    log(f"wrote {len(samples)} records in {shards} TFRecord files in "
+        f"{time.perf_counter() - start:.1f} s (untimed)")
+    return files, indexes
+
+
+# ---------------------------------------------------------------- loaders
+
+def transform():
+    return T.Compose([T.RandomResizedCrop(SIZE), T.RandomHorizontalFlip(), T.ToTensor(),
+                      T.Normalize(MEAN, STD)])
+
+
+def make_loaders(folder, files, batch, workers):
+    common = dict(batch_size=batch, shuffle=True, num_workers=workers, persistent_workers=True)
+    return {
+        "fastload TFRecord": fastload.DataLoader(
+            fastload.TFRecordDataset(files, transform()), **common),
+        "fastload ImageFolder": fastload.DataLoader(
+            fastload.ImageFolder(folder, transform=transform()), **common),
+    }
+
+
+DALI_CHILD = r"""
+import json, sys, time
+import numpy as np
+try:
+    import nvidia.dali
+    from nvidia.dali import fn, pipeline_def, types
+    import nvidia.dali.tfrecord as tfrec
+except ImportError as e:
+    print(json.dumps({"skipped": f"DALI cannot be imported: {e}"}))
+    sys.exit(0)
+args = json.loads(sys.argv[1])
+mean = [255 * m for m in args["mean"]]
+std = [255 * s for s in args["std"]]
+size = args["size"]
+
+@pipeline_def(device_id=None)
+def pipeline():
+    inputs = fn.readers.tfrecord(
+        path=args["files"], index_path=args["indexes"], random_shuffle=True, name="Reader",
+        features={"image/encoded": tfrec.FixedLenFeature((), tfrec.string, ""),
+                  "image/class/label": tfrec.FixedLenFeature([1], tfrec.int64, -1)})
+    images = fn.decoders.image_random_crop(inputs["image/encoded"], device="cpu",
+                                           output_type=types.RGB, random_area=[0.08, 1.0],
+                                           random_aspect_ratio=[3 / 4, 4 / 3])
+    images = fn.resize(images, resize_x=size, resize_y=size, interp_type=types.INTERP_LINEAR,
+                       antialias=True)
+    images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mean=mean,
+                                      std=std, mirror=fn.random.coin_flip(probability=0.5))
+    return images, inputs["image/class/label"]
+
+pipe = pipeline(batch_size=args["batch"], num_threads=args["workers"], prefetch_queue_depth=2,
+                seed=0)
+pipe.build()
+batches = -(-args["count"] // args["batch"])
+
+def epoch():
+    start, n = time.perf_counter(), 0
+    for _ in range(batches):
+        images, labels = pipe.run()
+        a = np.asarray(images.as_tensor())
+        if a.shape[1:] != (3, size, size) or not np.isfinite(a.sum()):
+            raise AssertionError(f"batch {a.shape}")
+        n += len(a)
+    return n / (time.perf_counter() - start)
+
+epoch()
+rates = [epoch() for _ in range(args["rounds"])]
+print(json.dumps({"rates": rates, "version": nvidia.dali.__version__}))
+"""
+
+
+def run_dali(python, files, indexes, count, batch, workers, rounds):
+    """DALI's images/s per round in a subprocess, or the reason it was
+    skipped."""
+    if not os.path.exists(python):
+        return None, f"no Python at {python}"
+    args = {"files": files, "indexes": indexes, "count": count, "batch": batch,
+            "workers": workers, "rounds": rounds, "mean": MEAN, "std": STD, "size": SIZE}
+    env = dict(os.environ, PYTHONPATH="")
+    out = subprocess.run([python, "-c", DALI_CHILD, json.dumps(args)], capture_output=True,
+                         text=True, env=env)
+    if out.returncode != 0:
+        return None, f"DALI's run failed: {out.stderr.strip().splitlines()[-1:]}"
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    if "skipped" in result:
+        return None, result["skipped"]
+    return result, None
+
+
+# ---------------------------------------------------------------- the run
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--photos", default=None,
+                        help=f"an image folder (default {DEFAULT_PHOTOS}, else generated)")
+    parser.add_argument("--images", type=int, default=2000,
+                        help="photos to generate when --photos is not given and the default "
+                             "is absent")
+    parser.add_argument("--cache", default=os.path.join(os.path.expanduser("~"), ".cache",
+                                                        "fastload-bench", "tfrecord"))
+    parser.add_argument("--shards", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--dali-python", default=PEERS_PYTHON if os.path.exists(PEERS_PYTHON)
+                        else sys.executable)
+    parser.add_argument("--no-dali", action="store_true")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+
+    folder = args.photos
+    if folder is None:
+        folder = DEFAULT_PHOTOS if os.path.isdir(DEFAULT_PHOTOS) else \
+            imagenet_like.make_image_folder(os.path.join(args.cache, f"photos-{args.images}"),
+                                            n_images=args.images)
+    out = os.path.join(args.cache, "records-" + os.path.basename(os.path.abspath(folder)))
+    files, indexes = write_tfrecords(folder, out, args.shards)
+    loaders = make_loaders(folder, files, args.batch, args.workers)
+    count = len(loaders["fastload ImageFolder"].dataset)
+    rates = {name: [] for name in loaders}
+    for name, loader in loaders.items():
+        log(f"{name}: warm-up epoch")
+        images_per_second(loader)
+    for r in range(args.rounds):
+        for name, loader in loaders.items():
+            log(f"{name}: round {r + 1}/{args.rounds}")
+            rates[name].append(images_per_second(loader))
+    skipped = {}
+    if args.no_dali:
+        skipped["DALI"] = "--no-dali"
+    else:
+        log("DALI readers.tfrecord: warm-up and rounds, in a subprocess")
+        dali, why = run_dali(args.dali_python, files, indexes, count, args.batch, args.workers,
+                             args.rounds)
+        if dali is None:
+            skipped["DALI"] = why
+        else:
+            rates[f"DALI {dali['version']} readers.tfrecord (CPU)"] = dali["rates"]
+    medians = {name: statistics.median(r) for name, r in rates.items()}
+    tf = medians["fastload TFRecord"]
+    print(f"{count} images in {args.shards} TFRecord files, batch {args.batch}, "
+          f"{args.workers} workers, {args.rounds} rounds, {os.cpu_count()} CPUs\n")
+    print("| loader | images/s (median) | fastload TFRecord / this |")
+    print("|---|---:|---:|")
+    for name, m in medians.items():
+        print(f"| {name} | {m:.1f} | {tf / m:.2f}x |")
+    for name, why in skipped.items():
+        print(f"\n{name} skipped: {why}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rates": rates, "medians": medians, "skipped": skipped,
+                       "images": count}, f, indent=1)
+    return medians, skipped
+
+
+if __name__ == "__main__":
+    main()
