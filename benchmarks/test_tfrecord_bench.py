@@ -36,3 +36,19 @@ def test_records_match_the_tfrecord_package(tmp_path):
     ex.ParseFromString(bytes(raw))
     assert ex.features.feature["image/encoded"].bytes_list.value == [b"\xff\xd8jpeg"]
     assert ex.features.feature["image/class/label"].int64_list.value == [7]
+
+
+def test_dali_is_skipped_with_the_reason_where_it_cannot_be_imported(tmp_path):
+    import importlib.util
+    import sys
+
+    try:
+        importable = importlib.util.find_spec("nvidia.dali") is not None
+    except ModuleNotFoundError:  # no nvidia package at all
+        importable = False
+    if importable:
+        pytest.skip("DALI is importable here")
+    child = tfrecord_bench.DaliChild(sys.executable, [], [], 0, 8, 1)
+    assert child.skipped.startswith("DALI cannot be imported")
+    missing = tfrecord_bench.DaliChild(str(tmp_path / "no-python"), [], [], 0, 8, 1)
+    assert missing.skipped.startswith("no Python at")

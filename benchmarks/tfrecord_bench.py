@@ -22,9 +22,9 @@ Normalize (ImageNet mean/std), batch ``--batch`` (64), shuffled,
   when it exists, else this one), skipped with the reason when DALI cannot
   be imported there.
 
-Each loader first runs one untimed epoch, then ``--rounds`` timed epochs
-(the two fastload loaders interleaved in this process; DALI's in its
-subprocess right after); each rate is the median, ratios are of medians.
+Each loader first runs one untimed epoch, then ``--rounds`` timed epochs,
+interleaved (A B C A B C ...; DALI's subprocess runs an epoch when asked and
+waits otherwise); each rate is the median, ratios are of medians.
 Prints a Markdown table on stdout, progress on stderr.
 """
 
@@ -180,28 +180,60 @@ def epoch():
         n += len(a)
     return n / (time.perf_counter() - start)
 
-epoch()
-rates = [epoch() for _ in range(args["rounds"])]
-print(json.dumps({"rates": rates, "version": nvidia.dali.__version__}))
+print(json.dumps({"ready": nvidia.dali.__version__}), flush=True)
+for line in sys.stdin:  # one epoch a line, so the parent interleaves them with its own
+    print(json.dumps({"rate": epoch()}), flush=True)
 """
 
 
-def run_dali(python, files, indexes, count, batch, workers, rounds):
-    """DALI's images/s per round in a subprocess, or the reason it was
-    skipped."""
-    if not os.path.exists(python):
-        return None, f"no Python at {python}"
-    args = {"files": files, "indexes": indexes, "count": count, "batch": batch,
-            "workers": workers, "rounds": rounds, "mean": MEAN, "std": STD, "size": SIZE}
-    env = dict(os.environ, PYTHONPATH="")
-    out = subprocess.run([python, "-c", DALI_CHILD, json.dumps(args)], capture_output=True,
-                         text=True, env=env)
-    if out.returncode != 0:
-        return None, f"DALI's run failed: {out.stderr.strip().splitlines()[-1:]}"
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    if "skipped" in result:
-        return None, result["skipped"]
-    return result, None
+class DaliChild:
+    """DALI's pipeline in a subprocess of ``python``, built once; each
+    ``epoch()`` runs one epoch there and returns its images/s, so DALI's
+    rounds interleave with the loaders of this process.  ``skipped``: why
+    it could not start (None when it runs)."""
+
+    def __init__(self, python, files, indexes, count, batch, workers):
+        self.process, self.skipped, self.version = None, None, None
+        if not os.path.exists(python):
+            self.skipped = f"no Python at {python}"
+            return
+        args = {"files": files, "indexes": indexes, "count": count, "batch": batch,
+                "workers": workers, "mean": MEAN, "std": STD, "size": SIZE}
+        env = dict(os.environ, PYTHONPATH="")
+        self.process = subprocess.Popen([python, "-c", DALI_CHILD, json.dumps(args)],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True, env=env)
+        first = self._answer()
+        if first is None or "skipped" in first:
+            self.skipped = first["skipped"] if first else self._failure()
+            self.close()
+        else:
+            self.version = first["ready"]
+
+    def _answer(self):
+        line = self.process.stdout.readline()
+        return json.loads(line) if line.strip() else None
+
+    def _failure(self):
+        self.process.wait()
+        lines = self.process.stderr.read().strip().splitlines()
+        return f"DALI's run failed: {lines[-1] if lines else self.process.returncode}"
+
+    def epoch(self):
+        self.process.stdin.write("epoch\n")
+        self.process.stdin.flush()
+        answer = self._answer()
+        if answer is None:
+            raise RuntimeError(self._failure())
+        return answer["rate"]
+
+    def close(self):
+        if self.process is None:
+            return
+        self.process.stdin.close()  # the child's loop ends
+        self.process.wait()
+        self.process.stdout.close()
+        self.process.stderr.close()
 
 
 # ---------------------------------------------------------------- the run
@@ -234,25 +266,30 @@ def main(argv=None):
     files, indexes = write_tfrecords(folder, out, args.shards)
     loaders = make_loaders(folder, files, args.batch, args.workers)
     count = len(loaders["fastload ImageFolder"].dataset)
-    rates = {name: [] for name in loaders}
-    for name, loader in loaders.items():
-        log(f"{name}: warm-up epoch")
-        images_per_second(loader)
-    for r in range(args.rounds):
-        for name, loader in loaders.items():
-            log(f"{name}: round {r + 1}/{args.rounds}")
-            rates[name].append(images_per_second(loader))
-    skipped = {}
+    measures = {name: (lambda loader=loader: images_per_second(loader))
+                for name, loader in loaders.items()}
+    skipped, dali = {}, None
     if args.no_dali:
         skipped["DALI"] = "--no-dali"
     else:
-        log("DALI readers.tfrecord: warm-up and rounds, in a subprocess")
-        dali, why = run_dali(args.dali_python, files, indexes, count, args.batch, args.workers,
-                             args.rounds)
-        if dali is None:
-            skipped["DALI"] = why
+        log("DALI readers.tfrecord: building its pipeline in a subprocess")
+        dali = DaliChild(args.dali_python, files, indexes, count, args.batch, args.workers)
+        if dali.skipped:
+            skipped["DALI"] = dali.skipped
         else:
-            rates[f"DALI {dali['version']} readers.tfrecord (CPU)"] = dali["rates"]
+            measures[f"DALI {dali.version} readers.tfrecord (CPU)"] = dali.epoch
+    rates = {name: [] for name in measures}
+    try:
+        for name, measure in measures.items():
+            log(f"{name}: warm-up epoch")
+            measure()
+        for r in range(args.rounds):
+            for name, measure in measures.items():
+                log(f"{name}: round {r + 1}/{args.rounds}")
+                rates[name].append(measure())
+    finally:
+        if dali is not None:
+            dali.close()
     medians = {name: statistics.median(r) for name, r in rates.items()}
     tf = medians["fastload TFRecord"]
     print(f"{count} images in {args.shards} TFRecord files, batch {args.batch}, "
