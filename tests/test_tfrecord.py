@@ -470,6 +470,20 @@ def test_corrupt_framing_behind_an_old_index_fails_the_read(tmp_path, how, messa
         list(fastload.DataLoader(ds, batch_size=6, num_workers=2))
 
 
+def test_a_file_cut_short_after_indexing_names_the_record(tmp_path):
+    path = write_records(tmp_path / "a.tfrecord", image_records(np.random.default_rng(11), 5))
+    ds = fastload.TFRecordDataset(path, SMALL)
+    assert ds.samples[4] == (path, 4)
+    size = os.path.getsize(path)
+    os.truncate(path, size - 10)
+    with pytest.raises(OSError, match="record 4 at offset [0-9]+") as info:
+        ds[4]
+    assert info.value.filename == path
+    with pytest.raises(OSError, match="record 4 at offset [0-9]+"):
+        list(fastload.DataLoader(ds, batch_size=5, num_workers=2))
+    ds[3]
+
+
 def test_verify_crc_false_skips_the_checks(tmp_path):
     path = damaged(tmp_path, "crc")
     ds = fastload.TFRecordDataset(path, SMALL, verify_crc=False)

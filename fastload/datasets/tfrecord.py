@@ -208,6 +208,11 @@ class TFRecordDataset(ImageFiles):
         return super()._native_source(uint8)
 
     @property
+    def samples(self):
+        """(file, record number in it) of every sample."""
+        return [(self.path(i), int(n)) for i, n in enumerate(self._record_numbers)]
+
+    @property
     def targets(self):
         """Every record's label (each record read and parsed now)."""
         return [self._target(self.example(i, dict(self._label_spec))) for i in range(len(self))]
