@@ -24,7 +24,9 @@ Normalize (ImageNet mean/std), batch ``--batch`` (64), shuffled,
 
 Each loader first runs one untimed epoch, then ``--rounds`` timed epochs,
 interleaved (A B C A B C ...; DALI's subprocess runs an epoch when asked and
-waits otherwise); each rate is the median, ratios are of medians.
+waits otherwise); each rate is the median, ratios are of medians.  Beside
+the rate, the CPU time of the loader's process per image (every thread's:
+``time.process_time``), which a machine busy with other work changes less.
 Prints a Markdown table on stdout, progress on stderr.
 """
 
@@ -125,6 +127,15 @@ def transform():
                       T.Normalize(MEAN, STD)])
 
 
+def timed(loader, count):
+    """(images/s, CPU seconds of this process an image) over one epoch: the
+    CPU time counts every thread's, so it holds on a busy machine where the
+    rate does not."""
+    cpu = time.process_time()
+    rate = images_per_second(loader)
+    return rate, (time.process_time() - cpu) / count
+
+
 def make_loaders(folder, files, batch, workers):
     common = dict(batch_size=batch, shuffle=True, num_workers=workers, persistent_workers=True)
     return {
@@ -171,18 +182,19 @@ pipe.build()
 batches = -(-args["count"] // args["batch"])
 
 def epoch():
-    start, n = time.perf_counter(), 0
+    start, cpu, n = time.perf_counter(), time.process_time(), 0
     for _ in range(batches):
         images, labels = pipe.run()
         a = np.asarray(images.as_tensor())
         if a.shape[1:] != (3, size, size) or not np.isfinite(a.sum()):
             raise AssertionError(f"batch {a.shape}")
         n += len(a)
-    return n / (time.perf_counter() - start)
+    return n / (time.perf_counter() - start), (time.process_time() - cpu) / n
 
 print(json.dumps({"ready": nvidia.dali.__version__}), flush=True)
 for line in sys.stdin:  # one epoch a line, so the parent interleaves them with its own
-    print(json.dumps({"rate": epoch()}), flush=True)
+    rate, cpu = epoch()
+    print(json.dumps({"rate": rate, "cpu": cpu}), flush=True)
 """
 
 
@@ -225,7 +237,7 @@ class DaliChild:
         answer = self._answer()
         if answer is None:
             raise RuntimeError(self._failure())
-        return answer["rate"]
+        return answer["rate"], answer["cpu"]
 
     def close(self):
         if self.process is None:
@@ -266,7 +278,7 @@ def main(argv=None):
     files, indexes = write_tfrecords(folder, out, args.shards)
     loaders = make_loaders(folder, files, args.batch, args.workers)
     count = len(loaders["fastload ImageFolder"].dataset)
-    measures = {name: (lambda loader=loader: images_per_second(loader))
+    measures = {name: (lambda loader=loader: timed(loader, count))
                 for name, loader in loaders.items()}
     skipped, dali = {}, None
     if args.no_dali:
@@ -279,6 +291,7 @@ def main(argv=None):
         else:
             measures[f"DALI {dali.version} readers.tfrecord (CPU)"] = dali.epoch
     rates = {name: [] for name in measures}
+    cpu = {name: [] for name in measures}
     try:
         for name, measure in measures.items():
             log(f"{name}: warm-up epoch")
@@ -286,23 +299,29 @@ def main(argv=None):
         for r in range(args.rounds):
             for name, measure in measures.items():
                 log(f"{name}: round {r + 1}/{args.rounds}")
-                rates[name].append(measure())
+                rate, seconds = measure()
+                rates[name].append(rate)
+                cpu[name].append(seconds)
     finally:
         if dali is not None:
             dali.close()
     medians = {name: statistics.median(r) for name, r in rates.items()}
-    tf = medians["fastload TFRecord"]
+    cpu_ms = {name: 1000 * statistics.median(c) for name, c in cpu.items()}
+    tf, tf_cpu = medians["fastload TFRecord"], cpu_ms["fastload TFRecord"]
     print(f"{count} images in {args.shards} TFRecord files, batch {args.batch}, "
           f"{args.workers} workers, {args.rounds} rounds, {os.cpu_count()} CPUs\n")
-    print("| loader | images/s (median) | fastload TFRecord / this |")
-    print("|---|---:|---:|")
+    print("| loader | images/s (median) | fastload TFRecord / this | CPU ms an image "
+          "(median) | this / fastload TFRecord |")
+    print("|---|---:|---:|---:|---:|")
     for name, m in medians.items():
-        print(f"| {name} | {m:.1f} | {tf / m:.2f}x |")
+        print(f"| {name} | {m:.1f} | {tf / m:.2f}x | {cpu_ms[name]:.2f} | "
+              f"{cpu_ms[name] / tf_cpu:.2f}x |")
     for name, why in skipped.items():
         print(f"\n{name} skipped: {why}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rates": rates, "medians": medians, "skipped": skipped,
+            json.dump({"rates": rates, "medians": medians, "cpu_seconds": cpu,
+                       "skipped": skipped,
                        "images": count}, f, indent=1)
     return medians, skipped
 
