@@ -381,6 +381,7 @@ def tfrecord_seeds():
                         "c": ("int64", [0, 1, -(2 ** 63)], True)})
     wrong = tf_example({"image/encoded": ("int64", [1], True),
                         "image/class/label": ("float", [1.0], True)})
+    ragged = pb_field(2, 2, pb_field(1, 2, b"\0" * 5))
     seeds = {
         "empty": b"",
         "one": tf_frame(plain),
@@ -391,12 +392,14 @@ def tfrecord_seeds():
         "truncated": (tf_frame(plain) + tf_frame(every))[:-9],
         "huge-length": struct.pack("<Q", 2 ** 63) + b"\0" * 20,
         "header-only": tf_frame(plain)[:10],
-        "unknown-fields": tf_frame(pb_field(9, 0, pb_varint(3)) + plain + pb_field(15, 1, b"x" * 8)),
+        "unknown-fields": tf_frame(pb_field(9, 0, pb_varint(3)) + plain +
+                                   pb_field(15, 1, b"x" * 8)),
         "group": tf_frame(plain + bytes([0x0B, 0x0C])),
         "long-varint": tf_frame(b"\x0a" + b"\xff" * 11),
         "example-only": every,
-        "packed-float-ragged": tf_frame(tf_example({"a": ("bytes", [b""], True)})
-                                        .replace(b"\x0a\x02\x0a\x00", b"\x12\x03\x0a\x01\x00")),
+        # a packed float list of 5 bytes: not a whole number of floats
+        "packed-float-ragged": tf_frame(pb_field(1, 2, pb_field(1, 2, pb_field(1, 2, b"a") +
+                                                                pb_field(2, 2, ragged)))),
     }
     return seeds
 

@@ -32,7 +32,8 @@ int fl_tfrecord_read_example(const fl_tfrecord_source *src, struct fl_image_work
     const unsigned char *rec;
     size_t got;
     const char *path = src->paths + src->offsets[index];
-    uint64_t offset = (uint64_t)src->ranges[2 * index], length = (uint64_t)src->ranges[2 * index + 1];
+    uint64_t offset = (uint64_t)src->ranges[2 * index];
+    uint64_t length = (uint64_t)src->ranges[2 * index + 1];
     int rc = fl_read_range(path, offset, length, worker_room, w, &rec, &got, err, msg, msg_size);
     if (rc == FL_OK)
         rc = fl_tfrecord_payload(rec, got, src->verify, data, size, msg, msg_size);
