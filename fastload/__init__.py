@@ -16,6 +16,8 @@ from .loader.worker import WorkerInfo, get_worker_info
 from .loader.collate import default_collate, default_convert
 from .loader.dataloader import DataLoader
 from .datasets.webdataset import ShardSampler, WebDataset
+from .datasets.tfrecord import TFRecordDataset
+from .datasets.tfrecord_index import write_tfrecord_index
 from .datasets.base import Dataset, IterableDataset
 from .datasets.mix import MixDataset, MixSampler
 from .loader.sampler import (
@@ -83,6 +85,7 @@ __all__ = [
     "SequentialSampler",
     "ShardSampler",
     "SubsetRandomSampler",
+    "TFRecordDataset",
     "TokenDataset",
     "WebDataset",
     "WeightedRandomSampler",
@@ -94,4 +97,5 @@ __all__ = [
     "get_worker_info",
     "shards_from_image_folder",
     "write_shards",
+    "write_tfrecord_index",
 ]

@@ -1,6 +1,6 @@
 """Writes the seed corpora of the fuzz targets (fuzz/corpus/<target>).
 
-    python fuzz/make_corpus.py [pipeline] [tar]      # both when none is named
+    python fuzz/make_corpus.py [pipeline] [tar] [tfrecord]   # all when none is named
 
 pipeline: each seed is 16 parameter bytes (the plan: see fuzz_pipeline.c)
 followed by a small JPEG from benchmarks/imagenet_like.make_test_images:
@@ -17,6 +17,11 @@ base-256 sizes, v7 directories, old-GNU times where ustar keeps its prefix,
 trailing garbage), and malformed ones (truncated, a member cut short, a bad
 checksum, a huge size, "../" and absolute names, a sparse member, gzip
 bytes, a duplicate extension).
+
+tfrecord: TFRecord files of Examples built by hand (every kind of list,
+packed and unpacked, unknown fields, an empty Example), and damaged ones (a
+bad length or data CRC, truncated, a huge length, a group, a varint too
+long, a ragged packed list); and one bare Example.
 
 Deterministic, so the corpus in the repository can be regenerated; files
 over MAX_BYTES are left out to keep it small.
@@ -311,8 +316,106 @@ def tar_corpus():
     report(out, written)
 
 
+def crc32c(data):
+    """CRC-32C in plain Python (the seeds need no package)."""
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc ^= b
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 & -(crc & 1))
+    return crc ^ 0xFFFFFFFF
+
+
+def tf_frame(data, bad_length_crc=False, bad_data_crc=False):
+    def masked(d):
+        crc = crc32c(d)
+        return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+    length = struct.pack("<Q", len(data))
+    return (length + struct.pack("<I", masked(length) ^ bad_length_crc) + data +
+            struct.pack("<I", masked(data) ^ bad_data_crc))
+
+
+def pb_varint(n):
+    n &= (1 << 64) - 1
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def pb_field(number, wire, payload):
+    tag = pb_varint(number << 3 | wire)
+    return tag + (pb_varint(len(payload)) + payload if wire == 2 else payload)
+
+
+def tf_example(features):
+    """An Example from {name: (kind, values, packed)}."""
+    entries = b""
+    for name, (kind, values, packed) in features.items():
+        if kind == "bytes":
+            body = b"".join(pb_field(1, 2, v) for v in values)
+        elif kind == "float":
+            raw = [struct.pack("<f", v) for v in values]
+            body = pb_field(1, 2, b"".join(raw)) if packed else \
+                b"".join(pb_field(1, 5, r) for r in raw)
+        else:
+            raw = [pb_varint(v) for v in values]
+            body = pb_field(1, 2, b"".join(raw)) if packed else \
+                b"".join(pb_field(1, 0, r) for r in raw)
+        value = pb_field({"bytes": 1, "float": 2, "int64": 3}[kind], 2, body)
+        entries += pb_field(1, 2, pb_field(1, 2, name.encode()) + pb_field(2, 2, value))
+    return pb_field(1, 2, entries)
+
+
+def tfrecord_seeds():
+    image = b"\xff\xd8\xff\xe0" + bytes(range(60)) + b"\xff\xd9"
+    plain = tf_example({"image/encoded": ("bytes", [image], True),
+                        "image/class/label": ("int64", [7], True)})
+    every = tf_example({"image/encoded": ("bytes", [image, b""], True),
+                        "image/class/label": ("int64", [-1, 2 ** 63 - 1], False),
+                        "a": ("float", [1.5, -0.0, 3e38], True),
+                        "b": ("float", [2.5], False),
+                        "c": ("int64", [0, 1, -(2 ** 63)], True)})
+    wrong = tf_example({"image/encoded": ("int64", [1], True),
+                        "image/class/label": ("float", [1.0], True)})
+    ragged = pb_field(2, 2, pb_field(1, 2, b"\0" * 5))
+    seeds = {
+        "empty": b"",
+        "one": tf_frame(plain),
+        "three": tf_frame(plain) + tf_frame(every) + tf_frame(wrong),
+        "empty-example": tf_frame(b""),
+        "bad-length-crc": tf_frame(plain, bad_length_crc=True),
+        "bad-data-crc": tf_frame(plain) + tf_frame(every, bad_data_crc=True),
+        "truncated": (tf_frame(plain) + tf_frame(every))[:-9],
+        "huge-length": struct.pack("<Q", 2 ** 63) + b"\0" * 20,
+        "header-only": tf_frame(plain)[:10],
+        "unknown-fields": tf_frame(pb_field(9, 0, pb_varint(3)) + plain +
+                                   pb_field(15, 1, b"x" * 8)),
+        "group": tf_frame(plain + bytes([0x0B, 0x0C])),
+        "long-varint": tf_frame(b"\x0a" + b"\xff" * 11),
+        "example-only": every,
+        # a packed float list of 5 bytes: not a whole number of floats
+        "packed-float-ragged": tf_frame(pb_field(1, 2, pb_field(1, 2, pb_field(1, 2, b"a") +
+                                                                pb_field(2, 2, ragged)))),
+    }
+    return seeds
+
+
+def tfrecord_corpus():
+    out = fresh_directory("tfrecord")
+    written = 0
+    for name, data in tfrecord_seeds().items():
+        if len(data) <= MAX_BYTES:
+            (out / name).write_bytes(data)
+            written += 1
+    report(out, written)
+
+
 def main(targets):
-    corpora = {"pipeline": pipeline_corpus, "tar": tar_corpus}
+    corpora = {"pipeline": pipeline_corpus, "tar": tar_corpus, "tfrecord": tfrecord_corpus}
     for target in targets or corpora:
         corpora[target]()
 

@@ -392,6 +392,29 @@ PyObject *fl__tar_read(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     "and OSError(EIO) when a member lies past its end (the file was cut since\n"           \
     "it was indexed)."
 
+/* source/tfrecord.c: TFRecordSource (the records an ImageSource made with
+ * records= reads: csrc/core/source/tfrecord_source.h), tfrecord_index() and
+ * parse_example().  fl__tfrecord_core gives a TFRecordSource's core source
+ * when it has `length` records (NULL with TypeError or ValueError). */
+struct fl_tfrecord_source;
+int fl__add_tfrecord_type(PyObject *module);
+const struct fl_tfrecord_source *fl__tfrecord_core(PyObject *obj, int64_t length);
+PyObject *fl__tfrecord_index(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+#define FL__TFRECORD_INDEX_DOC                                                              \
+    "tfrecord_index(path, verify=True, /)\n--\n\n"                                          \
+    "The records of a TFRecord file as an int64 array of (offset, size) rows,\n"           \
+    "size with the framing (DALI's tfrecord2idx): each header read with the GIL\n"          \
+    "released and, with `verify`, its length CRC checked.  OSError when the file\n"        \
+    "cannot be read; fastload.DecodeError naming the record for a corrupt length\n"        \
+    "or a truncated record."
+PyObject *fl__parse_example(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+#define FL__PARSE_EXAMPLE_DOC                                                               \
+    "parse_example(data, features, /)\n--\n\n"                                              \
+    "The features of a serialized tf.train.Example: `features` a tuple of\n"               \
+    "(name, kind) pairs, kind 'bytes', 'float' or 'int64'; returns a dict name ->\n"       \
+    "list of bytes, float32 array or int64 array.  fastload.DecodeError for a\n"           \
+    "malformed Example, or a feature missing or of another kind (naming it)."
+
 /* cuda/cuda.c */
 PyObject *fl__cuda_driver(PyObject *module, PyObject *unused);
 /* cuda_pci_bus_id(ordinal): the device's PCI address (str), or RuntimeError. */

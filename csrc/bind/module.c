@@ -98,6 +98,10 @@ static PyMethodDef module_methods[] = {
      "Switches every loader's timers on (the default) or off, process-wide:\n"
      "only to measure what they cost."},
     {"tar_index", (PyCFunction)(void (*)(void))fl__tar_index, METH_FASTCALL, FL__TAR_INDEX_DOC},
+    {"tfrecord_index", (PyCFunction)(void (*)(void))fl__tfrecord_index, METH_FASTCALL,
+     FL__TFRECORD_INDEX_DOC},
+    {"parse_example", (PyCFunction)(void (*)(void))fl__parse_example, METH_FASTCALL,
+     FL__PARSE_EXAMPLE_DOC},
     {"tar_read", (PyCFunction)(void (*)(void))fl__tar_read, METH_FASTCALL, FL__TAR_READ_DOC},
     {"copy_mapped", (PyCFunction)(void (*)(void))fl__copy_mapped, METH_FASTCALL,
      FL__COPY_MAPPED_DOC},
@@ -158,6 +162,8 @@ static int module_exec(PyObject *module)
         add_type(module, &fl__GpuDecoder_spec, NULL, &state->GpuDecoder_type) < 0)
         return -1;
     if (fl__add_lmdb_type(module) < 0)
+        return -1;
+    if (fl__add_tfrecord_type(module) < 0)
         return -1;
     state->DecodeError = PyErr_NewExceptionWithDoc(
         "fastload.DecodeError",

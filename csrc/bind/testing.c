@@ -14,6 +14,7 @@
 #include "core/image/jpeg.h"
 #include "core/image/pipeline.h"
 #include "core/image/resample.h"
+#include "core/source/crc32c.h"
 #include "core/status.h"
 
 /* The arguments `(plan, seed, epoch, index, ...)` of the probes that report a
@@ -562,7 +563,43 @@ static PyObject *gpu_part_finish_on_host(PyObject *module, PyObject *const *args
 }
 
 /* Added to fastload._C by module.c's exec (PyModule_AddFunctions). */
+/* crc32c(data, impl): the core's CRC-32C of a buffer by one implementation
+ * ("auto", "table", "hw"); None for "hw" when the CPU lacks SSE4.2. */
+static PyObject *crc32c_probe(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    const char *impl;
+    if (nargs != 2 || !(impl = PyUnicode_Check(args[1]) ? PyUnicode_AsUTF8(args[1]) : NULL)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "crc32c(data, impl) takes a buffer and a str");
+        return NULL;
+    }
+    int which = strcmp(impl, "auto") == 0 ? 0 : strcmp(impl, "table") == 0 ? 1
+                : strcmp(impl, "hw") == 0 ? 2 : -1;
+    if (which < 0) {
+        PyErr_Format(PyExc_ValueError, "crc32c: impl must be auto, table or hw, not %s", impl);
+        return NULL;
+    }
+    if (which == 2 && !fl_crc32c_hw_available())
+        Py_RETURN_NONE;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    uint32_t crc;
+    Py_BEGIN_ALLOW_THREADS
+    crc = which == 0   ? fl_crc32c(0, view.buf, (size_t)view.len)
+          : which == 1 ? fl_crc32c_table(0, view.buf, (size_t)view.len)
+                       : fl_crc32c_hw(0, view.buf, (size_t)view.len);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(crc);
+}
+
 PyMethodDef fl__testing_methods[] = {
+    {"crc32c", (PyCFunction)(void (*)(void))crc32c_probe, METH_FASTCALL,
+     "crc32c(data, impl, /)\n--\n\n"
+     "The CRC-32C of a buffer by 'auto' (what TFRecord reads use), 'table' or\n"
+     "'hw' (SSE4.2; None when this CPU lacks it), for tests."},
     {"color_draws", (PyCFunction)(void (*)(void))color_draws, METH_FASTCALL,
      "color_draws(plan, seed, epoch, index, /)\n--\n\n"
      "The colour ops a plan draws for one sample, for tests: (order, factors\n"

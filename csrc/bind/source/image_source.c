@@ -30,6 +30,7 @@
 #include "core/observe/stats.h"
 #include "core/source/image_source.h"
 #include "core/source/memory_source.h"
+#include "core/source/tfrecord_source.h"
 #include "core/status.h"
 
 #include <errno.h>
@@ -64,6 +65,7 @@ typedef struct ImageSourceObject {
     PyObject *cache;       /* SampleCache backing core.cache, or None */
     PyObject *lmdb;        /* LMDBSource the samples are read from, or None */
     PyObject *memory;      /* (buffers, which) the samples lie in, or None */
+    PyObject *records;     /* TFRecordSource the samples are read from, or NULL */
     Py_buffer *views;      /* the buffers, held while the source lives */
     Py_ssize_t n_views;
     const unsigned char **bases;
@@ -438,15 +440,18 @@ static PyObject *ImageSource_new(PyTypeObject *type, PyObject *args, PyObject *k
 {
     static char *kwlist[] = {"paths", "offsets", "labels", "plan", "exact", "max_pixels",
                              "skip", "fallback", "ranges", "fallback_all", "cache", "lmdb",
-                             "memory", "cache_pixels", "gpu_split", "cache_restart", NULL};
+                             "memory", "cache_pixels", "gpu_split", "cache_restart",
+                             "records", NULL};
     PyObject *paths, *offsets, *labels, *plan = Py_None, *fallback = Py_None, *ranges = Py_None;
     PyObject *cache = Py_None, *lmdb = Py_None, *memory = Py_None, *gpu_split = Py_None;
+    PyObject *records = Py_None;
     int exact = 0, skip = 0, fallback_all = 0, cache_pixels = 0, cache_restart = 0;
     unsigned long long max_pixels = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "SOO|O$pKpOOpOOOpOp:ImageSource", kwlist,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "SOO|O$pKpOOpOOOpOpO:ImageSource", kwlist,
                                      &paths, &offsets, &labels, &plan, &exact, &max_pixels,
                                      &skip, &fallback, &ranges, &fallback_all, &cache, &lmdb,
-                                     &memory, &cache_pixels, &gpu_split, &cache_restart))
+                                     &memory, &cache_pixels, &gpu_split, &cache_restart,
+                                     &records))
         return NULL;
     image_split split = {0};
     if (gpu_split != Py_None) {
@@ -470,6 +475,11 @@ static PyObject *ImageSource_new(PyTypeObject *type, PyObject *args, PyObject *k
         /* The bytes lie in memory (an LMDB map, a table) already. */
         PyErr_SetString(PyExc_ValueError,
                         "ImageSource: a source in memory (lmdb, memory) caches pixels only");
+        return NULL;
+    }
+    if (records != Py_None && (core_cache || lmdb != Py_None || memory != Py_None)) {
+        /* A record's label is read with its image: a cache would lose it. */
+        PyErr_SetString(PyExc_ValueError, "ImageSource: records excludes cache, lmdb, memory");
         return NULL;
     }
     const struct fl_lmdb_source *lmdb_core = NULL;
@@ -563,6 +573,16 @@ static PyObject *ImageSource_new(PyTypeObject *type, PyObject *args, PyObject *k
         self->core.read_bytes = fl__lmdb_read_bytes;
         self->core.bytes_ctx = lmdb_core;
     }
+    if (records != Py_None) {
+        const struct fl_tfrecord_source *records_core = fl__tfrecord_core(records, n);
+        if (!records_core) {
+            Py_DECREF(self);
+            return NULL;
+        }
+        self->records = Py_NewRef(records);
+        self->core.read_sample = fl_tfrecord_read_sample;
+        self->core.sample_ctx = records_core;
+    }
     if (memory != Py_None && attach_memory(self, memory, r) < 0) {
         Py_DECREF(self);
         return NULL;
@@ -618,6 +638,7 @@ static void ImageSource_dealloc(ImageSourceObject *self)
     Py_CLEAR(self->ranges);
     Py_CLEAR(self->cache);
     Py_CLEAR(self->lmdb);
+    Py_CLEAR(self->records);
     release_memory(self);
     Py_CLEAR(self->memory);
     type->tp_free(self);
@@ -822,7 +843,7 @@ static PyGetSetDef ImageSource_getset[] = {
 static PyType_Slot ImageSource_slots[] = {
     {Py_tp_doc, "ImageSource(paths, offsets, labels, plan=None, *, exact=False, max_pixels=0, "
                 "skip=False, fallback=None, ranges=None, fallback_all=False, cache=None, "
-                "cache_pixels=False, gpu_split=None, cache_restart=False)\n--\n\n"
+                "cache_pixels=False, gpu_split=None, cache_restart=False, records=None)\n--\n\n"
                 "The native source of fastload's image datasets (max_pixels=0: no limit;\n"
                 "ranges: (offset, size) of each sample inside its file; fallback_all: PNG\n"
                 "and WebP files go to the fallback decoder too; cache: a SampleCache\n"
@@ -830,7 +851,8 @@ static PyType_Slot ImageSource_slots[] = {
                 "cache_restart: JPEGs cached rewritten with restart markers;\n"
                 "gpu_split=(bytes, entries, pixels, explore): batches leave gpu_share of\n"
                 "their JPEGs to the GPU decode stage, as a third output, the GPU's part,\n"
-                "of those budgets per image; every explore-th batch gives each side one)."},
+                "of those budgets per image; every explore-th batch gives each side one;\n"
+                "records: a TFRecordSource the samples and their labels are read from)."},
     {Py_tp_new, ImageSource_new},
     {Py_tp_dealloc, ImageSource_dealloc},
     {Py_tp_traverse, ImageSource_traverse},

@@ -84,7 +84,11 @@ int fl_image_source_read(const fl_image_source *src, fl_image_worker *w, int64_t
         length = (uint64_t)src->ranges[2 * index + 1];
     }
     int rc;
-    if (src->cache && read_cached(src->cache, w, index, file)) {
+    file->label = src->labels[index];
+    if (src->read_sample) {
+        rc = src->read_sample(src->sample_ctx, w, index, &file->data, &file->size, &file->label,
+                              &failure->err, failure->msg, sizeof failure->msg);
+    } else if (src->cache && read_cached(src->cache, w, index, file)) {
         rc = FL_OK;
         if (src->cache_pixels) {
             file->format = FL_FORMAT_PIXELS;
@@ -291,9 +295,9 @@ int fl_image_source_batch_split(const fl_image_source *src, fl_image_worker *w,
         void *dst = (char *)images + p * row_bytes;
         int64_t index = idx[p];
         int want_gpu = gpu && gpu_turn(p, n, gpu->head->count, gpu_wanted);
+        fl_image_file file;
         for (int tries = 0;; tries++) {
             fl_sample_key key = {seed, epoch, (uint64_t)index};
-            fl_image_file file;
             uint64_t start = gpu ? fl_stats_now() : 0;
             int rc = fl_image_source_read(src, w, index, &file, f);
             if (rc == FL_OK && want_gpu && add_to_gpu(src, w, &file, &key, p, gpu)) {
@@ -312,7 +316,7 @@ int fl_image_source_batch_split(const fl_image_source *src, fl_image_worker *w,
             if (index < 0)
                 return f->status;
         }
-        labels[p] = src->labels[index];
+        labels[p] = file.label;
     }
     f->status = FL_OK;
     return FL_OK;

@@ -73,6 +73,15 @@ typedef struct fl_image_source {
     int (*read_bytes)(const void *ctx, fl_image_worker *w, int64_t index,
                       const unsigned char **data, size_t *size, char *msg, size_t msg_size);
     const void *bytes_ctx;
+    /* NULL, or (taking the place of read_bytes and the file read) sample
+     * i's bytes and its label together, from a record that holds both (a
+     * TFRecord's Example: tfrecord_source.h), valid as read_bytes' are;
+     * the label replaces labels[i].  FL_ERR_IO sets *err (errno, or 0).
+     * A source with read_sample has no cache. */
+    int (*read_sample)(const void *ctx, fl_image_worker *w, int64_t index,
+                       const unsigned char **data, size_t *size, int64_t *label, int *err,
+                       char *msg, size_t msg_size);
+    const void *sample_ctx;
 } fl_image_source;
 
 /* One sample that failed. */
@@ -131,6 +140,7 @@ typedef struct fl_image_file {
     const unsigned char *data;
     size_t size;
     fl_image_format format;  /* FL_FORMAT_OTHER: the fallback decodes it */
+    int64_t label;           /* the sample's label (labels[index], or read_sample's) */
 } fl_image_file;
 
 /* Reads sample `index` (from the source's cache when it holds the sample,
