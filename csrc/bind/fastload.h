@@ -22,7 +22,8 @@
  *   source/         image_source.c (ImageSource), gather.c (RowSource and
  *                   WindowSource), lmdb_source.c (LMDBSource and LMDBRows),
  *                   sample_cache.c (SampleCache), tar_index.c (tar_index()),
- *                   dir_scan.c (dir_scan(), dir_check(), dir_samples())
+ *                   dir_scan.c (dir_scan(), dir_check(), dir_samples(),
+ *                   dir_checksum())
  *   cuda/           cuda.c (the run-time-loaded driver and the helpers the
  *                   files below share), upload.c (CudaStream and CudaEvent),
  *                   device_array.c (DeviceArray, exported through DLPack),
@@ -402,7 +403,7 @@ PyObject *fl__dir_scan(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     "top walked once), on `threads` threads with the GIL released.  Returns the\n"          \
     "walk as a dict: bytes 'folder_paths', 'names', 'check_paths' (NUL-terminated,\n"        \
     "relative to prefix) and int64 arrays 'top_folders', 'folder_offsets',\n"                \
-    "'folder_files', 'name_offsets', 'check_offsets', 'checks' (rows of dev, ino,\n"         \
+    "'folder_files', 'check_offsets', 'checks' (rows of dev, ino,\n"         \
     "mtime_ns, ctime_ns, size, listing hash, racy: ctime or mtime at or after\n"             \
     "racy_after_ns); 'complete' (every folder read) and 'dirs_read'."
 PyObject *fl__dir_samples(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
@@ -413,6 +414,11 @@ PyObject *fl__dir_samples(PyObject *module, PyObject *const *args, Py_ssize_t na
     "files whose ASCII-lowercased path ends with one of `extensions` (tuple of\n"           \
     "bytes; None: every file).  `undecided`: indices of kept samples whose\n"               \
     "non-ASCII tail Python's str.lower() may judge otherwise."
+PyObject *fl__dir_checksum(PyObject *module, PyObject *arg);
+#define FL__DIR_CHECKSUM_DOC                                                                \
+    "dir_checksum(buffer, /)\n--\n\n"                                                        \
+    "A 64-bit checksum of the buffer's bytes (an index file's body), computed\n"            \
+    "with the GIL released at the speed of memory."
 PyObject *fl__dir_check(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 #define FL__DIR_CHECK_DOC                                                                   \
     "dir_check(prefix, walk, threads, /)\n--\n\n"                                            \

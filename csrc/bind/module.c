@@ -101,6 +101,7 @@ static PyMethodDef module_methods[] = {
     {"tar_read", (PyCFunction)(void (*)(void))fl__tar_read, METH_FASTCALL, FL__TAR_READ_DOC},
     {"dir_scan", (PyCFunction)(void (*)(void))fl__dir_scan, METH_FASTCALL, FL__DIR_SCAN_DOC},
     {"dir_check", (PyCFunction)(void (*)(void))fl__dir_check, METH_FASTCALL, FL__DIR_CHECK_DOC},
+    {"dir_checksum", (PyCFunction)fl__dir_checksum, METH_O, FL__DIR_CHECKSUM_DOC},
     {"dir_samples", (PyCFunction)(void (*)(void))fl__dir_samples, METH_FASTCALL,
      FL__DIR_SAMPLES_DOC},
     {"copy_mapped", (PyCFunction)(void (*)(void))fl__copy_mapped, METH_FASTCALL,

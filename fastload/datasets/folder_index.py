@@ -31,11 +31,11 @@ each leave a whole file and readers see one whole file or another.
 
 import hashlib
 import json
+import mmap
 import os
 import struct
 import tempfile
 import time
-import zlib
 
 import numpy as np
 
@@ -46,10 +46,9 @@ MAGIC = b"FLDIRIX1"
 NAME = ".fastload-folder-index"
 RACY_SECONDS = 3.0  # module constant: the tests set it to 0 to see a clean reuse
 SCAN_THREADS = 8  # folders read at once: on network file systems latency, not CPU, bounds a scan
-_PREFIX = struct.Struct("<QQQ")  # header length, body length, body CRC-32 (the body 8-aligned)
+_PREFIX = struct.Struct("<QQQ")  # header length, body length, body checksum (the body 8-aligned)
 _BYTES = ("tops", "folder_paths", "names", "check_paths")
-_ARRAYS = ("top_folders", "folder_offsets", "folder_files", "name_offsets", "check_offsets",
-           "checks")
+_ARRAYS = ("top_folders", "folder_offsets", "folder_files", "check_offsets", "checks")
 _CHECK_FIELDS = 7  # dev, ino, mtime_ns, ctime_ns, size, listing hash, racy (dir_scan.h)
 _CHECK_CTIME, _CHECK_MTIME, _CHECK_RACY = 3, 2, 6
 
@@ -134,7 +133,7 @@ def _write(path, found):
     layout, parts, at = {}, [], 0
     for name in _BYTES + _ARRAYS:
         value = found[name]
-        data = value if isinstance(value, bytes) else np.ascontiguousarray(value, "<i8").tobytes()
+        data = bytes(value) if name in _BYTES else np.ascontiguousarray(value, "<i8").tobytes()
         layout[name] = [at, len(data)]
         parts.append(data)
         parts.append(b"\0" * (-len(data) % 8))
@@ -146,7 +145,7 @@ def _write(path, found):
     try:
         os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide it from the tree's other users
         with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC + _PREFIX.pack(len(header), len(body), zlib.crc32(body)) + header)
+            f.write(MAGIC + _PREFIX.pack(len(header), len(body), _C.dir_checksum(body)) + header)
             f.write(body)
         os.replace(temp, path)
     except BaseException:
@@ -159,20 +158,24 @@ def _write(path, found):
 
 def _load(path, tops):
     """The walk kept at ``path`` for these tops, or None (no file, another
-    version's, damaged, or for other classes)."""
+    version's, damaged, or for other classes).  The file is mapped, not
+    read: the walk's names stay in the page cache, viewed, not copied."""
     try:
         with open(path, "rb") as f:
-            data = f.read()
-    except OSError:
+            size = os.fstat(f.fileno()).st_size
+            if size < len(MAGIC) + _PREFIX.size:
+                return None
+            data = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
         return None
     start = len(MAGIC) + _PREFIX.size
-    if len(data) < start or data[:len(MAGIC)] != MAGIC:
+    if data[:len(MAGIC)] != MAGIC:
         return None
-    header_length, body_length, crc = _PREFIX.unpack_from(data, len(MAGIC))
-    if start + header_length + body_length != len(data):
+    header_length, body_length, checksum = _PREFIX.unpack_from(data, len(MAGIC))
+    if start + header_length + body_length != size:
         return None
     body = memoryview(data)[start + header_length:]
-    if zlib.crc32(body) != crc:
+    if _C.dir_checksum(body) != checksum:
         return None
     try:
         header = json.loads(data[start:start + header_length])
@@ -180,10 +183,11 @@ def _load(path, tops):
         found = {}
         for name in _BYTES + _ARRAYS:
             at, length = (int(v) for v in layout[name])
-            if at < 0 or length < 0 or at + length > body_length:
+            if at < 0 or length < 0 or at + length > body_length or at % 8 or length % 8 and \
+                    name in _ARRAYS:
                 return None
             raw = body[at:at + length]
-            found[name] = bytes(raw) if name in _BYTES else np.frombuffer(raw, "<i8")
+            found[name] = raw if name in _BYTES else np.frombuffer(raw, "<i8")
         checks = int(header["checks"])
     except (ValueError, KeyError, TypeError):
         return None

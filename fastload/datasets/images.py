@@ -415,13 +415,13 @@ def _folder_samples(root, keys, extensions, is_valid_file, index):
         def valid(path):
             return path.lower().endswith(exts)
     if len(judge):
-        paths = _split(blob)
-        keep = np.ones(len(paths), bool)
-        keep[judge] = [bool(valid(os.fsdecode(paths[i]))) for i in judge.tolist()]
+        judged = [blob[start:blob.index(b"\0", start)] for start in offsets[judge].tolist()]
+        keep = np.ones(len(offsets), bool)
+        keep[judge] = [bool(valid(os.fsdecode(path))) for path in judged]
         if not keep.all():
             top = np.repeat(np.arange(len(keys)), counts)
             counts = np.bincount(top[keep], minlength=len(keys))
-            blob, offsets = _join([p for p, k in zip(paths, keep.tolist()) if k])
+            blob, offsets = _join([p for p, k in zip(_split(blob), keep.tolist()) if k])
     return (blob or b"\0", offsets), counts, info  # ImageSource's blob ends with a NUL
 
 

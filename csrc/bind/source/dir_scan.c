@@ -95,7 +95,6 @@ PyObject *fl__dir_scan(PyObject *module, PyObject *const *args, Py_ssize_t nargs
         put(result, "folder_offsets", int64_copy(walk.folder_offsets, walk.n_folders, 1)) ||
         put(result, "folder_files", int64_copy(walk.folder_files, walk.n_folders + 1, 1)) ||
         put(result, "names", bytes_of(walk.names, walk.names_size)) ||
-        put(result, "name_offsets", int64_copy(walk.name_offsets, walk.n_names, 1)) ||
         put(result, "check_paths", bytes_of(walk.check_paths, walk.check_paths_size)) ||
         put(result, "check_offsets", int64_copy(walk.check_offsets, walk.n_checks, 1)) ||
         put(result, "checks",
@@ -113,15 +112,19 @@ done:
 /* ------------------------------------------------ a walk read from a dict */
 
 typedef struct held {
-    PyObject *objects[12]; /* strong references keeping the views alive */
+    PyObject *objects[8]; /* strong references keeping the arrays alive */
     int n;
+    Py_buffer views[4];   /* the blobs, any buffer (bytes, an index file's mmap) */
+    int n_views;
 } held;
 
 static void held_release(held *h)
 {
     for (int i = 0; i < h->n; i++)
         Py_DECREF(h->objects[i]);
-    h->n = 0;
+    for (int i = 0; i < h->n_views; i++)
+        PyBuffer_Release(&h->views[i]);
+    h->n = h->n_views = 0;
 }
 
 /* dict[key] as a C-contiguous int64 array of `count` elements (-1: any);
@@ -148,17 +151,20 @@ static int int64_item(PyObject *dict, const char *key, Py_ssize_t count, held *h
     return 0;
 }
 
+/* dict[key] as a buffer of bytes (held until held_release). */
 static int bytes_item(PyObject *dict, const char *key, held *h, char **data, size_t *len)
 {
-    PyObject *item = PyDict_GetItemString(dict, key);
-    if (!item || !PyBytes_Check(item)) {
-        PyErr_Format(PyExc_TypeError, "the walk's %s must be bytes", key);
+    PyObject *item = PyDict_GetItemString(dict, key); /* borrowed */
+    if (!item) {
+        PyErr_Format(PyExc_KeyError, "the walk has no %s", key);
         return -1;
     }
-    Py_INCREF(item);
-    h->objects[h->n++] = item;
-    *data = PyBytes_AS_STRING(item);
-    *len = (size_t)PyBytes_GET_SIZE(item);
+    Py_buffer *view = &h->views[h->n_views];
+    if (PyObject_GetBuffer(item, view, PyBUF_SIMPLE) < 0)
+        return -1;
+    h->n_views++;
+    *data = view->buf;
+    *len = (size_t)view->len;
     return 0;
 }
 
@@ -181,10 +187,12 @@ static int walk_of(PyObject *dict, fl_dir_walk *w, held *h)
     w->n_tops = n - 1;
     if (int64_item(dict, "folder_offsets", -1, h, &w->folder_offsets, &w->n_folders) < 0 ||
         int64_item(dict, "folder_files", (Py_ssize_t)w->n_folders + 1, h, &w->folder_files, &n) < 0 ||
-        int64_item(dict, "name_offsets", -1, h, &w->name_offsets, &w->n_names) < 0 ||
         bytes_item(dict, "folder_paths", h, &w->folder_paths, &w->folder_paths_size) < 0 ||
         bytes_item(dict, "names", h, &w->names, &w->names_size) < 0)
         return -1;
+    /* the names blob holds folder_files[-1] names (fl_dir_samples_room checks) */
+    int64_t last = w->folder_files[w->n_folders];
+    w->n_names = last > 0 ? (size_t)last : 0;
     return 0;
 }
 
@@ -196,11 +204,20 @@ PyObject *fl__dir_samples(PyObject *module, PyObject *const *args, Py_ssize_t na
                         "dir_samples(prefix: bytes, walk: dict, extensions: tuple of bytes or None)");
         return NULL;
     }
-    held h = {.n = 0};
+    held h = {.n = 0, .n_views = 0};
     fl_dir_walk walk;
-    PyObject *result = NULL, *counts = NULL;
+    PyObject *result = NULL, *counts = NULL, *paths = NULL, *offsets = NULL;
     const char **exts = NULL;
     size_t *ext_lens = NULL, n_exts = 0;
+    int64_t *undecided = NULL;
+    char msg[FL__MSG_SIZE] = "";
+    int status;
+    const char *prefix = PyBytes_AS_STRING(args[0]);
+    size_t prefix_len = (size_t)PyBytes_GET_SIZE(args[0]);
+    if (strlen(prefix) != prefix_len) {
+        PyErr_SetString(PyExc_ValueError, "dir_samples: the prefix contains a NUL");
+        return NULL;
+    }
     if (walk_of(args[1], &walk, &h) < 0)
         goto done;
     if (args[2] != Py_None) {
@@ -221,38 +238,71 @@ PyObject *fl__dir_samples(PyObject *module, PyObject *const *args, Py_ssize_t na
             ext_lens[e] = (size_t)PyBytes_GET_SIZE(ext);
         }
     }
-    npy_intp dims[1] = {(npy_intp)walk.n_tops};
-    counts = PyArray_SimpleNew(1, dims, NPY_INT64);
-    if (!counts)
-        goto done;
-    int64_t *count_data = PyArray_DATA((PyArrayObject *)counts);
-    const char *prefix = PyBytes_AS_STRING(args[0]);
-    char *paths = NULL;
-    int64_t *offsets = NULL, *undecided = NULL;
-    size_t paths_size = 0, n_samples = 0, n_undecided = 0;
-    char msg[FL__MSG_SIZE] = "";
-    int status;
+    size_t room = 0;
     Py_BEGIN_ALLOW_THREADS
-    status = fl_dir_samples(prefix, &walk, exts, ext_lens, exts ? n_exts : 0, &paths,
-                            &paths_size, &offsets, &n_samples, count_data, &undecided,
-                            &n_undecided, msg, sizeof msg);
+    status = fl_dir_samples_room(prefix_len, &walk, &room, msg, sizeof msg);
     Py_END_ALLOW_THREADS
     if (status != FL_OK) {
         raise_status(status, msg);
         goto done;
     }
-    result = Py_BuildValue("(NNON)", bytes_of(paths, paths_size),
-                           int64_copy(offsets, n_samples, 1), counts,
-                           int64_copy(undecided, n_undecided, 1));
-    free(paths);
-    free(offsets);
-    free(undecided);
+    if (room > PY_SSIZE_T_MAX) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    npy_intp tops[1] = {(npy_intp)walk.n_tops}, names[1] = {(npy_intp)walk.n_names};
+    counts = PyArray_SimpleNew(1, tops, NPY_INT64);
+    offsets = PyArray_SimpleNew(1, names, NPY_INT64);
+    /* The paths are written straight into the bytes object: nothing else
+     * holds it until it is returned, so filling it without the GIL is safe. */
+    paths = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)room);
+    if (!counts || !offsets || !paths)
+        goto done;
+    size_t used = 0, n_samples = 0, n_undecided = 0;
+    char *out = PyBytes_AS_STRING(paths);
+    int64_t *offset_data = PyArray_DATA((PyArrayObject *)offsets);
+    int64_t *count_data = PyArray_DATA((PyArrayObject *)counts);
+    Py_BEGIN_ALLOW_THREADS
+    status = fl_dir_samples(prefix, &walk, exts, ext_lens, exts ? n_exts : 0, out, room, &used,
+                            offset_data, &n_samples, count_data, &undecided, &n_undecided, msg,
+                            sizeof msg);
+    Py_END_ALLOW_THREADS
+    if (status != FL_OK) {
+        raise_status(status, msg);
+        goto done;
+    }
+    if (used < room && _PyBytes_Resize(&paths, (Py_ssize_t)used) < 0)
+        goto done; /* paths is NULL now */
+    if (n_samples < walk.n_names) {
+        PyObject *kept = int64_copy(offset_data, n_samples, 1);
+        if (!kept)
+            goto done;
+        Py_SETREF(offsets, kept);
+    }
+    result = Py_BuildValue("(OOON)", paths, offsets, counts, int64_copy(undecided, n_undecided, 1));
 done:
+    free(undecided);
+    Py_XDECREF(paths);
+    Py_XDECREF(offsets);
     Py_XDECREF(counts);
     PyMem_Free(exts);
     PyMem_Free(ext_lens);
     held_release(&h);
     return result;
+}
+
+PyObject *fl__dir_checksum(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    uint64_t sum;
+    Py_BEGIN_ALLOW_THREADS
+    sum = fl_dir_checksum(view.buf, (size_t)view.len);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLongLong((unsigned long long)sum);
 }
 
 PyObject *fl__dir_check(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -265,7 +315,7 @@ PyObject *fl__dir_check(PyObject *module, PyObject *const *args, Py_ssize_t narg
     int threads;
     if (fl__as_int(args[2], &threads) < 0)
         return NULL;
-    held h = {.n = 0};
+    held h = {.n = 0, .n_views = 0};
     PyObject *result = NULL;
     char *paths;
     size_t paths_size, n, n_fields;

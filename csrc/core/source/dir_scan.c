@@ -25,6 +25,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -543,7 +544,8 @@ typedef struct folder_ref {
 
 typedef struct walk_out {
     bytes folder_paths, names, check_paths;
-    ints top_folders, folder_offsets, folder_files, name_offsets, check_offsets, checks;
+    ints top_folders, folder_offsets, folder_files, check_offsets, checks;
+    size_t n_names;
 } walk_out;
 
 static int add_check(walk_out *w, const char *path, const node *n, int64_t racy_after_ns)
@@ -638,12 +640,12 @@ static int replay_top(const scan *s, size_t t, const char *rel, int64_t root, in
         const listing *l = &s->nodes[refs[i].node]->list;
         if (ints_put(&w->folder_offsets, (int64_t)w->folder_paths.len) < 0 ||
             bytes_put(&w->folder_paths, refs[i].path, strlen(refs[i].path)) < 0 ||
-            ints_put(&w->folder_files, (int64_t)w->name_offsets.len) < 0)
+            ints_put(&w->folder_files, (int64_t)w->n_names) < 0)
             goto done;
         for (size_t f = 0; f < l->files.len; f++)
-            if (ints_put(&w->name_offsets, (int64_t)w->names.len) < 0 ||
-                bytes_put(&w->names, l->sorted[f], strlen(l->sorted[f])) < 0)
+            if (bytes_put(&w->names, l->sorted[f], strlen(l->sorted[f])) < 0)
                 goto done;
+        w->n_names += l->files.len;
     }
     rc = 0;
 done:
@@ -664,7 +666,6 @@ void fl_dir_walk_free(fl_dir_walk *w)
         free(w->folder_offsets);
         free(w->folder_files);
         free(w->names);
-        free(w->name_offsets);
         free(w->check_paths);
         free(w->check_offsets);
         free(w->checks);
@@ -680,7 +681,6 @@ static void walk_out_free(walk_out *w)
     free(w->top_folders.p);
     free(w->folder_offsets.p);
     free(w->folder_files.p);
-    free(w->name_offsets.p);
     free(w->check_offsets.p);
     free(w->checks.p);
 }
@@ -747,7 +747,7 @@ int fl_dir_scan(const char *prefix, const char *const *tops, size_t n_tops, int 
         if (replay_top(&s, t, tops[t], roots[t], mark, racy_after_ns, &w, &complete) < 0)
             goto done;
     if (ints_put(&w.top_folders, (int64_t)w.folder_offsets.len) < 0 ||
-        ints_put(&w.folder_files, (int64_t)w.name_offsets.len) < 0)
+        ints_put(&w.folder_files, (int64_t)w.n_names) < 0)
         goto done;
 
     out->n_tops = n_tops;
@@ -759,8 +759,7 @@ int fl_dir_scan(const char *prefix, const char *const *tops, size_t n_tops, int 
     out->folder_files = w.folder_files.p;
     out->names = w.names.p;
     out->names_size = w.names.len;
-    out->name_offsets = w.name_offsets.p;
-    out->n_names = w.name_offsets.len;
+    out->n_names = w.n_names;
     out->check_paths = w.check_paths.p;
     out->check_paths_size = w.check_paths.len;
     out->check_offsets = w.check_offsets.p;
@@ -913,14 +912,63 @@ static int ends_with_lower(const char *path, size_t len, const char *ext, size_t
     return 1;
 }
 
-int fl_dir_samples(const char *prefix, const fl_dir_walk *walk, const char *const *exts,
-                   const size_t *ext_lens, size_t n_exts, char **paths_out, size_t *paths_size,
-                   int64_t **offsets_out, size_t *n_samples, int64_t *counts,
-                   int64_t **undecided_out, size_t *n_undecided, char *msg, size_t msg_size)
+/* Asks for huge pages where `size` bytes at p cover whole 2 MiB pages: a
+ * path blob of a million files is tens of megabytes, written once, and
+ * faulting it in 4 KiB pages costs more than writing it. */
+static void hint_huge_pages(void *p, size_t size)
 {
-    bytes paths = {0};
-    ints offsets = {0}, undecided = {0};
-    size_t prefix_len = strlen(prefix), window = 0;
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    const uintptr_t huge = (uintptr_t)2 << 20;
+    uintptr_t start = ((uintptr_t)p + huge - 1) & ~(huge - 1), end = ((uintptr_t)p + size) & ~(huge - 1);
+    if (end > start)
+        (void)madvise((void *)start, (size_t)(end - start), MADV_HUGEPAGE); /* only a hint */
+#else
+    (void)p;
+    (void)size;
+#endif
+}
+
+int fl_dir_samples_room(size_t prefix_len, const fl_dir_walk *walk, size_t *room, char *msg,
+                        size_t msg_size)
+{
+    /* The arrays hold together (they may come from an index file): the
+     * ranges ascend, the offsets stay inside their blobs, which end with a
+     * NUL.  Whether the names blob holds n_names names, fl_dir_samples sees
+     * as it goes; the room counts names_size for them, all it can take. */
+    int ok = walk->top_folders[0] == 0 &&
+             (size_t)walk->top_folders[walk->n_tops] == walk->n_folders &&
+             walk->folder_files[0] == 0 &&
+             (size_t)walk->folder_files[walk->n_folders] == walk->n_names &&
+             (!walk->folder_paths_size || walk->folder_paths[walk->folder_paths_size - 1] == '\0') &&
+             (walk->names_size ? walk->names[walk->names_size - 1] == '\0' : walk->n_names == 0);
+    for (size_t t = 0; ok && t < walk->n_tops; t++)
+        ok = walk->top_folders[t] <= walk->top_folders[t + 1];
+    size_t total = walk->names_size;
+    for (size_t f = 0; ok && f < walk->n_folders; f++) {
+        ok = walk->folder_files[f] <= walk->folder_files[f + 1] && walk->folder_offsets[f] >= 0 &&
+             (size_t)walk->folder_offsets[f] < walk->folder_paths_size;
+        if (ok) {
+            size_t each = prefix_len + strlen(walk->folder_paths + walk->folder_offsets[f]) + 1;
+            size_t n = (size_t)(walk->folder_files[f + 1] - walk->folder_files[f]);
+            ok = n == 0 || each <= (SIZE_MAX - total) / n;
+            total += ok ? each * n : 0;
+        }
+    }
+    if (!ok) {
+        fl_set_msg(msg, msg_size, "fl_dir_samples_room: the walk's arrays do not hold together");
+        return FL_ERR_INVALID;
+    }
+    *room = total;
+    return FL_OK;
+}
+
+int fl_dir_samples(const char *prefix, const fl_dir_walk *walk, const char *const *exts,
+                   const size_t *ext_lens, size_t n_exts, char *out, size_t room, size_t *out_size,
+                   int64_t *offsets, size_t *n_samples, int64_t *counts, int64_t **undecided_out,
+                   size_t *n_undecided, char *msg, size_t msg_size)
+{
+    ints undecided = {0};
+    size_t prefix_len = strlen(prefix), window = 0, used = 0, n = 0;
     int exts_ascii = 1;
     for (size_t e = 0; exts && e < n_exts; e++) {
         if (ext_lens[e] > window)
@@ -931,38 +979,31 @@ int fl_dir_samples(const char *prefix, const fl_dir_walk *walk, const char *cons
     /* Python lowercases code point by code point, so only the last k code
      * points (at most 4k bytes) meet an extension of k code points. */
     window = window > SIZE_MAX / 4 ? SIZE_MAX : window * 4;
-    /* The walk's arrays hold together (they may come from an index file). */
-    int ok = walk->top_folders[0] == 0 && (size_t)walk->top_folders[walk->n_tops] == walk->n_folders &&
-             walk->folder_files[0] == 0 && (size_t)walk->folder_files[walk->n_folders] == walk->n_names &&
-             (!walk->folder_paths_size || walk->folder_paths[walk->folder_paths_size - 1] == '\0') &&
-             (!walk->names_size || walk->names[walk->names_size - 1] == '\0');
-    for (size_t t = 0; ok && t < walk->n_tops; t++)
-        ok = walk->top_folders[t] <= walk->top_folders[t + 1];
-    for (size_t f = 0; ok && f < walk->n_folders; f++)
-        ok = walk->folder_files[f] <= walk->folder_files[f + 1] && walk->folder_offsets[f] >= 0 &&
-             (size_t)walk->folder_offsets[f] < walk->folder_paths_size;
-    for (size_t i = 0; ok && i < walk->n_names; i++)
-        ok = walk->name_offsets[i] >= 0 && (size_t)walk->name_offsets[i] < walk->names_size;
-    if (!ok) {
-        fl_set_msg(msg, msg_size, "fl_dir_samples: the walk's arrays do not hold together");
-        return FL_ERR_INVALID;
-    }
+    const char *name = walk->names, *names_end = walk->names + walk->names_size;
+    hint_huge_pages(out, room);
+    hint_huge_pages(offsets, walk->n_names * sizeof(int64_t));
     for (size_t t = 0; t < walk->n_tops; t++) {
-        size_t before = offsets.len;
+        size_t before = n;
         for (int64_t f = walk->top_folders[t]; f < walk->top_folders[t + 1]; f++) {
             const char *folder = walk->folder_paths + walk->folder_offsets[f];
-            size_t folder_len = strlen(folder);
+            size_t folder_len = strlen(folder), head = prefix_len + folder_len + 1;
             for (int64_t i = walk->folder_files[f]; i < walk->folder_files[f + 1]; i++) {
-                const char *name = walk->names + walk->name_offsets[i];
-                size_t name_len = strlen(name), start = paths.len;
-                size_t len = prefix_len + folder_len + 1 + name_len;
-                if (len < name_len || bytes_reserve(&paths, len + 1) < 0)
-                    goto nomem;
-                char *p = paths.p + start;
+                const char *name_end = memchr(name, '\0', (size_t)(names_end - name));
+                if (!name_end) {
+                    free(undecided.p);
+                    fl_set_msg(msg, msg_size, "fl_dir_samples: the walk has fewer names than "
+                                              "its folders list");
+                    return FL_ERR_INVALID;
+                }
+                /* fl_dir_samples_room counted room for every path that fits
+                 * in names_size: no check of `out` here */
+                size_t name_len = (size_t)(name_end - name), len = head + name_len;
+                char *p = out + used;
                 memcpy(p, prefix, prefix_len);
                 memcpy(p + prefix_len, folder, folder_len);
-                p[prefix_len + folder_len] = '/';
-                memcpy(p + prefix_len + folder_len + 1, name, name_len + 1);
+                p[head - 1] = '/';
+                memcpy(p + head, name, name_len + 1);
+                name += name_len + 1;
                 int keep = 1, decide = 0;
                 if (exts) {
                     keep = 0;
@@ -976,25 +1017,41 @@ int fl_dir_samples(const char *prefix, const fl_dir_walk *walk, const char *cons
                 }
                 if (!keep && !decide)
                     continue;
-                if ((decide && ints_put(&undecided, (int64_t)offsets.len) < 0) ||
-                    ints_put(&offsets, (int64_t)start) < 0)
-                    goto nomem;
-                paths.len += len + 1;
+                if (decide && ints_put(&undecided, (int64_t)n) < 0) {
+                    free(undecided.p);
+                    fl_set_msg(msg, msg_size, "fl_dir_samples: out of memory");
+                    return FL_ERR_NOMEM;
+                }
+                offsets[n++] = (int64_t)used;
+                used += len + 1;
             }
         }
-        counts[t] = (int64_t)(offsets.len - before);
+        counts[t] = (int64_t)(n - before);
     }
-    *paths_out = paths.p;
-    *paths_size = paths.len;
-    *offsets_out = offsets.p;
-    *n_samples = offsets.len;
+    *out_size = used;
+    *n_samples = n;
     *undecided_out = undecided.p;
     *n_undecided = undecided.len;
     return FL_OK;
-nomem:
-    free(paths.p);
-    free(offsets.p);
-    free(undecided.p);
-    fl_set_msg(msg, msg_size, "fl_dir_samples: out of memory");
-    return FL_ERR_NOMEM;
+}
+
+uint64_t fl_dir_checksum(const void *data, size_t size)
+{
+    /* Fletcher-style sums of 64-bit words: a changed, lost or moved word
+     * changes them, at the speed of memory (an index file is read whole at
+     * every construction; zlib's CRC-32 would cost more than the rest). */
+    const unsigned char *p = data;
+    uint64_t a = 0x243f6a8885a308d3ULL, b = size;
+    size_t i = 0;
+    for (; i + 8 <= size; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        a += w;
+        b += a;
+    }
+    uint64_t w = 0;
+    memcpy(&w, p + i, size - i);
+    a += w;
+    b += a;
+    return mix64(a) ^ mix64(b + 0x9e3779b97f4a7c15ULL);
 }

@@ -52,9 +52,9 @@ typedef struct fl_dir_walk {
     int64_t *folder_offsets; /* n_folders: where each path starts in folder_paths */
     size_t n_folders;
     int64_t *folder_files;   /* n_folders + 1: folder f's files are [folder_files[f], [f + 1]) */
-    char *names;             /* file names, NUL-terminated, each folder's sorted */
+    char *names;             /* file names, NUL-terminated, folder after folder, each
+                                folder's sorted */
     size_t names_size;
-    int64_t *name_offsets;   /* n_names */
     size_t n_names;
     /* The checks: every path a folder was reached at (kept or not). */
     char *check_paths;
@@ -89,19 +89,32 @@ int fl_dir_check(const char *prefix, const char *paths, const int64_t *offsets,
                  const int64_t *checks, size_t n, int threads, int64_t *changed, size_t *reread,
                  char *msg, size_t msg_size);
 
-/* A walk's samples: for each top, in order, prefix + folder + "/" + name of
- * every file that passes the filter, NUL-terminated, back to back.
- * `exts` (n_exts suffixes, NULL for no filter): a file passes when the
- * ASCII-lowercased path ends with one of them.  Where Python's str.lower()
- * could decide otherwise (non-ASCII bytes near the end of the path), the
- * file is kept and its sample index listed in *undecided for the caller to
- * decide.  Outputs are malloc'ed (the caller frees them); counts has
- * walk->n_tops entries (samples of each top).  Returns FL_OK, FL_ERR_NOMEM
- * or FL_ERR_INVALID (a walk whose arrays do not hold together). */
+/* Checks that the arrays of `walk` hold together (ranges ascending inside
+ * their arrays, offsets inside their blobs, blobs NUL-terminated, n_names
+ * names) and sets *room to the bytes of all its paths, prefix (prefix_len
+ * bytes) + folder + "/" + name + NUL.  Returns FL_OK or FL_ERR_INVALID. */
+int fl_dir_samples_room(size_t prefix_len, const fl_dir_walk *walk, size_t *room, char *msg,
+                        size_t msg_size);
+
+/* A walk's samples (the walk checked by fl_dir_samples_room): for each top,
+ * in order, prefix + folder + "/" + name of every file that passes the
+ * filter, NUL-terminated, back to back into `out` (`room` bytes, as
+ * fl_dir_samples_room counted), each path's start in offsets[] (room for
+ * n_names).  `exts` (n_exts suffixes,
+ * NULL for no filter): a file passes when the ASCII-lowercased path ends
+ * with one of them.  Where Python's str.lower() could decide otherwise
+ * (non-ASCII bytes near the end of the path), the file is kept and its
+ * sample index listed in *undecided (malloc'ed: the caller frees it) for
+ * the caller to decide.  Sets *out_size, *n_samples and counts[t] (samples
+ * of top t).  Returns FL_OK, FL_ERR_NOMEM, or FL_ERR_INVALID when the names
+ * blob holds fewer names than the folders list. */
 int fl_dir_samples(const char *prefix, const fl_dir_walk *walk, const char *const *exts,
-                   const size_t *ext_lens, size_t n_exts, char **paths, size_t *paths_size,
-                   int64_t **offsets, size_t *n_samples, int64_t *counts, int64_t **undecided,
+                   const size_t *ext_lens, size_t n_exts, char *out, size_t room, size_t *out_size,
+                   int64_t *offsets, size_t *n_samples, int64_t *counts, int64_t **undecided,
                    size_t *n_undecided, char *msg, size_t msg_size);
+
+/* A 64-bit checksum of size bytes: what an index file keeps of its body. */
+uint64_t fl_dir_checksum(const void *data, size_t size);
 
 /* Python's order of two fs-encoded names (str comparison after decoding
  * with UTF-8 and surrogateescape): <0, 0, >0. */
