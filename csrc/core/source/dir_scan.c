@@ -378,11 +378,13 @@ static int read_folder(const char *path, struct stat *st, listing *l, char *buf,
         l->sorted[i] = l->names.p + l->files.p[i];
     int (*cmp)(const void *, const void *) =
         all_ascii(l->names.p, l->names.len) ? cmp_ascii_names : cmp_names;
-    qsort(l->sorted, l->files.len, sizeof(char *), cmp);
+    if (l->files.len > 1)
+        qsort(l->sorted, l->files.len, sizeof(char *), cmp);
     for (size_t i = 0; i < l->n_dirs; i++)
         l->dirs[i].name = l->names.p + l->dirs[i].name_at;
     /* subdir's first field is its name: cmp_names orders them by it */
-    qsort(l->dirs, l->n_dirs, sizeof(subdir), cmp);
+    if (l->n_dirs > 1)
+        qsort(l->dirs, l->n_dirs, sizeof(subdir), cmp);
     return 0;
 }
 
@@ -541,6 +543,15 @@ static void *scan_thread(void *arg)
     return NULL;
 }
 
+/* A scan thread started here: named, so it shows in top -H and gdb. */
+static void *scan_thread_named(void *arg)
+{
+#ifdef __linux__
+    pthread_setname_np(pthread_self(), "fastload-scan");
+#endif
+    return scan_thread(arg);
+}
+
 static void scan_free(scan *s)
 {
     for (size_t i = 0; i < s->n_nodes; i++) {
@@ -653,7 +664,8 @@ static int replay_top(const scan *s, size_t t, const char *rel, int64_t root, in
         refs[i].path = paths.p + refs[i].path_at;
         refs[i].node = refs_at.p[2 * i + 1];
     }
-    qsort(refs, n_refs, sizeof(*refs), cmp_names); /* sorted(os.walk(...)): by path */
+    if (n_refs > 1)
+        qsort(refs, n_refs, sizeof(*refs), cmp_names); /* sorted(os.walk(...)): by path */
     for (size_t i = 0; i < n_refs; i++) {
         const listing *l = &s->nodes[refs[i].node]->list;
         if (ints_put(&w->folder_offsets, (int64_t)w->folder_paths.len) < 0 ||
@@ -747,7 +759,7 @@ int fl_dir_scan(const char *prefix, const char *const *tops, size_t n_tops, int 
     }
     threads = clamp_threads(threads);
     for (int i = 1; i < threads; i++) {
-        if (pthread_create(&ids[started], NULL, scan_thread, &s) != 0)
+        if (pthread_create(&ids[started], NULL, scan_thread_named, &s) != 0)
             break; /* fewer threads: this one reads too */
         started++;
     }
@@ -875,6 +887,14 @@ static void *check_thread(void *arg)
     return NULL;
 }
 
+static void *check_thread_named(void *arg)
+{
+#ifdef __linux__
+    pthread_setname_np(pthread_self(), "fastload-check");
+#endif
+    return check_thread(arg);
+}
+
 int fl_dir_check(const char *prefix, const char *paths, const int64_t *offsets,
                  const int64_t *checks, size_t n, int threads, int64_t *changed, size_t *reread,
                  char *msg, size_t msg_size)
@@ -895,7 +915,7 @@ int fl_dir_check(const char *prefix, const char *paths, const int64_t *offsets,
     if ((size_t)threads > n)
         threads = n ? (int)n : 1;
     for (int i = 1; i < threads; i++) {
-        if (pthread_create(&ids[started], NULL, check_thread, &job) != 0)
+        if (pthread_create(&ids[started], NULL, check_thread_named, &job) != 0)
             break;
         started++;
     }
@@ -1068,7 +1088,8 @@ uint64_t fl_dir_checksum(const void *data, size_t size)
         b += a;
     }
     uint64_t w = 0;
-    memcpy(&w, p + i, size - i);
+    if (size > i)
+        memcpy(&w, p + i, size - i);
     a += w;
     b += a;
     return mix64(a) ^ mix64(b + 0x9e3779b97f4a7c15ULL);
