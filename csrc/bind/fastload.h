@@ -21,7 +21,9 @@
  *                   plans and batches), jpeg_rewrite.c (add_restart_markers())
  *   source/         image_source.c (ImageSource), gather.c (RowSource and
  *                   WindowSource), lmdb_source.c (LMDBSource and LMDBRows),
- *                   sample_cache.c (SampleCache), tar_index.c (tar_index())
+ *                   sample_cache.c (SampleCache), tar_index.c (tar_index()),
+ *                   dir_scan.c (dir_scan(), dir_check(), dir_samples(),
+ *                   dir_checksum())
  *   cuda/           cuda.c (the run-time-loaded driver and the helpers the
  *                   files below share), upload.c (CudaStream and CudaEvent),
  *                   device_array.c (DeviceArray, exported through DLPack),
@@ -414,6 +416,38 @@ PyObject *fl__parse_example(PyObject *module, PyObject *const *args, Py_ssize_t 
     "(name, kind) pairs, kind 'bytes', 'float' or 'int64'; returns a dict name ->\n"       \
     "list of bytes, float32 array or int64 array.  fastload.DecodeError for a\n"           \
     "malformed Example, or a feature missing or of another kind (naming it)."
+/* source/dir_scan.c: an image folder's tree listed in C (csrc/core/source/dir_scan.h) */
+PyObject *fl__dir_scan(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+#define FL__DIR_SCAN_DOC                                                                    \
+    "dir_scan(prefix, tops, threads, racy_after_ns, /)\n--\n\n"                              \
+    "Lists the trees at prefix + top (bytes) for each of `tops` as\n"                         \
+    "sorted(os.walk(top, followlinks=True)) does (a folder reached twice in a\n"             \
+    "top walked once), on `threads` threads with the GIL released.  Returns the\n"          \
+    "walk as a dict: bytes 'folder_paths', 'names', 'check_paths' (NUL-terminated,\n"        \
+    "relative to prefix) and int64 arrays 'top_folders', 'folder_offsets',\n"                \
+    "'folder_files', 'check_offsets', 'checks' (rows of dev, ino,\n"         \
+    "mtime_ns, ctime_ns, size, listing hash, racy: ctime or mtime at or after\n"             \
+    "racy_after_ns); 'complete' (every folder read) and 'dirs_read'."
+PyObject *fl__dir_samples(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+#define FL__DIR_SAMPLES_DOC                                                                 \
+    "dir_samples(prefix, walk, extensions, /)\n--\n\n"                                       \
+    "The samples of a walk (dir_scan's dict): (paths: bytes of prefix + folder\n"            \
+    "+ '/' + name, NUL-terminated; offsets; counts a top; undecided), keeping the\n"        \
+    "files whose ASCII-lowercased path ends with one of `extensions` (tuple of\n"           \
+    "bytes; None: every file).  `undecided`: indices of kept samples whose\n"               \
+    "non-ASCII tail Python's str.lower() may judge otherwise."
+PyObject *fl__dir_checksum(PyObject *module, PyObject *arg);
+#define FL__DIR_CHECKSUM_DOC                                                                \
+    "dir_checksum(buffer, /)\n--\n\n"                                                        \
+    "A 64-bit checksum of the buffer's bytes (an index file's body), computed\n"            \
+    "with the GIL released at the speed of memory."
+PyObject *fl__dir_check(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+#define FL__DIR_CHECK_DOC                                                                   \
+    "dir_check(prefix, walk, threads, /)\n--\n\n"                                            \
+    "Whether a walk's folders are as it recorded them: stat() of each check\n"              \
+    "path (and a new read of the racy ones), on `threads` threads with the GIL\n"          \
+    "released.  Returns (index of a check that no longer holds or -1, folders\n"           \
+    "read again)."
 
 /* cuda/cuda.c */
 PyObject *fl__cuda_driver(PyObject *module, PyObject *unused);

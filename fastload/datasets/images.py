@@ -32,6 +32,7 @@ import numpy as np
 
 from .. import _C
 from ..transforms import from_torchvision as _torchvision
+from . import folder_index
 from .native import SourceOwner
 from .cache import SampleCache
 from .._random import draw_seed
@@ -376,36 +377,52 @@ class ImageFiles(SourceOwner):
         self.skipped_count += count
         self.skipped.extend(records)
 
-def _walk_class(top):
-    """(folder, file names) under ``top`` (bytes), sorted by folder: what
-    torchvision lists from ``sorted(os.walk(top, followlinks=True))``,
-    except that a folder reached again ((st_dev, st_ino) seen before: a
-    symlink loop, or two links to one folder) is visited once, at the path
-    found first.  torchvision follows a loop until the OS refuses the path
-    (ELOOP), listing its files dozens of times."""
-    seen = set()
-    try:
-        st = os.stat(top)
-        seen.add((st.st_dev, st.st_ino))
-    except OSError:
-        pass  # os.walk reports nothing for it either
-    found = []
-    for dirpath, dirnames, files in os.walk(top, followlinks=True):
-        dirnames.sort()  # which path of a folder reached twice is kept does not depend on the OS
-        kept = []
-        for name in dirnames:
-            try:
-                st = os.stat(os.path.join(dirpath, name))
-            except OSError:
-                kept.append(name)
-                continue
-            if (st.st_dev, st.st_ino) not in seen:
-                seen.add((st.st_dev, st.st_ino))
-                kept.append(name)
-        dirnames[:] = kept
-        found.append((dirpath, files))
-    found.sort()
-    return found
+def _split(blob):
+    """The NUL-terminated paths of a blob, as bytes."""
+    return blob.split(b"\0")[:-1]
+
+
+def _join(paths):
+    """(blob, offsets) of bytes paths, as ImageFiles keeps them."""
+    blob = b"".join(p + b"\0" for p in paths)
+    offsets = np.zeros(len(paths), np.int64)
+    if paths:
+        offsets[1:] = np.cumsum(np.fromiter(map(len, paths), np.int64, len(paths)) + 1)[:-1]
+    return blob, offsets
+
+
+def _folder_samples(root, keys, extensions, is_valid_file, index):
+    """torchvision's make_dataset over the classes ``keys`` (sorted), listed
+    in C (``folder_index.walk``): ((blob, offsets) of the paths, samples a
+    class, the scan's info)."""
+    walk, info = folder_index.walk(root, [os.fsencode(k) for k in keys], index=index)
+    prefix = folder_index._prefix(root)
+    valid = is_valid_file
+    c_exts = None
+    if extensions is not None:
+        exts = extensions if isinstance(extensions, str) else tuple(extensions)
+        suffixes = (exts,) if isinstance(exts, str) else exts
+        if all(isinstance(e, str) for e in suffixes):
+            c_exts = tuple(os.fsencode(e) for e in suffixes)
+        else:  # str.endswith raises, as in torchvision
+            def valid(path):
+                return path.lower().endswith(exts)
+    blob, offsets, counts, undecided = _C.dir_samples(prefix, walk, c_exts)
+    if c_exts is None:  # is_valid_file, called on every path, as torchvision does
+        judge = np.arange(len(offsets))
+    else:  # the few paths whose case folding Python has to judge
+        judge = undecided
+        def valid(path):
+            return path.lower().endswith(exts)
+    if len(judge):
+        judged = [blob[start:blob.index(b"\0", start)] for start in offsets[judge].tolist()]
+        keep = np.ones(len(offsets), bool)
+        keep[judge] = [bool(valid(os.fsdecode(path))) for path in judged]
+        if not keep.all():
+            top = np.repeat(np.arange(len(keys)), counts)
+            counts = np.bincount(top[keep], minlength=len(keys))
+            blob, offsets = _join([p for p, k in zip(_split(blob), keep.tolist()) if k])
+    return (blob or b"\0", offsets), counts, info  # ImageSource's blob ends with a NUL
 
 
 class ImageFolder(ImageFiles):
@@ -420,47 +437,46 @@ class ImageFolder(ImageFiles):
     (st_dev, st_ino) is walked once per class: a symlink loop, which
     torchvision's walk follows until ELOOP, listing its files dozens of
     times, is cut; a folder linked twice is listed at its first path.
+
+    The tree is listed in C on a few threads and kept in an index file
+    (``.fastload-folder-index`` in ``root``, else in ``$FASTLOAD_INDEX_DIR``)
+    that later constructions reuse while no folder in the tree has changed:
+    they read one file and stat each folder
+    (``fastload.datasets.folder_index``).  ``index=False``: no index file,
+    read or written.  ``scan_info`` says what the construction did.
     """
 
     def __init__(self, root, transform=None, target_transform=None, loader=None,
                  is_valid_file=None, allow_empty=False, *, extensions=None, decode="fast",
                  on_error="raise", max_pixels=PILLOW_MAX_PIXELS, cache=None, cache_size=None,
-                 cache_decoded=False, cache_restart_markers=False):
-        self.root = os.fspath(root)
+                 cache_decoded=False, cache_restart_markers=False, index=True):
+        self.root = os.path.expanduser(os.fspath(root))
         if extensions is not None and is_valid_file is not None:
             raise ValueError("Both extensions and is_valid_file cannot be None or not None "
                              "at the same time")
         self.classes, self.class_to_idx = self.find_classes(self.root)
+        if not self.class_to_idx:
+            raise ValueError("'class_to_index' must have at least one entry to collect any "
+                             "samples.")
         if extensions is None and is_valid_file is None:
             extensions = IMG_EXTENSIONS
-        exts = (tuple(os.fsencode(e.lower()) for e in extensions)
-                if extensions is not None else None)
-        paths, labels, empty = [], [], []
         # torchvision's order: classes sorted; in each, the folders of
         # os.walk sorted by path, and the files of each folder sorted.
-        # Walking with bytes paths spares an encoding per file.
-        for name in self.classes:
-            before = len(paths)
-            for dirpath, files in _walk_class(os.fsencode(os.path.join(self.root, name))):
-                prefix = dirpath + b"/"
-                for f in sorted(files):
-                    if exts is not None:
-                        if f.lower().endswith(exts):
-                            paths.append(prefix + f)
-                    elif is_valid_file(os.fsdecode(prefix + f)):
-                        paths.append(prefix + f)
-            labels.extend([self.class_to_idx[name]] * (len(paths) - before))
-            if len(paths) == before:
-                empty.append(name)
+        keys = sorted(self.class_to_idx)
+        paths, counts, self.scan_info = _folder_samples(self.root, keys, extensions,
+                                                        is_valid_file, index)
+        empty = [name for name, count in zip(keys, counts.tolist()) if count == 0]
         if empty and not allow_empty:
             msg = f"Found no valid file for the classes {', '.join(sorted(empty))}. "
             if extensions is not None:
-                msg += f"Supported extensions are: {', '.join(extensions)}"
+                msg += ("Supported extensions are: " + (extensions if isinstance(extensions, str)
+                                                        else ", ".join(extensions)))
             raise FileNotFoundError(msg)
         self.extensions = extensions
-        self._setup(paths, np.asarray(labels, np.int64), transform, target_transform, decode,
-                    on_error, max_pixels, loader, cache=cache, cache_size=cache_size,
-                    cache_decoded=cache_decoded, cache_restart_markers=cache_restart_markers)
+        labels = np.repeat(np.asarray([self.class_to_idx[k] for k in keys], np.int64), counts)
+        self._setup(paths, labels, transform, target_transform, decode, on_error, max_pixels,
+                    loader, cache=cache, cache_size=cache_size, cache_decoded=cache_decoded,
+                    cache_restart_markers=cache_restart_markers)
 
     @staticmethod
     def find_classes(directory):
