@@ -34,6 +34,7 @@ from .. import _C
 from ..transforms import from_torchvision as _torchvision
 from .native import SourceOwner
 from .cache import SampleCache
+from . import squashfs as _squashfs
 from .._random import draw_seed
 from .indexing import check_index
 from ..transforms.ops import PILLOW_MAX_PIXELS, _nchw_view
@@ -67,6 +68,8 @@ def _open_regular(path):
     """``open(path, "rb")`` for regular files only.  O_NONBLOCK keeps
     open() from waiting for a FIFO's writer; fstat then refuses it (and
     directories, devices); a socket fails open() with ENXIO."""
+    if _squashfs.is_image_path(path):  # "image.sqfs:/inner" (squashfs.py)
+        return _squashfs.open_file(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError as e:
@@ -383,6 +386,8 @@ def _walk_class(top):
     symlink loop, or two links to one folder) is visited once, at the path
     found first.  torchvision follows a loop until the OS refuses the path
     (ELOOP), listing its files dozens of times."""
+    if _squashfs.is_image_path(top):  # "image.sqfs:/inner" (squashfs.py)
+        return _squashfs.walk_class(top)
     seen = set()
     try:
         st = os.stat(top)
@@ -464,7 +469,10 @@ class ImageFolder(ImageFiles):
 
     @staticmethod
     def find_classes(directory):
-        classes = sorted(e.name for e in os.scandir(directory) if e.is_dir())
+        if _squashfs.is_image_path(directory):  # "image.sqfs:/inner" (squashfs.py)
+            classes = _squashfs.find_classes(directory)
+        else:
+            classes = sorted(e.name for e in os.scandir(directory) if e.is_dir())
         if not classes:
             raise FileNotFoundError(f"Couldn't find any class folder in {directory}.")
         return classes, {name: i for i, name in enumerate(classes)}
