@@ -208,6 +208,8 @@ def test_many_threads_read_at_once(tree, image):
 
 @needs_support
 def test_webdataset_shards_inside_an_image(tree, tmp_path, monkeypatch):
+    import fastload.datasets.webdataset
+    from fastload.datasets import shard_index
     from fastload.datasets.shard_writer import write_shards
 
     monkeypatch.setenv("FASTLOAD_INDEX_DIR", str(tmp_path / "index-cache"))
@@ -216,6 +218,11 @@ def test_webdataset_shards_inside_an_image(tree, tmp_path, monkeypatch):
     shards_dir = tmp_path / "data" / "shards"
     shards_dir.mkdir(parents=True)
     paths = write_shards(samples, str(shards_dir / "shard-%06d.tar"), maxcount=15)
+    # Index files made before the image, beside the shards, serve from inside
+    # it; the last shard has none.
+    for path in paths:
+        fastload.datasets.webdataset.write_index(path)
+    os.remove(paths[-1] + shard_index.SUFFIX)
     image = tmp_path / "shards.sqfs"
     assert mksquashfs(tmp_path / "data", image) is None
     inner = [f"{image}:/shards/{os.path.basename(p)}" for p in paths]
@@ -227,9 +234,14 @@ def test_webdataset_shards_inside_an_image(tree, tmp_path, monkeypatch):
         [disk.key(i) for i in range(len(disk))]
     assert_same_batches(batches(inside, num_workers=2, worker_mode="thread"),
                         batches(disk, num_workers=2, worker_mode="thread"))
-    # The index file went to the cache folder (the image is read-only) and
-    # serves the next construction; nothing was made beside the image.
-    assert os.listdir(tmp_path / "index-cache")
+    # The last shard's index file went to the cache folder (the image is
+    # read-only) and serves the next construction; nothing was made beside
+    # the image.
+    cached = os.listdir(tmp_path / "index-cache")
+    assert len(cached) == 1 and cached[0].endswith(os.path.basename(paths[-1]) +
+                                                   shard_index.SUFFIX), cached
+    assert shard_index.load(inner[0]).path == inner[0] + shard_index.SUFFIX
+    assert shard_index.load(inner[-1]).path.startswith(str(tmp_path / "index-cache"))
     assert not os.path.exists(str(image) + ":")
     again = fastload.WebDataset(inner, transform=train_transform())
     assert_same_batches(batches(again), batches(disk))

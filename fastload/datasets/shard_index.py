@@ -80,7 +80,10 @@ def load(shard):
     except OSError:
         return None  # the shard itself: indexing says what is wrong
     for path in _paths(shard):
-        found = IndexFile.open(path, identity)
+        # Inside an image, modification times are whole seconds: an index
+        # file written beside the shard before the image was made recorded
+        # the nanoseconds.
+        found = IndexFile.open(path, identity, whole_seconds=squashfs.is_image_path(shard))
         if found is not None:
             return found
     return None
@@ -99,7 +102,7 @@ class IndexFile:
         self._layout_read = None  # name -> (dtype, count, offset, crc32)
 
     @classmethod
-    def open(cls, path, identity):
+    def open(cls, path, identity, whole_seconds=False):
         try:
             head = _pread(path, len(MAGIC) + _PREFIX.size, 0)
         except OSError:
@@ -107,6 +110,8 @@ class IndexFile:
         if len(head) != len(MAGIC) + _PREFIX.size or head[:len(MAGIC)] != MAGIC:
             return None  # not an index this version wrote
         length, size, mtime_ns, samples = _PREFIX.unpack_from(head, len(MAGIC))
+        if whole_seconds:
+            mtime_ns -= mtime_ns % 1_000_000_000
         if (size, mtime_ns) != identity:
             return None
         return cls(path, samples, length)
