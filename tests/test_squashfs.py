@@ -308,6 +308,14 @@ def test_missing_inner_path(text_image):
     with pytest.raises(FileNotFoundError) as caught:
         fastload.ImageFiles([f"{path}:/dir/nothing.jpg"])[0]
     assert_names_both(caught.value, path, "/dir/nothing.jpg")
+    with pytest.raises(FileNotFoundError) as caught:
+        squashfs.read(f"{path}:/nodir/small.txt")
+    assert_names_both(caught.value, path, "/nodir/small.txt")
+    with pytest.raises(NotADirectoryError):
+        squashfs.read(f"{path}:/big.txt/small.txt")
+    # The folder found before is remembered: a second lookup agrees.
+    assert squashfs.read(f"{path}:/dir/small.txt") == b"small"
+    assert squashfs.read(f"{path}:/dir/small.txt") == b"small"
     with pytest.raises(IsADirectoryError):
         squashfs.read(f"{path}:/dir")
     with pytest.raises(NotADirectoryError):

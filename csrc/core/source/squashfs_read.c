@@ -183,12 +183,27 @@ typedef struct reader {
     struct reader *next;      /* the idle list; guarded by registry_lock */
 } reader;
 
+/* A folder's inode, found once: a lookup then starts from the folder
+ * instead of walking from the root (each step of a walk decompresses a
+ * metadata block or two: some 60 us a folder). */
+typedef struct dir_entry {
+    char *path;                   /* the inner path, owned */
+    size_t len;
+    sqfs_inode_generic_t *inode;  /* owned; never changed or freed once linked */
+    struct dir_entry *next;       /* the bucket's chain */
+} dir_entry;
+
+#define DIR_BUCKETS 4096
+#define DIR_MAX ((size_t)1 << 20) /* folders remembered per image, at most */
+
 typedef struct image {
     char *path;        /* owned; the key */
     size_t path_len;
     image_file file;   /* the shared descriptor */
     sqfs_super_t super;
     reader *idle;      /* readers not in use; guarded by registry_lock */
+    dir_entry **dirs;  /* DIR_BUCKETS chains, allocated on first use; guarded by registry_lock */
+    size_t n_dirs;     /* guarded by registry_lock */
     struct image *next; /* registry links; guarded by registry_lock */
 } image;
 
@@ -221,6 +236,8 @@ static image *find_image(const char *path, size_t len)
 
 static int is_open_image(const char *path, size_t len)
 {
+    /* Registered before its first use: a fork must never copy it locked. */
+    pthread_once(&fork_once, register_fork);
     pthread_mutex_lock(&registry_lock);
     int yes = find_image(path, len) != NULL;
     pthread_mutex_unlock(&registry_lock);
@@ -331,6 +348,17 @@ static void free_image(image *img)
         reader *r = img->idle;
         img->idle = r->next;
         free_reader(r);
+    }
+    if (img->dirs) {
+        for (size_t b = 0; b < DIR_BUCKETS; b++)
+            while (img->dirs[b]) {
+                dir_entry *e = img->dirs[b];
+                img->dirs[b] = e->next;
+                free(e->inode);
+                free(e->path);
+                free(e);
+            }
+        free(img->dirs);
     }
     if (img->file.fd >= 0)
         close(img->file.fd);
@@ -467,12 +495,111 @@ static int kind_of(const sqfs_inode_generic_t *inode)
     }
 }
 
-/* The inode at the inner path (path + image_len + 1), found with r. */
-static int lookup(reader *r, const char *path, size_t image_len, sqfs_inode_generic_t **inode,
-                  int *err, char *msg, size_t msg_size)
+static size_t dir_hash(const char *s, size_t len)
 {
-    int code = sqfs_dir_reader_find_by_path(r->dir, NULL, path + image_len + 1, inode);
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+    return (size_t)(h % DIR_BUCKETS);
+}
+
+/* The remembered inode of folder dir[0, len), or NULL.  Locks. */
+static const sqfs_inode_generic_t *dir_get(image *img, const char *dir, size_t len)
+{
+    const sqfs_inode_generic_t *found = NULL;
+    pthread_mutex_lock(&registry_lock);
+    if (img->dirs)
+        for (dir_entry *e = img->dirs[dir_hash(dir, len)]; e; e = e->next)
+            if (e->len == len && memcmp(e->path, dir, len) == 0) {
+                found = e->inode;
+                break;
+            }
+    pthread_mutex_unlock(&registry_lock);
+    return found;
+}
+
+/* Remembers folder dir[0, len) at *inode (taken: the caller keeps using
+ * *inode, which may be replaced by the one already remembered, and must not
+ * free it).  Returns 0, or -1 when it could not be remembered (*inode is
+ * then still the caller's to free). */
+static int dir_put(image *img, const char *dir, size_t len, sqfs_inode_generic_t **inode)
+{
+    dir_entry *e = malloc(sizeof *e);
+    char *copy = e ? strndup(dir, len) : NULL;
+    if (!copy) {
+        free(e);
+        return -1;
+    }
+    int rc = 0;
+    pthread_mutex_lock(&registry_lock);
+    if (!img->dirs)
+        img->dirs = calloc(DIR_BUCKETS, sizeof *img->dirs);
+    size_t b = dir_hash(dir, len);
+    dir_entry *had = NULL;
+    if (img->dirs)
+        for (had = img->dirs[b]; had; had = had->next)
+            if (had->len == len && memcmp(had->path, dir, len) == 0)
+                break;
+    if (!img->dirs || (!had && img->n_dirs >= DIR_MAX)) {
+        rc = -1;
+    } else if (had) {
+        /* Another thread remembered it first: use that one. */
+        free(*inode);
+        *inode = had->inode;
+    } else {
+        *e = (dir_entry){copy, len, *inode, img->dirs[b]};
+        img->dirs[b] = e;
+        img->n_dirs++;
+        e = NULL;
+        copy = NULL;
+    }
+    pthread_mutex_unlock(&registry_lock);
+    free(copy);
+    free(e);
+    return rc;
+}
+
+/* The inode at the inner path (path + image_len + 1), found with r: from
+ * its folder's remembered inode when the path has a folder part.  *inode is
+ * the caller's to free. */
+static int lookup(image *img, reader *r, const char *path, size_t image_len,
+                  sqfs_inode_generic_t **inode, int *err, char *msg, size_t msg_size)
+{
+    const char *inner = path + image_len + 1;
+    const char *slash = strrchr(inner, '/');
+    int code;
+    *inode = NULL;
+    if (!slash || slash == inner || slash[1] == '\0') {
+        /* At the root, or a path ending in '/': walk it. */
+        code = sqfs_dir_reader_find_by_path(r->dir, NULL, inner, inode);
+    } else {
+        size_t len = (size_t)(slash - inner);
+        const sqfs_inode_generic_t *dir = dir_get(img, inner, len);
+        if (!dir) {
+            char *folder = strndup(inner, len);
+            sqfs_inode_generic_t *found = NULL;
+            code = folder ? sqfs_dir_reader_find_by_path(r->dir, NULL, folder, &found)
+                          : SQFS_ERROR_ALLOC;
+            free(folder);
+            if (code == 0 && kind_of(found) != FL_SQFS_DIR)
+                code = SQFS_ERROR_NOT_DIR;
+            if (code != 0) {
+                free(found);
+                return fail(path, image_len, code, NULL, err, msg, msg_size);
+            }
+            if (dir_put(img, inner, len, &found) != 0) {
+                /* Not remembered: walk from it this once. */
+                code = sqfs_dir_reader_find_by_path(r->dir, found, slash + 1, inode);
+                free(found);
+                goto done;
+            }
+            dir = found;
+        }
+        code = sqfs_dir_reader_find_by_path(r->dir, dir, slash + 1, inode);
+    }
+done:
     if (code != 0) {
+        free(*inode);
         *inode = NULL;
         return fail(path, image_len, code, NULL, err, msg, msg_size);
     }
@@ -491,7 +618,7 @@ int fl_sqfs_read_range(const char *path, size_t image_len, uint64_t offset, uint
     reader *r = borrow(path, image_len, &img, &status, err, msg, msg_size);
     if (!r)
         return status;
-    status = lookup(r, path, image_len, &inode, err, msg, msg_size);
+    status = lookup(img, r, path, image_len, &inode, err, msg, msg_size);
     if (status != FL_OK)
         goto out;
     if (kind_of(inode) != FL_SQFS_FILE) {
@@ -568,7 +695,7 @@ int fl_sqfs_stat_path(const char *path, size_t image_len, fl_sqfs_stat *st, int 
     reader *r = borrow(path, image_len, &img, &status, err, msg, msg_size);
     if (!r)
         return status;
-    status = lookup(r, path, image_len, &inode, err, msg, msg_size);
+    status = lookup(img, r, path, image_len, &inode, err, msg, msg_size);
     if (status == FL_OK) {
         sqfs_u64 file_size = 0;
         st->kind = kind_of(inode);
@@ -632,7 +759,7 @@ int fl_sqfs_list(const char *path, size_t image_len, fl_sqfs_listing *out, int *
     reader *r = borrow(path, image_len, &img, &status, err, msg, msg_size);
     if (!r)
         return status;
-    status = lookup(r, path, image_len, &inode, err, msg, msg_size);
+    status = lookup(img, r, path, image_len, &inode, err, msg, msg_size);
     if (status != FL_OK)
         goto out;
     if (kind_of(inode) != FL_SQFS_DIR) {

@@ -15,7 +15,9 @@
  * to share between threads) from the image's idle readers, creating one when
  * all are busy, and gives it back: as many readers as reads ever ran at
  * once.  The image's file descriptor is shared by them and read with pread
- * only, so a forked child reads on through it (forksafe.h).
+ * only, so a forked child reads on through it (forksafe.h).  An image
+ * replaced on disk after it was opened is read as it was when opened (the
+ * descriptor holds the old file) until the process ends.
  *
  * Built without libsquashfs (setup.py finds none), paths are still
  * recognised, and every call on one fails with "fastload was built without
