@@ -394,3 +394,23 @@ def test_python_m_fastload_reports_squashfs():
 def test_without_support_the_error_says_so(image):
     with pytest.raises(OSError, match="built without SquashFS support"):
         squashfs.read(image + ":/train")
+
+
+# --------------------------------------------------------------- the wheel
+
+_PARENT = pathlib.Path(fastload.__file__).resolve().parent.parent
+_BUNDLED = _PARENT / "fastload.libs"
+
+
+@pytest.mark.skipif(not (_BUNDLED.is_dir() and any(p.name.startswith("libjpeg")
+                                                   for p in _BUNDLED.iterdir())),
+                    reason="fastload is not running from a repaired wheel (no fastload.libs/)")
+def test_the_wheel_carries_libsquashfs_and_its_licence():
+    assert squashfs.available()
+    assert any(p.name.startswith("libsquashfs") for p in _BUNDLED.iterdir())
+    licences = [p for info in _PARENT.glob("fastload_torch-*.dist-info")
+                for p in (info / "licenses").glob("*")]
+    names = {p.name for p in licences}
+    assert {"libsquashfs1-copyright", "LGPL-3", "GPL-3"} <= names, names
+    assert "GNU LESSER GENERAL PUBLIC LICENSE" in next(
+        p for p in licences if p.name == "LGPL-3").read_text()
