@@ -18,7 +18,7 @@ import tempfile
 import numpy
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
-from setuptools.errors import CompileError, SetupError
+from setuptools.errors import CompileError, LinkError, SetupError
 
 # The image libraries, by the header the build needs and the package that
 # has it: (header, library, Debian/Ubuntu, Fedora/RHEL, Alpine).
@@ -129,12 +129,39 @@ class build_ext_checking_libraries(build_ext):
 
     def build_extensions(self):
         self.check_headers()
+        self.find_squashfs()
         generated = os.path.join(self.build_temp, "generated")
         write_kernel_headers(generated)
         for ext in self.extensions:
             ext.include_dirs.append(generated)
         compile_side_by_side(self.compiler)
         super().build_extensions()
+
+    def find_squashfs(self):
+        """Builds with libsquashfs (squashfs-tools-ng: SquashFS images read
+        without mounting) when its header compiles and the library links;
+        without it, paths inside images fail with "fastload was built
+        without SquashFS support".  FASTLOAD_SQUASHFS=0 leaves it out."""
+        if os.environ.get("FASTLOAD_SQUASHFS", "").strip() == "0":
+            print("fastload: building without SquashFS support (FASTLOAD_SQUASHFS=0)")
+            return
+        with tempfile.TemporaryDirectory() as scratch:
+            probe = os.path.join(scratch, "sqfs_probe.c")
+            with open(probe, "w") as f:
+                f.write("#include <sqfs/super.h>\n"
+                        "int main(void) { sqfs_super_t s; return sqfs_super_read(&s, 0); }\n")
+            try:
+                objects = self.compiler.compile([probe], output_dir=scratch,
+                                                include_dirs=extension.include_dirs)
+                self.compiler.link_executable(objects, "sqfs_probe", output_dir=scratch,
+                                              libraries=["squashfs"])
+            except (CompileError, LinkError):
+                print("fastload: libsquashfs not found (Debian/Ubuntu: libsquashfs-dev): "
+                      "building without SquashFS support")
+                return
+        for ext in self.extensions:
+            ext.define_macros.append(("FL_HAVE_SQUASHFS", "1"))
+            ext.libraries.append("squashfs")
 
     def check_headers(self):
         missing = []

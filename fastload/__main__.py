@@ -106,6 +106,8 @@ def report(environ=os.environ):
     webp = info["libwebp_version"]
     lines.append(f"libpng: {info['libpng_version']} (built with {info['libpng_built_version']}), "
                  f"libwebp: {webp >> 16}.{(webp >> 8) & 0xFF}.{webp & 0xFF}")
+    lines.append("SquashFS images: " + ("supported (libsquashfs)" if info.get("squashfs") else
+                                        "not supported (built without libsquashfs)"))
     features = " ".join(info["cpu_simd_features"]) or "none"
     lines.append(f"SIMD: {_simd_in_use(info, environ)} (CPU: {features})")
     driver = cuda._status()

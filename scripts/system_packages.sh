@@ -13,8 +13,12 @@ command -v make >/dev/null 2>&1 || need_apt+=(make)
 # libjpeg-dev: jpeglib.h and libjpeg, which is libjpeg-turbo on Debian and Ubuntu;
 # libpng-dev and libwebp-dev (libwebp and libwebpdemux): the PNG and WebP decoders.
 # liblmdb-dev: the LMDB reader of LMDBDataset.
+# libsquashfs-dev: SquashFS images read without mounting (optional to a source
+# build: setup.py leaves it out when missing); squashfs-tools: mksquashfs, which
+# the tests make their images with.
 # FASTLOAD_EXTRA_PACKAGES: what a caller needs beyond the build (the tests: clang).
-for pkg in libjpeg-dev libpng-dev libwebp-dev liblmdb-dev ${FASTLOAD_EXTRA_PACKAGES:-}; do
+for pkg in libjpeg-dev libpng-dev libwebp-dev liblmdb-dev libsquashfs-dev squashfs-tools \
+        ${FASTLOAD_EXTRA_PACKAGES:-}; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -43,10 +43,13 @@ PATH="$PWD/$tools/bin:$PATH" "$tools/bin/auditwheel" repair --wheel-dir "$raw/re
     "$raw"/$dist_name-*-linux_*.whl >> "$raw.log" 2>&1 || { tail -n 40 "$raw.log"; exit 1; }
 repaired="$(ls "$raw"/repaired/$dist_name-*.whl)"
 
-# The bundled libraries' licenses (libjpeg-turbo's, libpng's, libwebp's) ask
-# a binary that carries them to carry their text: on Debian/Ubuntu that is the
-# copyright file of the package each library came from.  auditwheel names its
-# copies <name>-<hash>.so.N after the files it copied (libjpeg.so.62.3.0).
+# The bundled libraries' licenses (libjpeg-turbo's, libpng's, libwebp's,
+# libsquashfs's LGPL-3.0) ask a binary that carries them to carry their text:
+# on Debian/Ubuntu that is the copyright file of the package each library came
+# from, plus the full licence texts that file points to in
+# /usr/share/common-licenses/ (libsquashfs1's names LGPL-3, which builds on
+# GPL-3: both go in).  auditwheel names its copies <name>-<hash>.so.N after the
+# files it copied (libjpeg.so.62.3.0).
 unpacked="$raw/unpacked"
 "$tools/bin/python" -m wheel unpack --dest "$unpacked" "$repaired" > /dev/null
 root="$(echo "$unpacked"/$dist_name-*)"
@@ -64,6 +67,16 @@ for bundled in "$root"/fastload.libs/*; do
     package="$(dpkg -S "*/$original" 2>/dev/null | head -n 1 | cut -d: -f1 || true)"
     if [ -n "$package" ] && [ -f "/usr/share/doc/$package/copyright" ]; then
         cp "/usr/share/doc/$package/copyright" "$licenses/$package-copyright"
+        for text in $(grep -o '/usr/share/common-licenses/[A-Za-z0-9.+-]*' \
+                      "/usr/share/doc/$package/copyright" | sed 's/[.]$//' | sort -u); do
+            [ -f "$text" ] || continue
+            cp "$text" "$licenses/$(basename "$text")"
+            # The LGPL is a set of permissions on top of the GPL: ship that too.
+            case "$(basename "$text")" in
+                LGPL-3*) [ -f /usr/share/common-licenses/GPL-3 ] &&
+                             cp /usr/share/common-licenses/GPL-3 "$licenses/GPL-3" ;;
+            esac
+        done
     else
         echo "fastload: warning: no copyright file found for $original; add its license to the wheel by hand" >&2
     fi

@@ -22,7 +22,7 @@ def run_cli(**env):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     fields = dict(line.split(": ", 1) for line in lines)
-    assert len(fields) == len(lines) == 17, lines
+    assert len(fields) == len(lines) == 18, lines
     return fields
 
 

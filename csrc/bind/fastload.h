@@ -23,7 +23,7 @@
  *                   WindowSource), lmdb_source.c (LMDBSource and LMDBRows),
  *                   sample_cache.c (SampleCache), tar_index.c (tar_index()),
  *                   dir_scan.c (dir_scan(), dir_check(), dir_samples(),
- *                   dir_checksum())
+ *                   dir_checksum()), squashfs.c (squashfs_*())
  *   cuda/           cuda.c (the run-time-loaded driver and the helpers the
  *                   files below share), upload.c (CudaStream and CudaEvent),
  *                   device_array.c (DeviceArray, exported through DLPack),
@@ -448,6 +448,30 @@ PyObject *fl__dir_check(PyObject *module, PyObject *const *args, Py_ssize_t narg
     "path (and a new read of the racy ones), on `threads` threads with the GIL\n"          \
     "released.  Returns (index of a check that no longer holds or -1, folders\n"           \
     "read again)."
+/* source/squashfs.c: paths inside SquashFS images (csrc/core/source/squashfs_read.h) */
+PyObject *fl__squashfs_split(PyObject *module, PyObject *arg);
+PyObject *fl__squashfs_stat(PyObject *module, PyObject *arg);
+PyObject *fl__squashfs_listdir(PyObject *module, PyObject *arg);
+PyObject *fl__squashfs_read(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+#define FL__SQUASHFS_SPLIT_DOC                                                              \
+    "squashfs_split(path, /)\n--\n\n"                                                        \
+    "(image, inner path) when `path` is '<image>:/<inner>' with <image> an\n"               \
+    "existing regular file that starts with SquashFS's magic; else None."
+#define FL__SQUASHFS_STAT_DOC                                                               \
+    "squashfs_stat(path, /)\n--\n\n"                                                         \
+    "(kind, mode, size, mtime) of a path inside an image: kind 1 file, 2 folder,\n"         \
+    "3 symbolic link, 4 other; mtime in whole seconds.  OSError naming the image\n"        \
+    "and the inner path when it cannot."
+#define FL__SQUASHFS_LISTDIR_DOC                                                            \
+    "squashfs_listdir(path, /)\n--\n\n"                                                      \
+    "(names, kinds) of a folder inside an image: a list of bytes, in the image's\n"         \
+    "order (sorted bytewise), and bytes of kinds as squashfs_stat's.  OSError\n"           \
+    "naming the image and the inner path when it cannot."
+#define FL__SQUASHFS_READ_DOC                                                               \
+    "squashfs_read(path, offset=0, length=-1, /)\n--\n\n"                                    \
+    "The bytes of a file inside an image (`length` -1: to its end), read with\n"            \
+    "the GIL released.  OSError naming the image and the inner path when it\n"             \
+    "cannot."
 
 /* cuda/cuda.c */
 PyObject *fl__cuda_driver(PyObject *module, PyObject *unused);

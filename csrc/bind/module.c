@@ -97,6 +97,11 @@ static PyMethodDef module_methods[] = {
      "set_stats_enabled(on, /)\n--\n\n"
      "Switches every loader's timers on (the default) or off, process-wide:\n"
      "only to measure what they cost."},
+    {"squashfs_split", (PyCFunction)fl__squashfs_split, METH_O, FL__SQUASHFS_SPLIT_DOC},
+    {"squashfs_stat", (PyCFunction)fl__squashfs_stat, METH_O, FL__SQUASHFS_STAT_DOC},
+    {"squashfs_listdir", (PyCFunction)fl__squashfs_listdir, METH_O, FL__SQUASHFS_LISTDIR_DOC},
+    {"squashfs_read", (PyCFunction)(void (*)(void))fl__squashfs_read, METH_FASTCALL,
+     FL__SQUASHFS_READ_DOC},
     {"tar_index", (PyCFunction)(void (*)(void))fl__tar_index, METH_FASTCALL, FL__TAR_INDEX_DOC},
     {"tfrecord_index", (PyCFunction)(void (*)(void))fl__tfrecord_index, METH_FASTCALL,
      FL__TFRECORD_INDEX_DOC},

@@ -35,6 +35,7 @@ from ..transforms import from_torchvision as _torchvision
 from . import folder_index
 from .native import SourceOwner
 from .cache import SampleCache
+from . import squashfs as _squashfs
 from .._random import draw_seed
 from .indexing import check_index
 from ..transforms.ops import PILLOW_MAX_PIXELS, _nchw_view
@@ -68,6 +69,8 @@ def _open_regular(path):
     """``open(path, "rb")`` for regular files only.  O_NONBLOCK keeps
     open() from waiting for a FIFO's writer; fstat then refuses it (and
     directories, devices); a socket fails open() with ENXIO."""
+    if _squashfs.is_image_path(path):  # "image.sqfs:/inner" (squashfs.py)
+        return _squashfs.open_file(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError as e:
@@ -395,6 +398,8 @@ def _folder_samples(root, keys, extensions, is_valid_file, index):
     """torchvision's make_dataset over the classes ``keys`` (sorted), listed
     in C (``folder_index.walk``): ((blob, offsets) of the paths, samples a
     class, the scan's info)."""
+    if _squashfs.is_image_path(root):  # "image.sqfs:/inner": the image's own folders
+        return _image_folder_samples(root, keys, extensions, is_valid_file)
     walk, info = folder_index.walk(root, [os.fsencode(k) for k in keys], index=index)
     prefix = folder_index._prefix(root)
     valid = is_valid_file
@@ -423,6 +428,28 @@ def _folder_samples(root, keys, extensions, is_valid_file, index):
             counts = np.bincount(top[keep], minlength=len(keys))
             blob, offsets = _join([p for p, k in zip(_split(blob), keep.tolist()) if k])
     return (blob or b"\0", offsets), counts, info  # ImageSource's blob ends with a NUL
+
+
+def _image_folder_samples(root, keys, extensions, is_valid_file):
+    """``_folder_samples`` for a root inside a SquashFS image: its folders
+    listed through libsquashfs, torchvision's filter applied here.  No
+    index file: the image is one file, its folders are read from memory."""
+    if is_valid_file is None:
+        exts = extensions if isinstance(extensions, str) else tuple(extensions)
+        def is_valid_file(path):
+            return path.lower().endswith(exts)
+    paths, counts = [], []
+    for key in keys:
+        before = len(paths)
+        for folder, names in _squashfs.walk_class(os.fsencode(os.path.join(root, key))):
+            for name in sorted(names):
+                path = folder + b"/" + name
+                if is_valid_file(os.fsdecode(path)):
+                    paths.append(path)
+        counts.append(len(paths) - before)
+    blob, offsets = _join(paths)
+    info = {"index": None, "reused": False, "dirs_read": None, "dirs_checked": 0}
+    return (blob or b"\0", offsets), np.asarray(counts, np.int64), info
 
 
 class ImageFolder(ImageFiles):
@@ -480,7 +507,10 @@ class ImageFolder(ImageFiles):
 
     @staticmethod
     def find_classes(directory):
-        classes = sorted(e.name for e in os.scandir(directory) if e.is_dir())
+        if _squashfs.is_image_path(directory):  # "image.sqfs:/inner" (squashfs.py)
+            classes = _squashfs.find_classes(directory)
+        else:
+            classes = sorted(e.name for e in os.scandir(directory) if e.is_dir())
         if not classes:
             raise FileNotFoundError(f"Couldn't find any class folder in {directory}.")
         return classes, {name: i for i, name in enumerate(classes)}

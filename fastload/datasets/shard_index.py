@@ -32,6 +32,8 @@ import zlib
 
 import numpy as np
 
+from . import squashfs
+
 MAGIC = b"FLSHIDX2"
 SUFFIX = ".fastload-index"
 _PREFIX = struct.Struct("<QQqQ")  # header length, shard size, shard mtime_ns, samples
@@ -55,8 +57,19 @@ def _paths(shard):
 
 
 def _identity(shard):
-    st = os.stat(shard)
+    st = squashfs.stat(shard) if squashfs.is_image_path(shard) else os.stat(shard)
     return st.st_size, st.st_mtime_ns
+
+
+def _pread(path, size, offset):
+    """``size`` bytes at ``offset`` of ``path`` (fewer at its end), which may
+    lie inside a SquashFS image (an index file made before the image was)."""
+    if squashfs.is_image_path(path):
+        st = squashfs.stat(path)
+        return squashfs.read(path, min(offset, st.st_size),
+                             max(0, min(size, st.st_size - offset)))
+    with open(path, "rb") as f:
+        return os.pread(f.fileno(), size, offset)
 
 
 def load(shard):
@@ -67,7 +80,10 @@ def load(shard):
     except OSError:
         return None  # the shard itself: indexing says what is wrong
     for path in _paths(shard):
-        found = IndexFile.open(path, identity)
+        # Inside an image, modification times are whole seconds: an index
+        # file written beside the shard before the image was made recorded
+        # the nanoseconds.
+        found = IndexFile.open(path, identity, whole_seconds=squashfs.is_image_path(shard))
         if found is not None:
             return found
     return None
@@ -86,20 +102,16 @@ class IndexFile:
         self._layout_read = None  # name -> (dtype, count, offset, crc32)
 
     @classmethod
-    def open(cls, path, identity):
+    def open(cls, path, identity, whole_seconds=False):
         try:
-            fd = os.open(path, os.O_RDONLY)
+            head = _pread(path, len(MAGIC) + _PREFIX.size, 0)
         except OSError:
             return None
-        try:
-            head = os.pread(fd, len(MAGIC) + _PREFIX.size, 0)
-        except OSError:
-            return None
-        finally:
-            os.close(fd)
         if len(head) != len(MAGIC) + _PREFIX.size or head[:len(MAGIC)] != MAGIC:
             return None  # not an index this version wrote
         length, size, mtime_ns, samples = _PREFIX.unpack_from(head, len(MAGIC))
+        if whole_seconds:
+            mtime_ns -= mtime_ns % 1_000_000_000
         if (size, mtime_ns) != identity:
             return None
         return cls(path, samples, length)
@@ -111,8 +123,7 @@ class IndexFile:
         if self._layout_read is None:
             start = len(MAGIC) + _PREFIX.size
             try:
-                with open(self.path, "rb") as f:
-                    header = json.loads(os.pread(f.fileno(), self._header_length, start))
+                header = json.loads(_pread(self.path, self._header_length, start))
                 layout = {name: (np.dtype(dtype), int(count), int(offset), int(crc))
                           for name, (dtype, count, offset, crc) in header["arrays"].items()}
             except (ValueError, KeyError, TypeError, AttributeError) as error:
@@ -133,8 +144,7 @@ class IndexFile:
         """Array ``name``, read and checked; OSError when the file no longer
         holds it (replaced or damaged since it was opened)."""
         dtype, count, offset, crc = self._layout[name]
-        with open(self.path, "rb") as f:
-            data = os.pread(f.fileno(), count * dtype.itemsize, offset)
+        data = _pread(self.path, count * dtype.itemsize, offset)
         if len(data) != count * dtype.itemsize or zlib.crc32(data) != crc:
             raise OSError(f"{self.path}: array {name!r} does not check out")
         return np.frombuffer(data, dtype)
@@ -174,6 +184,8 @@ def save(shard, index, kept=None):
 
 
 def _write(path, identity, arrays):
+    if squashfs.is_image_path(path):  # beside a shard inside an image: read-only
+        raise OSError(f"{path}: inside a SquashFS image")
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
     # The arrays start after the header, whose length depends on their

@@ -36,6 +36,7 @@ import numpy as np
 
 from .. import _C
 from . import shard_index
+from . import squashfs as _squashfs
 from .remote import shards as remote_shards
 from .remote import store as remote_store
 from .remote import urls as remote_urls
@@ -316,8 +317,8 @@ class _Shard:
         try:
             blob = _C.tar_read(self.path, where, size)
         except OSError as error:
-            if error.errno != errno.EIO:
-                raise
+            if error.errno != errno.EIO or _squashfs.is_image_path(self.path):
+                raise  # (inside an image, the error names the image and the shard)
             length = os.path.getsize(self.path)
             s = int(np.flatnonzero(where + size > length)[0]) if (where + size > length).any() \
                 else 0
@@ -621,12 +622,11 @@ class WebDataset(ImageFiles):
         names, name_offsets = idx["names"], idx["name_offsets"]
         starts = idx["sample_starts"]
         out = {}
-        with open(shard.path, "rb") as f:
-            for m in idx["sample_members"][starts[local]:starts[local + 1]]:
-                begin = name_offsets[m]
-                _, ext = _split_name(names[begin:names.index(b"\0", begin)])
-                out[ext.decode("utf-8", "replace")] = os.pread(
-                    f.fileno(), int(idx["sizes"][m]), int(idx["offsets"][m]))
+        for m in idx["sample_members"][starts[local]:starts[local + 1]]:
+            begin = name_offsets[m]
+            _, ext = _split_name(names[begin:names.index(b"\0", begin)])
+            out[ext.decode("utf-8", "replace")] = shard_index._pread(
+                shard.path, int(idx["sizes"][m]), int(idx["offsets"][m]))
         return out
 
     def shard_of(self, index):

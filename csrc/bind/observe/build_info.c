@@ -3,6 +3,7 @@
 #include "bind/fastload.h"
 
 #include "core/observe/build_info.h"
+#include "core/source/squashfs_read.h"
 #include "core/status.h"
 
 #include <string.h>
@@ -49,6 +50,10 @@ PyObject *fl__build_info(PyObject *module, PyObject *unused)
                          "cpu_simd_features", simd, "libpng_version", fl_libpng_version(),
                          "libpng_built_version", fl_libpng_built_version(), "libwebp_version",
                          fl_libwebp_version());
+    /* Whether libsquashfs was found when fastload was built. */
+    if (info && PyDict_SetItemString(info, "squashfs",
+                                     fl_sqfs_available() ? Py_True : Py_False) < 0)
+        Py_CLEAR(info);
 error:
     Py_XDECREF(simd);
     return info;

@@ -9,6 +9,7 @@
  */
 #include "bind/fastload.h"
 
+#include "core/source/squashfs_read.h"
 #include "core/source/tar.h"
 #include "core/status.h"
 
@@ -83,6 +84,31 @@ static PyObject *index_dict(const fl_tar_index *index, const fl_tar_samples *sam
     return dict;
 }
 
+/* fl_sqfs_read_range's room for a whole shard: malloc, ours to free. */
+static unsigned char *shard_room(void *ctx, size_t size)
+{
+    unsigned char **buf = ctx;
+    *buf = malloc(size ? size : 1);
+    return *buf;
+}
+
+/* Indexes a shard inside a SquashFS image: read whole into memory (an image
+ * offers no descriptor to read headers through; the index file spares the
+ * read the next time). */
+static int index_in_image(const char *file, size_t image_len, fl_tar_index *index,
+                          fl_tar_error *error)
+{
+    unsigned char *buf = NULL; /* ours: freed below */
+    const unsigned char *data = NULL;
+    size_t size = 0;
+    int status = fl_sqfs_read_range(file, image_len, 0, FL_TO_END, SIZE_MAX, shard_room, &buf,
+                                    &data, &size, &error->err, error->msg, sizeof error->msg);
+    if (status == FL_OK)
+        status = fl_tar_index_memory(data, size, index, error);
+    free(buf);
+    return status;
+}
+
 PyObject *fl__tar_index(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs < 1 || nargs > 2) {
@@ -104,8 +130,13 @@ PyObject *fl__tar_index(PyObject *module, PyObject *const *args, Py_ssize_t narg
     fl_tar_samples_init(&samples);
     int status = FL_OK, open_errno = 0;
     Py_BEGIN_ALLOW_THREADS
-    int fd = open(file, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
+    size_t image_len = fl_sqfs_image_part(file);
+    int fd = image_len ? -1 : open(file, O_RDONLY | O_CLOEXEC);
+    if (image_len) {
+        status = index_in_image(file, image_len, &index, &error);
+        if (status == FL_OK && group)
+            status = fl_tar_group(&index, &samples, &error);
+    } else if (fd < 0) {
         open_errno = errno;
     } else {
         status = fl_tar_index_fd(fd, 0, &index, &error);
@@ -154,6 +185,33 @@ static int read_members(int fd, const int64_t *offsets, const int64_t *sizes, Py
     return 0;
 }
 
+/* fl_sqfs_read_range's room for a member: the place in the output. */
+static unsigned char *fixed_room(void *ctx, size_t size)
+{
+    (void)size;
+    return ctx;
+}
+
+/* Member i's bytes from a shard inside a SquashFS image, as read_members
+ * does.  Returns FL_OK or the core's status, with *err and msg. */
+static int read_members_in_image(const char *file, size_t image_len, const int64_t *offsets,
+                                 const int64_t *sizes, Py_ssize_t n, char *out, int *err,
+                                 char *msg, size_t msg_size)
+{
+    size_t at = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const unsigned char *data = NULL;
+        size_t got = 0;
+        int status = fl_sqfs_read_range(file, image_len, (uint64_t)offsets[i],
+                                        (uint64_t)sizes[i], 4096, fixed_room, out + at, &data,
+                                        &got, err, msg, msg_size);
+        if (status != FL_OK)
+            return status;
+        at += (size_t)sizes[i];
+    }
+    return FL_OK;
+}
+
 PyObject *fl__tar_read(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
@@ -193,15 +251,31 @@ PyObject *fl__tar_read(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     char *out = PyBytes_AS_STRING(result);
     int err = 0;
     Py_ssize_t bad = -1;
+    int image_status = FL_OK;
+    char image_msg[512];
     Py_BEGIN_ALLOW_THREADS
-    int fd = open(file, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
+    size_t image_len = fl_sqfs_image_part(file);
+    int fd = image_len ? -1 : open(file, O_RDONLY | O_CLOEXEC);
+    if (image_len) {
+        image_status = read_members_in_image(file, image_len, at, size, n, out, &err,
+                                             image_msg, sizeof image_msg);
+    } else if (fd < 0) {
         err = errno;
     } else {
         err = read_members(fd, at, size, n, out, &bad);
         close(fd);
     }
     Py_END_ALLOW_THREADS
+    if (image_status != FL_OK) {
+        Py_CLEAR(result);
+        PyObject *exc = PyObject_CallFunction(PyExc_OSError, "isO", err ? err : EIO, image_msg,
+                                              path);
+        if (exc) {
+            PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+            Py_DECREF(exc);
+        }
+        goto done;
+    }
     if (err == EIO && bad >= 0) {
         /* OSError(EIO, ...), as for any file cut under the loader. */
         Py_CLEAR(result);

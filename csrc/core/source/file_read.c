@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include "core/source/file_read.h"
 
+#include "core/source/squashfs_read.h"
 #include "core/status.h"
 
 #include <errno.h>
@@ -36,6 +37,12 @@ int fl_read_range(const char *path, uint64_t offset, uint64_t length, fl_room_fn
     struct stat st;
     size_t done = 0;
     *err = 0;
+
+    /* "<image>:/<inner>": a file inside a SquashFS image. */
+    size_t image_len = fl_sqfs_image_part(path);
+    if (image_len)
+        return fl_sqfs_read_range(path, image_len, offset, length, FL_MAX_FILE_BYTES, room,
+                                  room_ctx, data, size, err, msg, msg_size);
 
     /* O_NONBLOCK: opening a FIFO (or a device) must not wait for a writer;
      * whatever it opened, fstat then refuses all but regular files.  A

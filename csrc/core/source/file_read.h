@@ -7,6 +7,9 @@
  * of what the bytes are.  The source layer reads (image_source.c); the
  * image layer decodes what was read.
  *
+ * A path "<image>:/<inner>" naming a file inside a SquashFS image is read
+ * from the image (squashfs_read.h), with the same contract.
+ *
  * Anything but a regular file (a FIFO, a directory, a device, a socket) is
  * refused without blocking in open().  Nothing here takes a lock or needs
  * the GIL; any number of threads read at once, each into its own room.

@@ -21,6 +21,7 @@
 #include "core/source/sample_cache.h"
 
 #include "core/memory/bus_guard.h"
+#include "core/source/squashfs_read.h"
 #include "core/status.h"
 
 #include <errno.h>
@@ -181,6 +182,19 @@ int fl_sample_cache_key(const char *paths, const int64_t *offsets, const int64_t
             previous = offsets[i];
             found = stat(path, &st) == 0 && S_ISREG(st.st_mode);
             file = fl_cache_checksum(path, strlen(path));
+            size_t image_len = found ? 0 : fl_sqfs_image_part(path);
+            fl_sqfs_stat inner;
+            int inner_err;
+            char inner_msg[8];
+            if (image_len && fl_sqfs_stat_path(path, image_len, &inner, &inner_err, inner_msg,
+                                               sizeof inner_msg) == FL_OK &&
+                inner.kind == FL_SQFS_FILE) {
+                /* A file inside a SquashFS image: its size and whole seconds. */
+                found = 1;
+                memset(&st, 0, sizeof st);
+                st.st_size = (off_t)inner.size;
+                st.st_mtim.tv_sec = (time_t)inner.mtime;
+            }
             if (found) {
                 file = fold(file, (uint64_t)st.st_size);
                 file = fold(file, (uint64_t)st.st_mtim.tv_sec);
