@@ -1,7 +1,7 @@
 """SquashFS images read without mounting against the same files on disk (and
 through squashfuse when it can mount here), in one run.
 
-    python benchmarks/squashfs_bench.py                       # /work/photos2000
+    python benchmarks/squashfs_bench.py                       # $FASTLOAD_BENCH_PHOTOS
     python benchmarks/squashfs_bench.py --data DIR            # another class folder tree
     python benchmarks/squashfs_bench.py --quick               # 256 generated photos
 
@@ -43,7 +43,7 @@ from images_bench import BATCH, fastload_transform, log
 
 WORKERS = 2
 LOADERS = ("disk", "squashfs", "squashfuse")
-PHOTOS = "/work/photos2000"
+PHOTOS = os.environ.get("FASTLOAD_BENCH_PHOTOS")  # a class folder tree of real photos
 FULL = dict(reps=3)
 QUICK = dict(images=256, reps=1)
 
@@ -112,7 +112,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--data", default=None,
-                        help=f"a tree of class folders (default {PHOTOS}; --quick: generated)")
+                        help="a tree of class folders (default: $FASTLOAD_BENCH_PHOTOS, "
+                             "else generated)")
     parser.add_argument("--work", default=os.path.join(os.path.dirname(os.path.abspath(
         __file__)), "data", "squashfs"), help="where the image and the mount point go")
     parser.add_argument("--reps", type=int, default=None)
@@ -123,7 +124,7 @@ def main(argv=None):
     reps = args.reps or sizes["reps"]
     tree = args.data
     if tree is None:
-        if args.quick or not os.path.isdir(PHOTOS):
+        if args.quick or not (PHOTOS and os.path.isdir(PHOTOS)):
             tree = imagenet_like.make_image_folder(
                 os.path.join(args.work, f"photos_{QUICK['images']}"), n_images=QUICK["images"])
         else:

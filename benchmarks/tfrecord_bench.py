@@ -1,7 +1,7 @@
 """The training pipeline over the same photos as TFRecord files and as an
 image folder, and through DALI's CPU ``readers.tfrecord``, in one run.
 
-    python benchmarks/tfrecord_bench.py                    # /work/photos2000, 2 workers, 3 rounds
+    python benchmarks/tfrecord_bench.py                    # $FASTLOAD_BENCH_PHOTOS, 2 workers, 3 rounds
     python benchmarks/tfrecord_bench.py --photos DIR --rounds 1 --batch 8 --shards 2
     python benchmarks/tfrecord_bench.py --json tfrecord.json
 
@@ -18,8 +18,8 @@ Normalize (ImageNet mean/std), batch ``--batch`` (64), shuffled,
 * DALI: ``fn.readers.tfrecord`` over the same files and index files
   (``random_shuffle=True``) + ``fn.decoders.image_random_crop(device="cpu")``
   + ``fn.resize`` + ``fn.crop_mirror_normalize``, ``--workers`` threads, run
-  in a subprocess by ``--dali-python`` (default: /work/peers-venv's python
-  when it exists, else this one), skipped with the reason when DALI cannot
+  in a subprocess by ``--dali-python`` (default: ``$FASTLOAD_PEERS_PYTHON``,
+  else this one), skipped with the reason when DALI cannot
   be imported there.
 
 Each loader first runs one untimed epoch, then ``--rounds`` timed epochs,
@@ -49,8 +49,8 @@ from image_timing import images_per_second  # noqa: E402
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 SIZE = 224
-PEERS_PYTHON = "/work/peers-venv/bin/python"
-DEFAULT_PHOTOS = "/work/photos2000"
+PEERS_PYTHON = os.environ.get("FASTLOAD_PEERS_PYTHON", sys.executable)
+DEFAULT_PHOTOS = os.environ.get("FASTLOAD_BENCH_PHOTOS")  # an image folder of real photos
 
 
 # ---------------------------------------------------------------- writing
@@ -253,7 +253,7 @@ class DaliChild:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--photos", default=None,
-                        help=f"an image folder (default {DEFAULT_PHOTOS}, else generated)")
+                        help="an image folder (default: $FASTLOAD_BENCH_PHOTOS, else generated)")
     parser.add_argument("--images", type=int, default=2000,
                         help="photos to generate when --photos is not given and the default "
                              "is absent")
@@ -263,15 +263,14 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--dali-python", default=PEERS_PYTHON if os.path.exists(PEERS_PYTHON)
-                        else sys.executable)
+    parser.add_argument("--dali-python", default=PEERS_PYTHON)
     parser.add_argument("--no-dali", action="store_true")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
 
     folder = args.photos
     if folder is None:
-        folder = DEFAULT_PHOTOS if os.path.isdir(DEFAULT_PHOTOS) else \
+        folder = DEFAULT_PHOTOS if DEFAULT_PHOTOS and os.path.isdir(DEFAULT_PHOTOS) else \
             imagenet_like.make_image_folder(os.path.join(args.cache, f"photos-{args.images}"),
                                             n_images=args.images)
     out = os.path.join(args.cache, "records-" + os.path.basename(os.path.abspath(folder)))
