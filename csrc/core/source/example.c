@@ -98,6 +98,24 @@ static int skip_field(cursor *c, int wire)
     }
 }
 
+/* Moves to the next field numbered `wanted`, skipping the others: 1 with
+ * its wire type in *wire (the cursor at its payload), 0 at the end of the
+ * message, -1 when malformed. */
+static int next_field(cursor *c, uint32_t wanted, int *wire)
+{
+    for (;;) {
+        uint32_t number;
+        if (read_tag(c, &number, wire) < 0)
+            return -1;
+        if (number == 0)
+            return 0;
+        if (number == wanted)
+            return 1;
+        if (skip_field(c, *wire) < 0)
+            return -1;
+    }
+}
+
 const char *fl_feature_kind_name(int kind)
 {
     switch (kind) {
@@ -168,18 +186,8 @@ static int parse_entry(cursor *c, cursor *key, cursor *value)
 static int search_features(cursor *c, const char *name, size_t name_size, int *found,
                            fl_feature *feature)
 {
-    for (;;) {
-        uint32_t number;
-        int wire;
-        if (read_tag(c, &number, &wire) < 0)
-            return -1;
-        if (number == 0)
-            return 0;
-        if (number != 1) {
-            if (skip_field(c, wire) < 0)
-                return -1;
-            continue;
-        }
+    int wire, more;
+    while ((more = next_field(c, 1, &wire)) > 0) {
         if (wire != 2)
             return fail(c, "a Features entry is not length-delimited");
         cursor entry, key, value;
@@ -197,6 +205,7 @@ static int search_features(cursor *c, const char *name, size_t name_size, int *f
             *feature = f;
         }
     }
+    return more;
 }
 
 int fl_example_find(const unsigned char *data, size_t size, const char *name, size_t name_size,
@@ -206,18 +215,8 @@ int fl_example_find(const unsigned char *data, size_t size, const char *name, si
     if (size == 0)
         return FL_OK; /* an empty Example */
     cursor c = {data, data + size, NULL};
-    for (;;) {
-        uint32_t number;
-        int wire;
-        if (read_tag(&c, &number, &wire) < 0)
-            break;
-        if (number == 0)
-            return FL_OK;
-        if (number != 1) {
-            if (skip_field(&c, wire) < 0)
-                break;
-            continue;
-        }
+    int wire, more;
+    while ((more = next_field(&c, 1, &wire)) > 0) {
         if (wire != 2) {
             fail(&c, "the Example's features are not length-delimited");
             break;
@@ -230,6 +229,8 @@ int fl_example_find(const unsigned char *data, size_t size, const char *name, si
             break;
         }
     }
+    if (more == 0)
+        return FL_OK;
     fl_set_msg(msg, msg_size, "malformed Example: %s", c.why ? c.why : "unreadable");
     return FL_ERR_DECODE;
 }
@@ -243,18 +244,8 @@ static void store(void *out, size_t capacity, size_t k, const void *value, size_
 
 static int bytes_values(cursor *c, fl_bytes_ref *out, size_t capacity, size_t *count)
 {
-    for (;;) {
-        uint32_t number;
-        int wire;
-        if (read_tag(c, &number, &wire) < 0)
-            return -1;
-        if (number == 0)
-            return 0;
-        if (number != 1) {
-            if (skip_field(c, wire) < 0)
-                return -1;
-            continue;
-        }
+    int wire, more;
+    while ((more = next_field(c, 1, &wire)) > 0) {
         if (wire != 2)
             return fail(c, "a bytes_list value is not length-delimited");
         cursor v;
@@ -263,6 +254,7 @@ static int bytes_values(cursor *c, fl_bytes_ref *out, size_t capacity, size_t *c
         fl_bytes_ref ref = {v.p, (size_t)(v.end - v.p)};
         store(out, capacity, (*count)++, &ref, sizeof ref);
     }
+    return more;
 }
 
 static float load_float(const unsigned char *p)
@@ -276,18 +268,8 @@ static float load_float(const unsigned char *p)
 
 static int float_values(cursor *c, float *out, size_t capacity, size_t *count)
 {
-    for (;;) {
-        uint32_t number;
-        int wire;
-        if (read_tag(c, &number, &wire) < 0)
-            return -1;
-        if (number == 0)
-            return 0;
-        if (number != 1) {
-            if (skip_field(c, wire) < 0)
-                return -1;
-            continue;
-        }
+    int wire, more;
+    while ((more = next_field(c, 1, &wire)) > 0) {
         if (wire == 5) { /* one value, unpacked */
             if (skip_fixed(c, 4) < 0)
                 return -1;
@@ -307,22 +289,13 @@ static int float_values(cursor *c, float *out, size_t capacity, size_t *count)
             return fail(c, "a float_list value has the wrong wire type");
         }
     }
+    return more;
 }
 
 static int int64_values(cursor *c, int64_t *out, size_t capacity, size_t *count)
 {
-    for (;;) {
-        uint32_t number;
-        int wire;
-        if (read_tag(c, &number, &wire) < 0)
-            return -1;
-        if (number == 0)
-            return 0;
-        if (number != 1) {
-            if (skip_field(c, wire) < 0)
-                return -1;
-            continue;
-        }
+    int wire, more;
+    while ((more = next_field(c, 1, &wire)) > 0) {
         uint64_t u;
         if (wire == 0) { /* one value, unpacked */
             if (read_varint(c, &u) < 0)
@@ -343,6 +316,7 @@ static int int64_values(cursor *c, int64_t *out, size_t capacity, size_t *count)
             return fail(c, "an int64_list value has the wrong wire type");
         }
     }
+    return more;
 }
 
 int fl_feature_values(const fl_feature *feature, void *out, size_t capacity, size_t *count,
