@@ -89,16 +89,18 @@ def record(data):
             struct.pack("<I", _crc32c_masked(data)))
 
 
-def write_tfrecords(folder, out, shards):
+def write_tfrecords(folder, out, shards, restart_markers=False):
     """The folder's samples, in its order, as `shards` TFRecord files with
-    index files beside them; returns (files, index files), reusing what a
+    index files beside them (each JPEG rewritten with restart markers when
+    `restart_markers`); returns (files, index files), reusing what a
     previous run wrote for the same photos."""
     os.makedirs(out, exist_ok=True)
     samples = list(fastload.ImageFolder(folder).samples)
     files = [os.path.join(out, f"train-{s:05d}-of-{shards:05d}.tfrecord") for s in range(shards)]
     indexes = [f + ".idx" for f in files]
     stamp = os.path.join(out, "written.json")
-    want = {"photos": os.path.abspath(folder), "count": len(samples), "shards": shards}
+    want = {"photos": os.path.abspath(folder), "count": len(samples), "shards": shards,
+            "restart_markers": restart_markers}
     try:
         with open(stamp) as f:
             if json.load(f) == want and all(map(os.path.exists, indexes)):
@@ -111,7 +113,10 @@ def write_tfrecords(folder, out, shards):
         with open(path, "wb") as f:
             for image_path, label in samples[s * per:(s + 1) * per]:
                 with open(image_path, "rb") as g:
-                    f.write(record(example(g.read(), label)))
+                    data = g.read()
+                if restart_markers:
+                    data = fastload.add_restart_markers(data)
+                f.write(record(example(data, label)))
         fastload.write_tfrecord_index(path, path + ".idx")
     with open(stamp, "w") as f:
         json.dump(want, f)
@@ -265,6 +270,9 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--dali-python", default=PEERS_PYTHON)
     parser.add_argument("--no-dali", action="store_true")
+    parser.add_argument("--restart-markers", action="store_true",
+                        help="records hold the JPEGs rewritten with restart markers "
+                             "(fastload.add_restart_markers); every loader reads the same files")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
 
@@ -273,8 +281,9 @@ def main(argv=None):
         folder = DEFAULT_PHOTOS if DEFAULT_PHOTOS and os.path.isdir(DEFAULT_PHOTOS) else \
             imagenet_like.make_image_folder(os.path.join(args.cache, f"photos-{args.images}"),
                                             n_images=args.images)
-    out = os.path.join(args.cache, "records-" + os.path.basename(os.path.abspath(folder)))
-    files, indexes = write_tfrecords(folder, out, args.shards)
+    out = os.path.join(args.cache, "records-" + os.path.basename(os.path.abspath(folder)) +
+                       ("-restart" if args.restart_markers else ""))
+    files, indexes = write_tfrecords(folder, out, args.shards, args.restart_markers)
     loaders = make_loaders(folder, files, args.batch, args.workers)
     count = len(loaders["fastload ImageFolder"].dataset)
     measures = {name: (lambda loader=loader: timed(loader, count))
@@ -307,7 +316,8 @@ def main(argv=None):
     medians = {name: statistics.median(r) for name, r in rates.items()}
     cpu_ms = {name: 1000 * statistics.median(c) for name, c in cpu.items()}
     tf, tf_cpu = medians["fastload TFRecord"], cpu_ms["fastload TFRecord"]
-    print(f"{count} images in {args.shards} TFRecord files, batch {args.batch}, "
+    print(f"{count} images in {args.shards} TFRecord files"
+          f"{' (JPEGs with restart markers)' if args.restart_markers else ''}, batch {args.batch}, "
           f"{args.workers} workers, {args.rounds} rounds, {os.cpu_count()} CPUs\n")
     print("| loader | images/s (median) | fastload TFRecord / this | CPU ms an image "
           "(median) | this / fastload TFRecord |")
