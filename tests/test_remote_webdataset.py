@@ -242,6 +242,28 @@ def test_prefetch_follows_the_sampler(http, tmp_path):
     assert len(_cached_shards(tmp_path)) == len(ds._remote.pinned)
 
 
+def test_prefetched_shards_bring_their_index_files(http, tmp_path):
+    """The prefetcher saves each shard's index file beside its cached copy,
+    so the shard's first batch makes no index request in the loop."""
+    ds = _dataset(f"{http.url}/d/{PATTERN}", tmp_path, prefetch_shards=SHARDS)
+    sampler = fastload.ShardSampler(ds, shuffle=False, buffer_size=0)
+    it = iter(sampler)
+    next(it)
+    ds._ready([0])
+    ds._remote._prefetcher.stop()  # waits for the shard being fetched
+    fetched = [s for s in ds._remote.pinned if s != 0]
+    assert fetched and not ds._remote.prefetch_errors()
+    assert all(os.path.exists(ds._remote.paths[s] + shard_index.SUFFIX) for s in fetched)
+
+    def index_gets():
+        return sum(n for (method, path), n in http.requests.items()
+                   if method == "GET" and path.endswith(shard_index.SUFFIX))
+    before = index_gets()
+    s = fetched[0]
+    assert ds[s * PER][1] == ds[s * PER][1]  # the shard's samples, its arrays loaded
+    assert index_gets() == before
+
+
 def test_fields_read_from_the_cache(http, local, tmp_path):
     root, _ = local
     here = fastload.WebDataset(str(root / "indexed" / PATTERN), fields=("__key__", "cls", "jpg"))

@@ -54,9 +54,13 @@ class DeferredIndex:
         self.remote, self.s, self.samples = remote, s, samples
 
     def open(self):
-        """The whole index file, read into memory (a ``BytesIndexFile``), or
-        None when it is no longer there: the shard is then indexed from its
-        headers (``pin()`` first)."""
+        """The whole index file: the copy the prefetcher saved beside the
+        cached shard, else read from the store into memory (a
+        ``BytesIndexFile``); None when it is no longer there: the shard is
+        then indexed from its headers (``pin()`` first)."""
+        saved = self.remote.saved_index(self.s)
+        if saved is not None:
+            return saved
         try:
             data = self.remote._prefix_of_remote_index(self.s, whole=True)
         except OSError:
@@ -189,6 +193,26 @@ class RemoteShards:
         if data is None:
             return None
         return shard_index._PREFIX.unpack_from(data, len(shard_index.MAGIC))[3]
+
+    def saved_index(self, s):
+        """Shard ``s``'s index file saved beside its cached copy
+        (``keep_index``), or None."""
+        if not self.cache.complete(self.keys[s], self.sizes[s]):
+            return None
+        return shard_index.load(self.paths[s])
+
+    def fetch_index(self, s):
+        """Saves shard ``s``'s index file beside its cached copy (pinned by
+        this process), so that the loop does not wait for that request at
+        the shard's first batch.  Best effort: the loop reads it otherwise."""
+        if self.saved_index(s) is not None:
+            return
+        try:
+            data = self._prefix_of_remote_index(s, whole=True)
+        except OSError:
+            return
+        if data is not None:
+            self.keep_index(s, data)
 
     def keep_index(self, s, data):
         """Saves the index file ``data`` of shard ``s`` beside its cached
@@ -373,6 +397,7 @@ class _Prefetcher:
                         continue
                 pin = owner._pin(s)
                 owner._hold(s, pin)
+                owner.fetch_index(s)
             except Exception as error:  # raised again when a batch needs the shard
                 self.errors.append(error)
                 del self.errors[:-8]
