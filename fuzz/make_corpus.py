@@ -351,36 +351,40 @@ def pb_field(number, wire, payload):
     return tag + (pb_varint(len(payload)) + payload if wire == 2 else payload)
 
 
+def tf_feature(kind, values, packed=True):
+    """A Feature message, lists packed or not (written by hand: protobuf's
+    own encoder always packs)."""
+    if kind == "bytes":
+        body = b"".join(pb_field(1, 2, v) for v in values)
+    elif kind == "float":
+        raw = [struct.pack("<f", v) for v in values]
+        body = pb_field(1, 2, b"".join(raw)) if packed else \
+            b"".join(pb_field(1, 5, r) for r in raw)
+    else:
+        raw = [pb_varint(v) for v in values]
+        body = pb_field(1, 2, b"".join(raw)) if packed else \
+            b"".join(pb_field(1, 0, r) for r in raw)
+    return pb_field({"bytes": 1, "float": 2, "int64": 3}[kind], 2, body)
+
+
 def tf_example(features):
-    """An Example from {name: (kind, values, packed)}."""
-    entries = b""
-    for name, (kind, values, packed) in features.items():
-        if kind == "bytes":
-            body = b"".join(pb_field(1, 2, v) for v in values)
-        elif kind == "float":
-            raw = [struct.pack("<f", v) for v in values]
-            body = pb_field(1, 2, b"".join(raw)) if packed else \
-                b"".join(pb_field(1, 5, r) for r in raw)
-        else:
-            raw = [pb_varint(v) for v in values]
-            body = pb_field(1, 2, b"".join(raw)) if packed else \
-                b"".join(pb_field(1, 0, r) for r in raw)
-        value = pb_field({"bytes": 1, "float": 2, "int64": 3}[kind], 2, body)
-        entries += pb_field(1, 2, pb_field(1, 2, name.encode()) + pb_field(2, 2, value))
-    return pb_field(1, 2, entries)
+    """An Example from {name: Feature bytes}."""
+    return pb_field(1, 2, b"".join(pb_field(1, 2, pb_field(1, 2, name.encode()) +
+                                            pb_field(2, 2, value))
+                                   for name, value in features.items()))
 
 
 def tfrecord_seeds():
     image = b"\xff\xd8\xff\xe0" + bytes(range(60)) + b"\xff\xd9"
-    plain = tf_example({"image/encoded": ("bytes", [image], True),
-                        "image/class/label": ("int64", [7], True)})
-    every = tf_example({"image/encoded": ("bytes", [image, b""], True),
-                        "image/class/label": ("int64", [-1, 2 ** 63 - 1], False),
-                        "a": ("float", [1.5, -0.0, 3e38], True),
-                        "b": ("float", [2.5], False),
-                        "c": ("int64", [0, 1, -(2 ** 63)], True)})
-    wrong = tf_example({"image/encoded": ("int64", [1], True),
-                        "image/class/label": ("float", [1.0], True)})
+    plain = tf_example({"image/encoded": tf_feature("bytes", [image]),
+                        "image/class/label": tf_feature("int64", [7])})
+    every = tf_example({"image/encoded": tf_feature("bytes", [image, b""]),
+                        "image/class/label": tf_feature("int64", [-1, 2 ** 63 - 1], False),
+                        "a": tf_feature("float", [1.5, -0.0, 3e38]),
+                        "b": tf_feature("float", [2.5], False),
+                        "c": tf_feature("int64", [0, 1, -(2 ** 63)])})
+    wrong = tf_example({"image/encoded": tf_feature("int64", [1]),
+                        "image/class/label": tf_feature("float", [1.0])})
     ragged = pb_field(2, 2, pb_field(1, 2, b"\0" * 5))
     seeds = {
         "empty": b"",

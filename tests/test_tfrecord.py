@@ -6,8 +6,10 @@ import gzip
 import io
 import itertools
 import os
+import pathlib
 import shutil
 import struct
+import sys
 
 import numpy as np
 import pytest
@@ -23,6 +25,13 @@ crc32c_module = pytest.importorskip("crc32c")
 from tfrecord import example_pb2  # noqa: E402
 from tfrecord.tools.tfrecord2idx import create_index  # noqa: E402
 
+# The protobuf encoders the fuzz corpus is made with.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "fuzz"))
+from make_corpus import pb_field as field  # noqa: E402
+from make_corpus import pb_varint as varint  # noqa: E402
+from make_corpus import tf_example as example  # noqa: E402
+from make_corpus import tf_feature as feature  # noqa: E402
+
 
 # ---------------------------------------------------------------- helpers
 
@@ -35,42 +44,6 @@ def frame(data):
     """One TFRecord record around `data`."""
     length = struct.pack("<Q", len(data))
     return length + struct.pack("<I", masked(length)) + data + struct.pack("<I", masked(data))
-
-
-def varint(n):
-    n &= (1 << 64) - 1
-    out = bytearray()
-    while True:
-        b, n = n & 0x7F, n >> 7
-        out.append(b | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def field(number, wire, payload):
-    tag = varint(number << 3 | wire)
-    return tag + (varint(len(payload)) + payload if wire == 2 else payload)
-
-
-def feature(kind, values, packed=True):
-    """A Feature message, lists packed or not (by hand: protobuf's own
-    encoder always packs)."""
-    if kind == "bytes":
-        body = b"".join(field(1, 2, v) for v in values)
-    elif kind == "float":
-        raw = [struct.pack("<f", v) for v in values]
-        body = field(1, 2, b"".join(raw)) if packed else b"".join(field(1, 5, r) for r in raw)
-    else:
-        raw = [varint(v) for v in values]
-        body = field(1, 2, b"".join(raw)) if packed else b"".join(field(1, 0, r) for r in raw)
-    return field({"bytes": 1, "float": 2, "int64": 3}[kind], 2, body)
-
-
-def example(features):
-    """An Example from {name: Feature bytes}."""
-    entries = b"".join(field(1, 2, field(1, 2, name.encode()) + field(2, 2, value))
-                       for name, value in features.items())
-    return field(1, 2, entries)
 
 
 def jpeg(rng, size=(24, 20)):
