@@ -35,7 +35,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 try:
     import fastload
@@ -47,7 +46,7 @@ import torch
 
 import imagenet_like
 import pil_pipeline
-from images_bench import BATCH, fastload_transform, log
+from images_bench import BATCH, epoch, fastload_transform, log
 
 WORKERS = 2
 LOADERS = ("torch", "fastload", "fastload cached", "fastload decoded")
@@ -94,17 +93,6 @@ def make_loader(name, root, kind, files):
     dataset = fastload.ImageFolder(root, transform=fastload_transform(kind), **cache)
     return fastload.DataLoader(dataset, batch_size=BATCH, num_workers=WORKERS,
                                persistent_workers=True, shuffle=kind == "train")
-
-
-def epoch(loader, n_images):
-    """Seconds for one epoch; checks every batch's shape and the count."""
-    start = time.perf_counter()
-    seen = 0
-    for images, labels in loader:
-        assert tuple(images.shape[1:]) == (3, 224, 224), images.shape
-        seen += len(labels)
-    assert seen == n_images, (seen, n_images)
-    return time.perf_counter() - start
 
 
 def main(argv=None):

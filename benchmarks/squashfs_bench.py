@@ -30,7 +30,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 try:
     import fastload
@@ -39,7 +38,7 @@ except ImportError:  # run from a checkout built in place
     import fastload
 
 import imagenet_like
-from images_bench import BATCH, fastload_transform, log
+from images_bench import BATCH, epoch, fastload_transform, log
 
 WORKERS = 2
 LOADERS = ("disk", "squashfs", "squashfuse")
@@ -95,17 +94,6 @@ def drop_caches(files, fadvise_only=False):
             finally:
                 os.close(fd)
         return "fadvise"
-
-
-def epoch(loader, n_images):
-    """Seconds for one epoch; checks every batch's shape and the count."""
-    start = time.perf_counter()
-    seen = 0
-    for images, labels in loader:
-        assert tuple(images.shape[1:]) == (3, 224, 224), images.shape
-        seen += len(labels)
-    assert seen == n_images, (seen, n_images)
-    return time.perf_counter() - start
 
 
 def main(argv=None):
